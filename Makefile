@@ -1,0 +1,40 @@
+# Two commands set up everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+MODEL_REPOSITORY ?= model_repository
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+PYTEST_ARGS ?=
+
+.PHONY: install build demo serve test check clean
+
+$(INSTALLED): requirements.txt requirements-build.txt constraints.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet pip==25.3
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-build.txt -c constraints.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+install: $(INSTALLED)
+
+# Rewrites only what changed; the ONNX export is skipped while its inputs are unchanged.
+build: $(INSTALLED)
+	$(PY) build_pipelines.py build --out $(MODEL_REPOSITORY)
+
+demo: build
+	$(PY) clients/demo.py --model-repository $(MODEL_REPOSITORY)
+
+serve: build
+	$(PY) -m tritonstack.server --model-repository $(MODEL_REPOSITORY) \
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+test: build
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) reports build
+	rm -f $(MODEL_REPOSITORY)/*/1/model.onnx $(MODEL_REPOSITORY)/*/1/.*.fingerprint

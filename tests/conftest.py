@@ -1,0 +1,27 @@
+"""Shared fixtures: the built model repository and one real tritonserver per test
+session, on free loopback ports, always stopped at the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tritonstack.repository import write_repository
+from tritonstack.server import TritonServer
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
+
+
+@pytest.fixture(scope="session")
+def model_repository() -> Path:
+    # `make test` has built it; this makes a bare `pytest` work too (cheap when built).
+    write_repository(MODEL_REPOSITORY)
+    return MODEL_REPOSITORY
+
+
+@pytest.fixture(scope="session")
+def server(model_repository):
+    with TritonServer(model_repository) as running:
+        yield running

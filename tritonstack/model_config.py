@@ -1,0 +1,163 @@
+"""Typed Triton model configurations, rendered to protobuf text.
+
+A config is built from the small dataclasses below, converted to Triton's own
+`ModelConfig` protobuf message (shipped with tritonclient) and printed with
+protobuf's text format. Nothing here is a string template: a misspelt field fails
+when the message is built, not when the server loads the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+CONFIG_FILENAME = "config.pbtxt"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One input or output. `dims` excludes the batch dimension when batching."""
+
+    name: str
+    dtype: str  # Triton's type name without the prefix: "UINT8", "FP32", ...
+    dims: tuple[int, ...]
+    allow_ragged_batch: bool = False
+    label_filename: str | None = None
+
+    def to_input(self) -> pb.ModelInput:
+        message = pb.ModelInput(name=self.name, data_type=_data_type(self.dtype), dims=self.dims)
+        message.allow_ragged_batch = self.allow_ragged_batch
+        return message
+
+    def to_output(self) -> pb.ModelOutput:
+        message = pb.ModelOutput(name=self.name, data_type=_data_type(self.dtype), dims=self.dims)
+        if self.label_filename:
+            message.label_filename = self.label_filename
+        return message
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    max_queue_delay_us: int = 0
+    preferred_batch_sizes: tuple[int, ...] = ()
+
+    def to_proto(self) -> pb.ModelDynamicBatching:
+        return pb.ModelDynamicBatching(
+            max_queue_delay_microseconds=self.max_queue_delay_us,
+            preferred_batch_size=self.preferred_batch_sizes,
+        )
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    count: int = 1
+    kind: str = "KIND_CPU"  # or "KIND_GPU"
+    gpus: tuple[int, ...] = ()
+
+    def to_proto(self) -> pb.ModelInstanceGroup:
+        return pb.ModelInstanceGroup(
+            count=self.count,
+            kind=pb.ModelInstanceGroup.Kind.Value(self.kind),
+            gpus=self.gpus,
+        )
+
+
+@dataclass(frozen=True)
+class EnsembleStep:
+    """One model in an ensemble. Maps are {step model tensor: ensemble tensor}."""
+
+    model_name: str
+    input_map: dict[str, str]
+    output_map: dict[str, str]
+    model_version: int = -1
+
+    def to_proto(self) -> pb.ModelEnsembling.Step:
+        return pb.ModelEnsembling.Step(
+            model_name=self.model_name,
+            model_version=self.model_version,
+            input_map=self.input_map,
+            output_map=self.output_map,
+        )
+
+
+@dataclass(frozen=True)
+class WarmupInput:
+    """A warmup tensor read from a file in the model's `warmup/` folder."""
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    data_file: str
+
+    def to_proto(self) -> pb.ModelWarmup.Input:
+        return pb.ModelWarmup.Input(
+            data_type=_data_type(self.dtype), dims=self.dims, input_data_file=self.data_file
+        )
+
+
+@dataclass(frozen=True)
+class Warmup:
+    name: str
+    batch_size: int
+    inputs: tuple[WarmupInput, ...]
+
+    def to_proto(self) -> pb.ModelWarmup:
+        return pb.ModelWarmup(
+            name=self.name,
+            batch_size=self.batch_size,
+            inputs={tensor.name: tensor.to_proto() for tensor in self.inputs},
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model's config.pbtxt. Give `backend` for a model, `platform="ensemble"`
+    with `steps` for an ensemble."""
+
+    name: str
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    backend: str | None = None
+    platform: str | None = None
+    max_batch_size: int = 0
+    dynamic_batching: DynamicBatching | None = None
+    instance_groups: tuple[InstanceGroup, ...] = ()
+    parameters: dict[str, str] = field(default_factory=dict)
+    steps: tuple[EnsembleStep, ...] = ()
+    warmup: tuple[Warmup, ...] = ()
+
+    def to_proto(self) -> pb.ModelConfig:
+        message = pb.ModelConfig(
+            name=self.name,
+            max_batch_size=self.max_batch_size,
+            input=[tensor.to_input() for tensor in self.inputs],
+            output=[tensor.to_output() for tensor in self.outputs],
+            instance_group=[group.to_proto() for group in self.instance_groups],
+            model_warmup=[warmup.to_proto() for warmup in self.warmup],
+        )
+        if self.backend:
+            message.backend = self.backend
+        if self.platform:
+            message.platform = self.platform
+        if self.dynamic_batching:
+            message.dynamic_batching.CopyFrom(self.dynamic_batching.to_proto())
+        for key, value in self.parameters.items():
+            message.parameters[key].string_value = value
+        if self.steps:
+            message.ensemble_scheduling.step.extend(step.to_proto() for step in self.steps)
+        return message
+
+    def to_pbtxt(self) -> str:
+        return text_format.MessageToString(self.to_proto())
+
+
+def read_config(model_dir: Path) -> pb.ModelConfig:
+    """Parse a model folder's config.pbtxt into Triton's ModelConfig message."""
+    return text_format.Parse((Path(model_dir) / CONFIG_FILENAME).read_text(), pb.ModelConfig())
+
+
+def _data_type(name: str) -> int:
+    return pb.DataType.Value(f"TYPE_{name}")

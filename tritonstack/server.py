@@ -1,0 +1,248 @@
+"""Run the real tritonserver on a model repository, and own its process.
+
+    with TritonServer("model_repository") as server:
+        print(server.http_url, server.grpc_url)
+
+The server binds 127.0.0.1 unless told otherwise, runs in its own process group
+(tritonserver and the Python backend stubs it spawns), and is stopped with SIGINT
+then, after a grace period, SIGKILL of the whole group: no orphan is left behind.
+
+From the command line (`make serve`), it runs in the foreground until Ctrl-C:
+
+    python -m tritonstack.server --model-repository model_repository --http-port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from pathlib import Path
+
+from tritonstack.triton_install import TritonInstall
+
+LOGGER = logging.getLogger("tritonstack.server")
+LOOPBACK = "127.0.0.1"
+# Lets backends find the repository during auto-complete, where Triton does not
+# tell them (see backends/dali/model.py).
+REPOSITORY_ENV = "TRITONSTACK_MODEL_REPOSITORY"
+
+
+_ERROR_LINE = re.compile(r"E\d{4} |error: ")
+# Logged on every machine without a GPU; not the reason for a failure.
+_HARMLESS = ("CudaDriverHelper has not been initialized",)
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+class TritonServer:
+    def __init__(
+        self,
+        model_repository: str | os.PathLike,
+        host: str = LOOPBACK,
+        http_port: int | None = None,
+        grpc_port: int | None = None,
+        metrics_port: int | None = None,
+        extra_args: tuple[str, ...] = (),
+        startup_timeout_s: float = 180.0,
+        stop_grace_s: float = 30.0,
+        install: TritonInstall | None = None,
+    ):
+        self.model_repository = Path(model_repository).resolve()
+        self.host = host
+        self.http_port = http_port or free_port(host)
+        self.grpc_port = grpc_port or free_port(host)
+        self.metrics_port = metrics_port or free_port(host)
+        self.extra_args = tuple(extra_args)
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.install = install or TritonInstall.from_pytriton()
+        self.process: subprocess.Popen | None = None
+        self._workdir: Path | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
+    def log_path(self) -> Path:
+        return self._workdir / "tritonserver.log"
+
+    def command(self, backend_directory: Path) -> list[str]:
+        return [
+            str(self.install.binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={backend_directory}",
+            f"--http-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.metrics_port}",
+            f"--exit-timeout-secs={int(self.stop_grace_s)}",
+            *self.extra_args,
+        ]
+
+    def start(self) -> "TritonServer":
+        if self.host != LOOPBACK:
+            LOGGER.warning("tritonserver binds %s: reachable from other machines", self.host)
+        self._workdir = Path(tempfile.mkdtemp(prefix="tritonstack-"))
+        backends = self.install.assemble_backends(self._workdir / "backends")
+        env = self.install.environment()
+        env[REPOSITORY_ENV] = str(self.model_repository)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                self.command(backends),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # its own process group, stubs included
+            )
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerStartError(
+                    f"tritonserver exited with code {self.process.returncode} during start-up:\n"
+                    + self.log_errors()
+                )
+            if self.is_ready():
+                return
+            time.sleep(0.2)
+        raise ServerStartError(
+            f"tritonserver not ready after {self.startup_timeout_s:.0f} s:\n" + self.log_errors()
+        )
+
+    def is_ready(self) -> bool:
+        try:
+            url = f"http://{self.http_url}/v2/health/ready"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def log_tail(self, lines: int = 40) -> str:
+        if self._workdir is None or not self.log_path.exists():
+            return "(no log)"
+        with open(self.log_path, errors="replace") as log:
+            return "".join(deque(log, maxlen=lines))
+
+    def log_errors(self) -> str:
+        """The log's error lines (model load failures among them) and its end."""
+        if self._workdir is None or not self.log_path.exists():
+            return "(no log)"
+        errors = [
+            line
+            for line in self.log_path.read_text(errors="replace").splitlines(keepends=True)
+            if (_ERROR_LINE.match(line) or "UNAVAILABLE" in line) and not any(h in line for h in _HARMLESS)
+        ]
+        return "".join(errors) + "...\n" + self.log_tail(lines=5)
+
+    def stop(self) -> int | None:
+        """SIGINT, wait for in-flight requests up to the grace period, then SIGKILL
+        the whole process group. Returns the server's exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=self.stop_grace_s + 5)
+            except subprocess.TimeoutExpired:
+                LOGGER.warning("tritonserver ignored SIGINT; killing it")
+        _kill_group(self.process.pid)
+        self.process.wait()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+        return self.process.returncode
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run tritonserver on a model repository until Ctrl-C.")
+    parser.add_argument("--model-repository", default="model_repository")
+    parser.add_argument("--host", default=LOOPBACK, help="address to bind (default: loopback only)")
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    server = TritonServer(
+        args.model_repository,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        extra_args=tuple(args.extra),
+    )
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        server.start()
+        with open(server.log_path, errors="replace") as log:
+            print(log.read(), end="", flush=True)
+            LOGGER.info("ready: HTTP %s, gRPC %s, metrics %s (Ctrl-C to stop)",
+                        server.http_url, server.grpc_url, server.metrics_url)
+            while server.process.poll() is None:
+                print(log.read(), end="", flush=True)  # follow the server's log
+                time.sleep(0.5)
+        LOGGER.error("tritonserver exited with code %s:\n%s", server.process.returncode, server.log_tail())
+        return 1
+    except KeyboardInterrupt:
+        LOGGER.info("stopping")
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

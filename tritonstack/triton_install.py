@@ -1,0 +1,73 @@
+"""Where the real tritonserver comes from, and the backend directory it is given.
+
+The nvidia-pytriton wheel carries a real `tritonserver` binary, its shared libraries
+and Triton's Python backend. Our Python-based backends (`backends/dali`,
+`backends/onnxruntime`) are Triton "Python-based backends": a folder named like the
+backend holding `model.py`, next to the Python backend that runs it. With them in
+`--backend-directory`, a model that says `backend: "dali"` loads here exactly as it
+does in the NGC container with the C++ backend.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytriton
+
+PROJECT_BACKENDS = Path(__file__).resolve().parent.parent / "backends"
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    library_dir: Path
+    python_backend: Path  # libtriton_python.so and triton_python_backend_utils.py
+    python_stub: Path  # triton_python_backend_stub for this Python version
+
+    @classmethod
+    def from_pytriton(cls) -> "TritonInstall":
+        root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        install = cls(
+            binary=root / "bin" / "tritonserver",
+            library_dir=root.parent.parent / "nvidia_pytriton.libs",
+            python_backend=root / "backends" / "python",
+            python_stub=root / "python_backend_stubs" / version / "triton_python_backend_stub",
+        )
+        missing = [path for path in vars(install).values() if not path.exists()]
+        if missing:
+            raise FileNotFoundError(f"nvidia-pytriton install is incomplete, missing: {missing}")
+        return install
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: its libraries, and this interpreter first on
+        PATH, since the Python backend stub runs the `python` it finds there."""
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            filter(None, [str(self.library_dir), env.get("LD_LIBRARY_PATH")])
+        )
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        return env
+
+    def assemble_backends(self, destination: Path, project_backends: Path = PROJECT_BACKENDS) -> Path:
+        """Lay out `destination/{python,dali,onnxruntime}`. Files are copied, not
+        linked: Triton refuses a backend library whose real path lies outside
+        the backend directory."""
+        python_dir = destination / "python"
+        python_dir.mkdir(parents=True, exist_ok=True)
+        for source in (
+            self.python_backend / "libtriton_python.so",
+            self.python_backend / "triton_python_backend_utils.py",
+            self.python_stub,
+        ):
+            shutil.copy2(source, python_dir / source.name)
+        for backend in sorted(project_backends.iterdir()):
+            if (backend / "model.py").exists():
+                (destination / backend.name).mkdir(exist_ok=True)
+                shutil.copy2(backend / "model.py", destination / backend.name / "model.py")
+        return destination
+
