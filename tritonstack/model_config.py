@@ -85,17 +85,22 @@ class EnsembleStep:
 
 @dataclass(frozen=True)
 class WarmupInput:
-    """A warmup tensor read from a file in the model's `warmup/` folder."""
+    """A warmup tensor read from a file in the model's `warmup/` folder, or zeros
+    (`zero_data=True`, no file) where any value is valid input."""
 
     name: str
     dtype: str
     dims: tuple[int, ...]
-    data_file: str
+    data_file: str = ""
+    zero_data: bool = False
 
     def to_proto(self) -> pb.ModelWarmup.Input:
-        return pb.ModelWarmup.Input(
-            data_type=_data_type(self.dtype), dims=self.dims, input_data_file=self.data_file
-        )
+        message = pb.ModelWarmup.Input(data_type=_data_type(self.dtype), dims=self.dims)
+        if self.zero_data:
+            message.zero_data = True
+        else:
+            message.input_data_file = self.data_file
+        return message
 
 
 @dataclass(frozen=True)

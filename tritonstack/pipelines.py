@@ -1,19 +1,23 @@
 """DALI preprocessing pipelines, as the DALI backend serves them.
 
-The pipeline reads top to bottom as the data flows: encoded bytes in, a normalized
-CHW float tensor out. Tensor names are the contract with Triton: the external
-source's name is the model's input name; outputs are matched by position.
+The pipeline itself is defined in tritonstack/dali_model.py (also the `dali.py`
+model file). Tensor names are the contract with Triton: the external source's name
+is the model's input name; outputs are matched by position.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 
-from nvidia.dali import fn, pipeline_def, types
+import nvidia.dali
 from nvidia.dali._utils import dali_trace
 
-INPUT_NAME = "DALI_INPUT_0"
-OUTPUT_NAME = "DALI_OUTPUT_0"
+from tritonstack import dali_model
+from tritonstack.dali_model import INPUT_NAME, OUTPUT_NAME, classification_pipeline  # noqa: F401
+
+DEVICES = ("cpu", "gpu")
+DALI_VERSION = nvidia.dali.__version__
 
 
 @dataclass(frozen=True)
@@ -25,30 +29,21 @@ class Preprocessing:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
 
-
-@pipeline_def
-def classification_pipeline(preprocessing: Preprocessing, device: str = "cpu"):
-    """decode -> resize shorter side -> center crop -> normalize -> FP32 CHW.
-
-    `device="gpu"` decodes with nvJPEG ("mixed") and runs the rest on the GPU.
-    """
-    encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
-    images = fn.decoders.image(
-        encoded, device="mixed" if device == "gpu" else "cpu", output_type=types.RGB
-    )
-    images = fn.resize(images, resize_shorter=preprocessing.resize_shorter, antialias=True)
-    return fn.crop_mirror_normalize(
-        images,
-        crop=(preprocessing.crop, preprocessing.crop),
-        mean=list(preprocessing.mean),
-        std=list(preprocessing.std),
-        dtype=types.FLOAT,
-        output_layout="CHW",
-    )
+    def __post_init__(self):
+        if self.resize_shorter < self.crop:
+            raise ValueError(
+                f"resize_shorter ({self.resize_shorter}) must be at least the crop "
+                f"({self.crop}): the center crop would reach outside the resized image"
+            )
+        if len(self.mean) != 3 or len(self.std) != 3 or 0 in self.std:
+            raise ValueError(f"mean and std need 3 values (R,G,B), std non-zero: {self.mean}, {self.std}")
 
 
-def serialize_pipeline(preprocessing: Preprocessing, max_batch_size: int, num_threads: int) -> bytes:
-    """Serialize without building: works on a machine with no GPU.
+def serialize_pipeline(
+    preprocessing: Preprocessing, max_batch_size: int, num_threads: int, device: str = "cpu"
+) -> bytes:
+    """Serialize without building: works on a machine with no GPU, for the GPU
+    variant too (device_id is left unset; the DALI backend sets each instance's).
 
     DALI records each operator's definition site (absolute source path and line)
     in the serialized pipeline. That would make model.dali differ per checkout and
@@ -58,8 +53,25 @@ def serialize_pipeline(preprocessing: Preprocessing, max_batch_size: int, num_th
     dali_trace.set_tracing(enabled=False)
     try:
         pipe = classification_pipeline(
-            preprocessing, batch_size=max_batch_size, num_threads=num_threads, device_id=None
+            **asdict(preprocessing), device=device,
+            batch_size=max_batch_size, num_threads=num_threads, device_id=None,
         )
         return pipe.serialize()
     finally:
         dali_trace.set_tracing(enabled=True)
+
+
+def dali_py_files(
+    preprocessing: Preprocessing, max_batch_size: int, num_threads: int, device: str = "cpu"
+) -> dict[str, bytes]:
+    """The `dali.py` model format: the pipeline's source file and its parameters."""
+    parameters = {
+        "max_batch_size": max_batch_size,
+        "num_threads": num_threads,
+        "device": device,
+        "preprocessing": asdict(preprocessing),
+    }
+    return {
+        "dali.py": open(dali_model.__file__, "rb").read(),
+        dali_model.PARAMETERS_FILENAME: (json.dumps(parameters, indent=2) + "\n").encode(),
+    }

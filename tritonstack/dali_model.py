@@ -1,0 +1,58 @@
+"""The DALI classification pipeline, and the `dali.py` model file the DALI backend
+serializes at load time (`build_pipelines.py build --format dali.py`).
+
+This file is the one definition of the pipeline: tritonstack.pipelines serializes it
+to `model.dali`, and the build copies it unchanged to `<model>/1/dali.py` with its
+parameters in `preprocessing.json` next to it. It imports only DALI, so it loads in
+the NGC container's DALI backend too, which imports the file and serializes the
+function marked `@autoserialize`.
+"""
+
+import json
+from pathlib import Path
+
+from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali.plugin.triton import autoserialize
+
+INPUT_NAME = "DALI_INPUT_0"
+OUTPUT_NAME = "DALI_OUTPUT_0"
+PARAMETERS_FILENAME = "preprocessing.json"
+# Share of JPEG decoding given to the GPU's hardware decoder (A100/H100), the
+# rest to CUDA: NVIDIA's recommended starting point.
+HW_DECODER_LOAD = 0.65
+
+
+def classification(resize_shorter, crop, mean, std, device="cpu"):
+    """decode -> resize shorter side -> center crop -> normalize -> FP32 CHW.
+
+    `device="gpu"` decodes with nvJPEG ("mixed": hardware decoder where there is
+    one), and resize and normalize then run on the GPU since their input is there.
+    """
+    encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
+    if device == "gpu":
+        images = fn.decoders.image(encoded, device="mixed", output_type=types.RGB,
+                                   hw_decoder_load=HW_DECODER_LOAD)
+    else:
+        images = fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+    images = fn.resize(images, resize_shorter=resize_shorter, antialias=True)
+    return fn.crop_mirror_normalize(
+        images,
+        crop=(crop, crop),
+        mean=list(mean),
+        std=list(std),
+        dtype=types.FLOAT,
+        output_layout="CHW",
+    )
+
+
+classification_pipeline = pipeline_def(classification)
+
+_PARAMETERS_FILE = Path(__file__).with_name(PARAMETERS_FILENAME)
+if _PARAMETERS_FILE.exists():  # only as a model's dali.py, never as tritonstack's module
+    _parameters = json.loads(_PARAMETERS_FILE.read_text())
+
+    @autoserialize
+    @pipeline_def(batch_size=_parameters["max_batch_size"], num_threads=_parameters["num_threads"],
+                  device_id=None if _parameters["device"] == "cpu" else 0)
+    def preprocessing_pipeline():
+        return classification(**_parameters["preprocessing"], device=_parameters["device"])
