@@ -1,0 +1,223 @@
+"""The asyncio twin of tritonstack.client.ClassifierClient, over
+tritonclient.http.aio or tritonclient.grpc.aio: many requests in flight from one
+event loop.
+
+    async with AsyncClassifierClient("127.0.0.1:8001", protocol="grpc") as client:
+        tops = await asyncio.gather(*(client.classify([image]) for image in images))
+
+Same request format, retries, timeout and readiness check as the sync client. In
+shared-memory mode every in-flight request takes its own pair of regions from a
+pool, all unregistered and destroyed on close.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tritonclient.grpc.aio as grpc_aio
+import tritonclient.http.aio as http_aio
+
+from tritonstack.client import (
+    DEFAULT_MODEL,
+    DEFAULT_TIMEOUT_S,
+    PROTOCOLS,
+    SHM_MODES,
+    ModelInfo,
+    Prediction,
+    batch_rows,
+    build_request,
+    output_nbytes,
+    parse_classification,
+    top_predictions,
+    worth_splitting,
+)
+from tritonstack.retry import (
+    RetryPolicy,
+    ServerUnavailableError,
+    is_retryable,
+    unavailable_message,
+)
+from tritonstack.shm import RequestRegions, SharedMemoryRegion
+
+
+class AsyncClassifierClient:
+    """Connects and checks readiness in `async with` (or `await client.connect()`)."""
+
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "http",
+        model: str = DEFAULT_MODEL,
+        *,
+        timeout_s: float | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        shm: str = "none",
+        headers: dict[str, str] | None = None,
+    ):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+        if shm not in SHM_MODES:
+            raise ValueError(f"shm must be one of {SHM_MODES}, not {shm!r}")
+        self.url, self.protocol, self.model = url, protocol, model
+        self.timeout_s = timeout_s
+        self.retry = retry
+        self.headers = headers
+        self.shm = shm
+        self.info: ModelInfo | None = None
+        self._labels: list[str] | None = None
+        self._free_regions: list[RequestRegions] = []
+        self._all_regions: list[RequestRegions] = []
+        self._client = None
+
+    async def connect(self) -> "AsyncClassifierClient":
+        if self.protocol == "http":
+            self._client = http_aio.InferenceServerClient(self.url, conn_timeout=self.timeout_s or DEFAULT_TIMEOUT_S)
+            self._infer_options = {}
+        else:
+            self._client = grpc_aio.InferenceServerClient(self.url)
+            self._infer_options = {"client_timeout": self.timeout_s}
+        try:
+            await self.wait_ready()
+            self.info = ModelInfo.from_server(*await self.retry.acall(self._fetch_model_info))
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def wait_ready(self) -> None:
+        try:
+            await self.retry.acall(self._check_ready)
+        except Exception as error:
+            if is_retryable(error):
+                raise ServerUnavailableError(unavailable_message(self.url, self.protocol, error)) from error
+            raise
+
+    async def _check_ready(self) -> None:
+        if not await self._client.is_server_ready(headers=self.headers):
+            raise ServerUnavailableError(f"Triton at {self.url} is not ready")
+        if not await self._client.is_model_ready(self.model, headers=self.headers):
+            raise ServerUnavailableError(f"model {self.model!r} is not ready at {self.url}")
+
+    async def _fetch_model_info(self) -> tuple[dict, dict]:
+        as_json = {"as_json": True} if self.protocol == "grpc" else {}
+        return (
+            await self._client.get_model_metadata(self.model, headers=self.headers, **as_json),
+            await self._client.get_model_config(self.model, headers=self.headers, **as_json),
+        )
+
+    async def classify(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction]]:
+        return [top for chunk in self.info.chunks(images) for top in await self._classify_chunk(chunk, top_k)]
+
+    async def classify_each(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction] | Exception]:
+        """One outcome per image; see tritonstack.client.outcome_per_image."""
+        outcomes = []
+        for chunk in self.info.chunks(images):
+            try:
+                outcomes += await self._classify_chunk(chunk, top_k)
+                continue
+            except Exception as error:
+                if not worth_splitting(error, len(chunk)):
+                    outcomes += [error] * len(chunk)
+                    continue
+            for image in chunk:
+                try:
+                    outcomes += await self._classify_chunk([image], top_k)
+                except Exception as error:
+                    outcomes.append(error)
+        return outcomes
+
+    async def probabilities(self, images: Sequence[bytes]) -> np.ndarray:
+        return np.concatenate([await self._probabilities_chunk(chunk) for chunk in self.info.chunks(images)])
+
+    async def labels(self, image: bytes) -> list[str]:
+        """See ClassifierClient.labels."""
+        if self._labels is None:
+            everything = (await self._infer_classification([image], self.info.num_classes))[0]
+            labels = [""] * self.info.num_classes
+            for prediction in everything:
+                labels[prediction.index] = prediction.label
+            self._labels = labels
+        return self._labels
+
+    async def _classify_chunk(self, images: list[bytes], top_k: int) -> list[list[Prediction]]:
+        if self.shm == "none":
+            return await self._infer_classification(images, top_k)
+        probabilities = await self._probabilities_chunk(images)
+        return top_predictions(probabilities, top_k, await self.labels(images[0]))
+
+    async def _infer_classification(self, images: list[bytes], class_count: int) -> list[list[Prediction]]:
+        inputs, outputs = build_request(self.protocol, self.info, self.info.encode(images), class_count)
+        result = await self.retry.acall(lambda: self._infer(inputs, outputs))
+        return [parse_classification(row) for row in batch_rows(self.info, result.as_numpy(self.info.output_name))]
+
+    async def _probabilities_chunk(self, images: list[bytes]) -> np.ndarray:
+        tensor = self.info.encode(images)
+        if self.shm == "none":
+            inputs, outputs = build_request(self.protocol, self.info, tensor, class_count=0)
+            result = await self.retry.acall(lambda: self._infer(inputs, outputs))
+            return batch_rows(self.info, result.as_numpy(self.info.output_name))
+        regions = self._free_regions.pop() if self._free_regions else self._new_regions()
+        try:
+            return await self.retry.acall(
+                lambda: self._infer_in_shared_memory(tensor, regions),
+                on_retry=lambda error: regions.forget_registration(),
+            )
+        finally:
+            self._free_regions.append(regions)
+
+    def _new_regions(self) -> RequestRegions:
+        regions = RequestRegions()
+        self._all_regions.append(regions)
+        return regions
+
+    async def _infer(self, inputs, outputs):
+        return await self._client.infer(
+            self.model, inputs, outputs=outputs, headers=self.headers, **self._infer_options
+        )
+
+    async def _infer_in_shared_memory(self, tensor: np.ndarray, regions: RequestRegions) -> np.ndarray:
+        await self._fit(regions.input, tensor.nbytes)
+        await self._fit(regions.output, output_nbytes(self.info, tensor))
+        regions.input.write(tensor)
+        await self._infer(*build_request(self.protocol, self.info, tensor, 0, regions))
+        shape = self.info.output_batch_shape(tensor.shape[0])
+        return batch_rows(self.info, regions.output.read(self.info.output_datatype, shape))
+
+    async def _fit(self, region: SharedMemoryRegion, byte_size: int) -> None:
+        """See ClassifierClient._fit."""
+        if region.fits(byte_size) and region.registered:
+            return
+        if region.registered or region.fits(byte_size):
+            await self._unregister(region)
+        if not region.fits(byte_size):
+            region.allocate(byte_size)
+        await self._client.register_system_shared_memory(
+            region.name, region.key, region.byte_size, headers=self.headers
+        )
+        region.registered = True
+
+    async def _unregister(self, region: SharedMemoryRegion) -> None:
+        try:
+            await self._client.unregister_system_shared_memory(region.name, headers=self.headers)
+        except Exception:  # the server is gone or never knew it: nothing left to release there
+            pass
+        region.registered = False
+
+    async def close(self) -> None:
+        """Unregister and destroy every shared-memory region (always), then disconnect."""
+        for regions in self._all_regions:
+            for region in regions:
+                if region.registered:
+                    await self._unregister(region)
+            regions.destroy()
+        self._all_regions.clear()
+        self._free_regions.clear()
+        if self._client is not None:
+            await self._client.close()
+
+    async def __aenter__(self) -> "AsyncClassifierClient":
+        return await self.connect()
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()

@@ -1,0 +1,105 @@
+"""When to call Triton again, and how long to wait first.
+
+Only a server that cannot answer right now is worth a second try: connection
+refused or reset (restart, crash) and UNAVAILABLE (HTTP 503, gRPC UNAVAILABLE).
+A request the server rejected (HTTP 4xx, gRPC INVALID_ARGUMENT, NOT_FOUND, or
+UNKNOWN from an undecodable image) fails the same way every time, and a timed-out
+request may still be running: neither is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+import aiohttp
+from tritonclient.utils import InferenceServerException
+
+T = TypeVar("T")
+
+# InferenceServerException.status(): "503" over HTTP, "StatusCode.UNAVAILABLE" over gRPC.
+_UNAVAILABLE = {"503", "StatusCode.UNAVAILABLE"}
+_TIMED_OUT = {"StatusCode.DEADLINE_EXCEEDED"}
+
+
+class ServerUnavailableError(ConnectionError):
+    """No Triton server answers at the address, or it is not ready."""
+
+
+def is_retryable(error: BaseException) -> bool:
+    if isinstance(error, InferenceServerException):
+        return str(error.status()) in _UNAVAILABLE
+    if isinstance(error, (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+        return False
+    return isinstance(error, (ConnectionError, aiohttp.ClientConnectionError))
+
+
+def is_timeout(error: BaseException) -> bool:
+    if isinstance(error, InferenceServerException):
+        return str(error.status()) in _TIMED_OUT
+    return isinstance(error, (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError))
+
+
+def describe_error(error: BaseException, timeout_s: float | None = None) -> str:
+    """One line that says what went wrong, for a result line or a log."""
+    if is_timeout(error):
+        return f"timed out after {timeout_s:g} s" if timeout_s else "timed out"
+    if isinstance(error, InferenceServerException):
+        message = " ".join((error.message() or "").split())
+        return f"{error.status()}: {message}" if error.status() else message
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: the n-th wait is drawn from
+    [d/2, d] with d = min(max_delay_s, base_delay_s * 2**n), so clients that
+    failed together do not all come back at the same instant."""
+
+    retries: int = 3
+    base_delay_s: float = 0.25
+    max_delay_s: float = 4.0
+
+    def delays(self) -> Iterator[float]:
+        for attempt in range(self.retries):
+            ceiling = min(self.max_delay_s, self.base_delay_s * 2**attempt)
+            yield random.uniform(ceiling / 2, ceiling)
+
+    def call(self, attempt: Callable[[], T], on_retry: Callable[[BaseException], None] | None = None) -> T:
+        for delay in self.delays():
+            try:
+                return attempt()
+            except Exception as error:
+                if not is_retryable(error):
+                    raise
+                if on_retry:
+                    on_retry(error)
+            time.sleep(delay)
+        return attempt()
+
+    async def acall(
+        self,
+        attempt: Callable[[], Awaitable[T]],
+        on_retry: Callable[[BaseException], None] | None = None,
+    ) -> T:
+        for delay in self.delays():
+            try:
+                return await attempt()
+            except Exception as error:
+                if not is_retryable(error):
+                    raise
+                if on_retry:
+                    on_retry(error)
+            await asyncio.sleep(delay)
+        return await attempt()
+
+
+NO_RETRY = RetryPolicy(retries=0)
+
+
+def unavailable_message(url: str, protocol: str, reason: BaseException | str) -> str:
+    return f"no Triton server at {url} ({protocol}): start one with `make serve` ({reason})"
