@@ -10,7 +10,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: install build demo serve test check clean
+.PHONY: install build demo serve test check clean loadtest loadtest-distributed benchmark
 
 $(INSTALLED): requirements.txt requirements-build.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,21 @@ serve: build
 
 test: build
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Load tests: bounded (users, seconds, requests), loopback; start a server unless
+# LOADTEST_ARGS names one (--url/--grpc-url/--metrics-url). Report in reports/.
+LOADTEST_ARGS ?=
+LOADTEST_WORKERS ?= 2
+BENCHMARK_ARGS ?= --quick
+
+loadtest: build
+	$(PY) -m loadtests.run $(LOADTEST_ARGS)
+
+loadtest-distributed: build
+	$(PY) -m loadtests.run --workers $(LOADTEST_WORKERS) $(LOADTEST_ARGS)
+
+benchmark: build
+	$(PY) loadtests/benchmark.py $(BENCHMARK_ARGS) --out reports/benchmark.json
 
 clean:
 	rm -rf $(VENV) reports build

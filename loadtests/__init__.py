@@ -1,0 +1,1 @@
+"""Load tests (Locust) and the benchmark of the serving stack."""

@@ -1,0 +1,178 @@
+"""Turn a Locust run's CSV files into PNG plots and a Markdown summary.
+
+Reads `<prefix>_stats.csv` (totals per request name) and `<prefix>_stats_history.csv`
+(one row per second: users, requests/s and the percentiles of the last 10 s).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tritonstack.metrics import ModelBreakdown, markdown_table  # noqa: E402
+
+AGGREGATED = "Aggregated"
+PERCENTILES = ("50%", "95%", "99%")
+# Above this share of one core, a Locust process limits the load it can offer.
+CPU_GUARD = 0.90
+
+
+@dataclass(frozen=True)
+class GeneratorCpu:
+    """CPU used by one Locust process over the run, as a share of one core."""
+
+    role: str  # "local", "master" or "worker 1"...
+    cpu_seconds: float
+    wall_seconds: float
+
+    @property
+    def core_share(self) -> float:
+        return self.cpu_seconds / self.wall_seconds if self.wall_seconds else 0.0
+
+
+@dataclass
+class RunSummary:
+    title: str
+    settings: dict[str, str]
+    generator_cpu: list[GeneratorCpu] = field(default_factory=list)
+    server: list[ModelBreakdown] = field(default_factory=list)
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def history(prefix: Path) -> list[dict[str, float]]:
+    """The aggregated per-second rows, numbers only (rows before the first answer skipped)."""
+    rows = []
+    for row in read_rows(Path(f"{prefix}_stats_history.csv")):
+        if row["Name"] != AGGREGATED or row["50%"] == "N/A":
+            continue
+        rows.append({key: float(row[key]) for key in ("Timestamp", "User Count", "Requests/s", *PERCENTILES)})
+    return rows
+
+
+def plot_over_time(rows: list[dict[str, float]], path: Path) -> None:
+    start = rows[0]["Timestamp"] if rows else 0
+    seconds = [row["Timestamp"] - start for row in rows]
+    figure, (throughput, latency) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
+    throughput.plot(seconds, [row["Requests/s"] for row in rows], label="requests/s")
+    users = throughput.twinx()
+    users.step(seconds, [row["User Count"] for row in rows], color="grey", where="post", label="users")
+    throughput.set_ylabel("requests/s")
+    users.set_ylabel("users")
+    for percentile in PERCENTILES:
+        latency.plot(seconds, [row[percentile] for row in rows], label=f"p{percentile[:-1]}")
+    latency.set_ylabel("latency ms (last 10 s)")
+    latency.set_xlabel("seconds")
+    latency.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def by_users(rows: list[dict[str, float]]) -> dict[int, dict[str, float]]:
+    """Median of each figure per user count: one point per step of a ramp."""
+    groups: dict[int, list[dict[str, float]]] = {}
+    for row in rows:
+        groups.setdefault(int(row["User Count"]), []).append(row)
+    return {
+        users: {key: _median([row[key] for row in group]) for key in ("Requests/s", *PERCENTILES)}
+        for users, group in sorted(groups.items())
+        if users > 0
+    }
+
+
+def plot_against_users(rows: list[dict[str, float]], path: Path) -> None:
+    points = by_users(rows)
+    users = list(points)
+    figure, (throughput, latency) = plt.subplots(1, 2, figsize=(10, 4))
+    throughput.plot(users, [points[u]["Requests/s"] for u in users], marker="o")
+    throughput.set_xlabel("users")
+    throughput.set_ylabel("requests/s")
+    for percentile in PERCENTILES:
+        latency.plot(users, [points[u][percentile] for u in users], marker="o", label=f"p{percentile[:-1]}")
+    latency.set_xlabel("users")
+    latency.set_ylabel("latency ms")
+    latency.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def requests_table(prefix: Path) -> str:
+    lines = [
+        "| type | name | requests | failures | req/s | p50 ms | p95 ms | p99 ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in read_rows(Path(f"{prefix}_stats.csv")):
+        lines.append(
+            f"| {row['Type']} | {row['Name']} | {row['Request Count']} | {row['Failure Count']} "
+            f"| {float(row['Requests/s']):.1f} | {row['50%']} | {row['95%']} | {row['99%']} |"
+        )
+    return "\n".join(lines)
+
+
+def cpu_section(generator_cpu: list[GeneratorCpu]) -> str:
+    lines = ["| process | CPU s | wall s | share of one core |", "|---|---:|---:|---:|"]
+    for process in generator_cpu:
+        lines.append(f"| {process.role} | {process.cpu_seconds:.1f} | {process.wall_seconds:.1f} "
+                     f"| {process.core_share:.0%} |")
+    saturated = [p.role for p in generator_cpu if p.role != "master" and p.core_share > CPU_GUARD]
+    if saturated:
+        lines.append(
+            f"\n**Warning: the load generator was the bottleneck** ({', '.join(saturated)} above "
+            f"{CPU_GUARD:.0%} of a core): the server may have more headroom than measured. "
+            "Run distributed (`make loadtest-distributed`) or on another machine."
+        )
+    else:
+        lines.append(f"\nNo Locust worker was above {CPU_GUARD:.0%} of a core: the load generator kept up.")
+    return "\n".join(lines)
+
+
+def write_report(prefix: Path, summary: RunSummary) -> Path:
+    """Plots next to the CSV files, and `summary.md`; returns the summary's path."""
+    folder = prefix.parent
+    rows = history(prefix)
+    plot_over_time(rows, folder / "over_time.png")
+    plot_against_users(rows, folder / "against_users.png")
+    settings = "\n".join(f"- {key}: {value}" for key, value in summary.settings.items())
+    server = markdown_table(summary.server) if summary.server else "(no metrics endpoint given)"
+    text = f"""# {summary.title}
+
+{settings}
+
+## Requests (client side)
+
+{requests_table(prefix)}
+
+## Server side, per model (Triton metrics, after minus before)
+
+{server}
+
+## Load generator CPU
+
+{cpu_section(summary.generator_cpu)}
+
+## Files
+
+- `over_time.png`: throughput, users and p50/p95/p99 latency over time
+- `against_users.png`: throughput and latency per number of users
+- `report.html`: Locust's report; `locust_*.csv`: Locust's statistics
+"""
+    path = folder / "summary.md"
+    path.write_text(text)
+    return path
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

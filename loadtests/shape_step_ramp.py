@@ -1,0 +1,19 @@
+"""Locust shape: a step ramp of users, closed loop.
+
+    --step-users 2 --step-seconds 10 --steps 4   ->  2, 4, 6, 8 users, 10 s each
+
+Each step holds long enough for throughput and latency to settle, so the report
+can plot them against the number of users. Options are declared in locustfile.py.
+"""
+
+from locust import LoadTestShape
+
+
+class StepRamp(LoadTestShape):
+    def tick(self):
+        options = self.runner.environment.parsed_options
+        step = int(self.get_run_time() // options.step_seconds)
+        if step >= options.steps:
+            return None  # ends the run
+        users = options.step_users * (step + 1)
+        return users, users  # spawn each step's users at once

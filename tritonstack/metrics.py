@@ -1,0 +1,118 @@
+"""Triton's Prometheus metrics, scraped before and after a run, as a per-model
+breakdown: where the time goes inside an ensemble.
+
+    before = scrape(server.metrics_url)
+    ...  # the load
+    for row in breakdown(before, scrape(server.metrics_url)):
+        print(row.model, row.requests, row.mean_queue_ms, row.mean_compute_ms)
+
+Triton's counters are cumulative since start-up, so a run's figures are the
+difference of two scrapes. The per-request durations are sums over requests; for
+a batched execution every request of the batch is charged the batch's compute time,
+so mean compute per request is what one request waited for its batch to run.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+
+# name{label="value",...} number
+_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+SUCCESS = "nv_inference_request_success"
+FAILURE = "nv_inference_request_failure"
+INFERENCES = "nv_inference_count"
+EXECUTIONS = "nv_inference_exec_count"
+REQUEST_US = "nv_inference_request_duration_us"
+QUEUE_US = "nv_inference_queue_duration_us"
+COMPUTE_US = (
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+)
+_COUNTERS = (SUCCESS, FAILURE, INFERENCES, EXECUTIONS, REQUEST_US, QUEUE_US, *COMPUTE_US)
+
+# model name -> counter name -> value (summed over versions and failure reasons)
+Snapshot = dict[str, dict[str, float]]
+
+
+def parse(text: str) -> Snapshot:
+    """Prometheus text exposition -> per-model totals of Triton's inference counters."""
+    snapshot: Snapshot = defaultdict(lambda: defaultdict(float))
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match or match["name"] not in _COUNTERS:
+            continue
+        labels = dict(_LABEL.findall(match["labels"] or ""))
+        if "model" in labels:
+            snapshot[labels["model"]][match["name"]] += float(match["value"])
+    return {model: dict(counters) for model, counters in snapshot.items()}
+
+
+def scrape(metrics_url: str, timeout_s: float = 10.0) -> Snapshot:
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
+        return parse(response.read().decode())
+
+
+@dataclass(frozen=True)
+class ModelBreakdown:
+    model: str
+    requests: int  # successful requests
+    failures: int
+    inferences: int  # images (batch rows)
+    executions: int  # model executions (batches)
+    mean_batch_size: float  # inferences / executions
+    mean_request_ms: float  # end to end inside the server, per request
+    mean_queue_ms: float
+    mean_compute_ms: float  # input + infer + output
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def breakdown(before: Snapshot, after: Snapshot) -> list[ModelBreakdown]:
+    """One row per model that saw traffic between the two scrapes, by name."""
+    rows = []
+    for model in sorted(after):
+        delta = {
+            name: after[model].get(name, 0.0) - before.get(model, {}).get(name, 0.0)
+            for name in _COUNTERS
+        }
+        if delta[SUCCESS] == 0 and delta[FAILURE] == 0:
+            continue
+        requests = delta[SUCCESS]
+        rows.append(
+            ModelBreakdown(
+                model=model,
+                requests=int(requests),
+                failures=int(delta[FAILURE]),
+                inferences=int(delta[INFERENCES]),
+                executions=int(delta[EXECUTIONS]),
+                mean_batch_size=_ratio(delta[INFERENCES], delta[EXECUTIONS]),
+                mean_request_ms=_ratio(delta[REQUEST_US], requests) / 1000,
+                mean_queue_ms=_ratio(delta[QUEUE_US], requests) / 1000,
+                mean_compute_ms=_ratio(sum(delta[name] for name in COMPUTE_US), requests) / 1000,
+            )
+        )
+    return rows
+
+
+def markdown_table(rows: list[ModelBreakdown]) -> str:
+    lines = [
+        "| model | requests | failures | mean batch size | mean request ms | mean queue ms | mean compute ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.model} | {row.requests} | {row.failures} | {row.mean_batch_size:.2f} "
+            f"| {row.mean_request_ms:.2f} | {row.mean_queue_ms:.2f} | {row.mean_compute_ms:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else 0.0
