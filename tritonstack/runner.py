@@ -1,0 +1,238 @@
+"""Classify many files: batches of images per request, several requests in
+flight (threads with one sync client each, or one asyncio client), one result
+per file in the files' order, whatever fails.
+
+    settings = RunSettings(url="127.0.0.1:8001", protocol="grpc", concurrency=4)
+    for result in classify_files(files, settings):
+        print(result.path, result.top or result.error)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from tritonstack.aio_client import AsyncClassifierClient
+from tritonstack.client import DEFAULT_MODEL, ClassifierClient, Prediction
+from tritonstack.retry import RetryPolicy, describe_error
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    url: str
+    protocol: str = "http"
+    model: str = DEFAULT_MODEL
+    top_k: int = 5
+    batch_size: int = 1
+    concurrency: int = 1
+    shm: str = "none"
+    use_async: bool = False
+    timeout_s: float | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def client_options(self) -> dict:
+        return {"timeout_s": self.timeout_s, "retry": self.retry, "shm": self.shm}
+
+
+@dataclass(frozen=True)
+class FileResult:
+    path: Path
+    top: list[Prediction] | None = None
+    error: str | None = None
+
+
+def read_image(path: Path) -> bytes:
+    data = path.read_bytes()
+    if not data:
+        raise ValueError("empty file")
+    return data
+
+
+def _batches(files: Sequence[Path], size: int) -> list[list[Path]]:
+    return [list(files[start : start + size]) for start in range(0, len(files), size)]
+
+
+class _Batch:
+    """The files of one request: unreadable ones fail here, the others go to the
+    server together."""
+
+    def __init__(self, paths: list[Path]):
+        self.paths = paths
+        self.results: dict[int, FileResult] = {}
+        self.readable: list[tuple[int, bytes]] = []
+        for position, path in enumerate(paths):
+            try:
+                self.readable.append((position, read_image(path)))
+            except (OSError, ValueError) as error:
+                self.results[position] = FileResult(path, error=f"unreadable: {describe_error(error)}")
+
+    @property
+    def images(self) -> list[bytes]:
+        return [data for _, data in self.readable]
+
+    def finish(self, outcomes: list, settings: RunSettings) -> list[FileResult]:
+        for (position, _), outcome in zip(self.readable, outcomes):
+            path = self.paths[position]
+            if isinstance(outcome, Exception):
+                self.results[position] = FileResult(path, error=describe_error(outcome, settings.timeout_s))
+            else:
+                self.results[position] = FileResult(path, top=outcome)
+        return [self.results[position] for position in range(len(self.paths))]
+
+
+def classify_files(files: Sequence[Path], settings: RunSettings) -> Iterator[FileResult]:
+    """One FileResult per file, in order. Raises ServerUnavailableError before
+    the first result when no server answers."""
+    if settings.use_async:
+        yield from _classify_files_async(files, settings)
+    else:
+        yield from _classify_files_threads(files, settings)
+
+
+def _classify_files_threads(files: Sequence[Path], settings: RunSettings) -> Iterator[FileResult]:
+    """Worker threads, each with its own sync client (the HTTP one is bound to
+    the thread that made it), take batches from a queue; results are handed
+    back in the batches' order."""
+    ClassifierClient(settings.url, settings.protocol, settings.model, **settings.client_options()).close()
+    batches = _batches(files, settings.batch_size)
+    jobs: queue.SimpleQueue = queue.SimpleQueue()
+    for job in enumerate(batches):
+        jobs.put(job)
+    finished: queue.SimpleQueue = queue.SimpleQueue()
+
+    def work() -> None:
+        client = None
+        try:
+            while (job := jobs.get()) is not None:
+                index, paths = job
+                try:
+                    client = client or ClassifierClient(
+                        settings.url, settings.protocol, settings.model, **settings.client_options()
+                    )
+                    batch = _Batch(paths)
+                    outcomes = client.classify_each(batch.images, settings.top_k) if batch.readable else []
+                    results = batch.finish(outcomes, settings)
+                except Exception as error:  # e.g. no server for this worker: its files fail, explicitly
+                    results = [FileResult(path, error=describe_error(error, settings.timeout_s)) for path in paths]
+                finished.put((index, results))
+        finally:
+            if client is not None:
+                client.close()
+
+    workers = [threading.Thread(target=work, name=f"classify-{n}", daemon=True) for n in range(settings.concurrency)]
+    for worker in workers:
+        worker.start()
+    arrived: dict[int, list[FileResult]] = {}
+    try:
+        for index in range(len(batches)):
+            while index not in arrived:
+                done_index, results = finished.get()
+                arrived[done_index] = results
+            yield from arrived.pop(index)
+    finally:
+        _drain(jobs)  # when the caller stops early: no new batch starts
+        for _ in workers:
+            jobs.put(None)
+        for worker in workers:
+            worker.join()
+
+
+def _drain(jobs: queue.SimpleQueue) -> None:
+    while True:
+        try:
+            jobs.get_nowait()
+        except queue.Empty:
+            return
+
+
+def _classify_files_async(files: Sequence[Path], settings: RunSettings) -> Iterator[FileResult]:
+    """The event loop runs in a thread of its own so that results reach the
+    caller as they come, in order."""
+    results: queue.SimpleQueue = queue.SimpleQueue()
+    done = object()
+
+    async def produce() -> None:
+        async with AsyncClassifierClient(
+            settings.url, settings.protocol, settings.model, **settings.client_options()
+        ) as client:
+            in_flight = asyncio.Semaphore(settings.concurrency)
+
+            async def run(paths: list[Path]) -> list[FileResult]:
+                async with in_flight:
+                    batch = _Batch(paths)
+                    outcomes = await client.classify_each(batch.images, settings.top_k) if batch.readable else []
+                    return batch.finish(outcomes, settings)
+
+            tasks = [asyncio.ensure_future(run(paths)) for paths in _batches(files, settings.batch_size)]
+            try:
+                for task in tasks:
+                    results.put(await task)
+            finally:
+                for task in tasks:
+                    task.cancel()
+
+    def loop() -> None:
+        try:
+            asyncio.run(produce())
+        except BaseException as error:  # handed to the caller's thread
+            results.put(error)
+        results.put(done)
+
+    thread = threading.Thread(target=loop, name="classify-asyncio", daemon=True)
+    thread.start()
+    while (item := results.get()) is not done:
+        if isinstance(item, BaseException):
+            raise item
+        yield from item
+    thread.join()
+
+
+class Progress:
+    """A one-line progress bar on a terminal stream, redrawn at most 10 times a
+    second; silent for a handful of files. Counts failures and the rate."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr, shown_above: int = 8, width: int = 30):
+        self.total = total
+        self.stream = stream
+        self.visible = total > shown_above
+        self.width = width
+        self.done = 0
+        self.failed = 0
+        self.started = time.monotonic()
+        self._drawn_at = 0.0
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def rate(self) -> float:
+        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def update(self, result: FileResult) -> None:
+        self.done += 1
+        self.failed += result.error is not None
+        now = time.monotonic()
+        if self.visible and (now - self._drawn_at >= 0.1 or self.done == self.total):
+            self._drawn_at = now
+            filled = self.width * self.done // max(self.total, 1)
+            bar = "#" * filled + "." * (self.width - filled)
+            self.stream.write(f"\r[{bar}] {self.done}/{self.total} images, {self.failed} failed, {self.rate:.1f} images/s")
+            self.stream.flush()
+
+    def summary(self) -> str:
+        return f"{self.done} images, {self.failed} failed, {self.rate:.1f} images/s ({self.elapsed_s:.1f} s)"
+
+    def close(self) -> None:
+        if self.visible and self.done:
+            self.stream.write("\n")
+        self.stream.write(self.summary() + "\n")
+        self.stream.flush()
