@@ -37,6 +37,7 @@ from tritonclient.utils import InferenceServerException
 
 from loadtests.corpus import WeightedSampler, build_corpus
 from tritonstack.client import DEFAULT_MODEL, ClassifierClient, pad_batch
+from tritonstack.retry import RetryPolicy
 
 # gRPC's C core must cooperate with gevent's loop (Locust monkey-patched the
 # standard library on import); this must run before any channel exists.
@@ -45,6 +46,9 @@ grpc.experimental.gevent.init_gevent()
 REQUEST_TYPE_GRPC = "grpc"
 REQUEST_TYPE_HTTP = "http"
 CHECK_INTERVAL_S = 0.5
+# A load test counts every failure as it happens: no retries.
+NO_RETRY = RetryPolicy(retries=0)
+REQUEST_TIMEOUT_S = 30.0
 
 
 @events.init_command_line_parser.add_listener
@@ -156,8 +160,9 @@ class GrpcUser(TritonUser):
 
     def connect(self):
         try:
-            self.client = ClassifierClient(self.environment.parsed_options.grpc_url, "grpc", self.model)
-        except InferenceServerException as error:
+            self.client = ClassifierClient(self.environment.parsed_options.grpc_url, "grpc", self.model,
+                                           retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S)
+        except (InferenceServerException, ConnectionError) as error:
             self.report(time.perf_counter(), 0, error, name="connect")
             raise StopUser() from error
 
@@ -180,6 +185,7 @@ class GrpcUser(TritonUser):
 class HttpUser(TritonUser, FastHttpUser):
     request_type = REQUEST_TYPE_HTTP
     abstract = False
+    network_timeout = REQUEST_TIMEOUT_S
 
     def connect(self):
         with self.client.get(f"/v2/models/{self.model}", name="metadata", catch_response=True) as response:
