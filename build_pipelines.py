@@ -1,11 +1,22 @@
 #!/usr/bin/env python3
-"""Build the Triton model repository: DALI preprocessing, classifiers, ensembles.
+"""Build, list and check Triton model repositories of DALI-preprocessed classifiers.
 
-    python build_pipelines.py build                 # writes ./model_repository
-    python build_pipelines.py build --out /tmp/repo
+Each preset is an ensemble `ensemble_<preprocessor>_<classifier>`: a preprocessing
+model (DALI, or the Pillow baseline) chained to an ONNX classifier.
+
+    python build_pipelines.py list                       # the presets
+    python build_pipelines.py build                      # all presets into ./model_repository
+    python build_pipelines.py build dali_efficientnet_lite2 --out /tmp/repo
+    python build_pipelines.py build --device gpu --instances 2 --out /tmp/gpu-repo
+    python build_pipelines.py build --classifier-onnx my.onnx --labels labels.txt \\
+        --input-size 224 --resize-shorter 256 --mean 123.675,116.28,103.53 \\
+        --std 58.395,57.12,57.375 --out /tmp/mine
+    python build_pipelines.py check [REPOSITORY]          # offline load-time validation
+    python build_pipelines.py parity                     # DALI vs Pillow on real photos
 
 Only files whose content changes are rewritten; the ONNX export is skipped while
 its inputs (weights, export code, torch version) are unchanged.
+Exit codes: 0 success, 1 problems found (check, parity), 2 bad usage.
 """
 
 from __future__ import annotations
@@ -14,7 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from tritonstack.repository import BuildOptions, write_repository
+from tritonstack import classifiers, pipelines
+from tritonstack.repository import FORMATS, PRESETS, BuildOptions, Preset, preset_named, write_repository
 
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
 
@@ -25,32 +37,143 @@ def build(args: argparse.Namespace) -> int:
         num_threads=args.num_threads,
         instances=args.instances,
         max_queue_delay_us=args.max_queue_delay_us,
+        device=args.device,
+        format=args.format,
     )
-    changed = write_repository(args.out, options=options)
+    changed = write_repository(args.out, presets=_presets(args), options=options)
     for path in changed:
         print(f"wrote {path.relative_to(args.out)}")
     print(f"{args.out}: {len(changed)} file(s) changed")
     return 0
 
 
+def _presets(args: argparse.Namespace) -> tuple[Preset, ...]:
+    if args.classifier_onnx:
+        preprocessing = pipelines.Preprocessing(
+            resize_shorter=args.resize_shorter or round(args.input_size / 0.875),
+            crop=args.input_size, mean=args.mean, std=args.std,
+        )
+        classifier = classifiers.from_onnx(
+            args.name or args.classifier_onnx.stem, args.classifier_onnx, args.labels, preprocessing
+        )
+        return tuple(Preset(classifier, preprocessor) for preprocessor in args.preprocessors)
+    return tuple(preset_named(name) for name in args.presets) if args.presets else PRESETS
+
+
+def list_presets(args: argparse.Namespace) -> int:
+    print(f"{'preset':28} {'ensemble':36} {'preprocessing':38} classifier (crop, resize shorter)")
+    for preset in PRESETS:
+        p = preset.classifier.preprocessing
+        print(f"{preset.name:28} {preset.ensemble_name:36} {preset.preprocessing_name:38} "
+              f"{preset.classifier.name} ({p.crop}, {p.resize_shorter})")
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    from tritonstack.check import check_repository
+
+    problems = check_repository(args.repository)
+    for problem in problems:
+        print(f"error: {problem}")
+    print(f"{args.repository}: {len(problems)} problem(s)", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def parity(args: argparse.Namespace) -> int:
+    from tritonstack.parity import compare, format_report
+
+    report = compare(args.repository, args.preset)
+    print(format_report(report))
+    if args.json:
+        args.json.write_text(report.to_json())
+    return 0 if report.top1_agreement == 1.0 else 1
+
+
+def _floats3(text: str) -> tuple[float, float, float]:
+    values = tuple(float(value) for value in text.split(","))
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError(f"need 3 comma-separated values R,G,B, got {text!r}")
+    return values
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _add_build_parser(commands) -> None:
+    defaults = BuildOptions()
+    parser = commands.add_parser(
+        "build", help="write the model repository",
+        description="Write the presets' models (all when none is named) into --out.")
+    parser.add_argument("presets", nargs="*", metavar="PRESET",
+                        help=f"presets to build (default: all): {', '.join(p.name for p in PRESETS)}")
+    parser.add_argument("--out", type=Path, default=DEFAULT_REPOSITORY, help="repository folder")
+    parser.add_argument("--device", choices=pipelines.DEVICES, default=defaults.device,
+                        help="gpu: nvJPEG decoding (device=mixed, hw_decoder_load), resize and normalize on "
+                             "the GPU, KIND_GPU instances; serializes on a machine without a GPU")
+    parser.add_argument("--format", choices=FORMATS, default=defaults.format,
+                        help="model.dali: the pipeline serialized now (the DALI version is recorded next to it); "
+                             "dali.py: the pipeline's source, serialized by the DALI backend at load")
+    parser.add_argument("--max-batch-size", type=_positive, default=defaults.max_batch_size)
+    parser.add_argument("--instances", type=_positive, default=defaults.instances,
+                        help="instances of each model (each one is a process on CPU machines)")
+    parser.add_argument("--num-threads", type=_positive, default=defaults.num_threads,
+                        help="DALI CPU worker threads per instance (default fixed, not this machine's cores, "
+                             "so the committed repository is the same everywhere)")
+    parser.add_argument("--max-queue-delay-us", type=int, default=defaults.max_queue_delay_us,
+                        help="how long the dynamic batcher waits to fill a batch")
+    own = parser.add_argument_group(
+        "bring your own classifier",
+        "An ONNX classifier taking FP32 NCHW images (0..255 RGB normalized with --mean/--std) gets its "
+        "preprocessing model and ensemble; named after the file unless --name is given.")
+    own.add_argument("--classifier-onnx", type=Path, metavar="FILE")
+    own.add_argument("--labels", type=Path, metavar="FILE", help="one class name a line, in index order")
+    own.add_argument("--name", help="Triton model name of the classifier")
+    own.add_argument("--input-size", type=_positive, default=224, metavar="N", help="center crop side")
+    own.add_argument("--resize-shorter", type=_positive, metavar="N",
+                     help="shorter side before the crop (default input size / 0.875)")
+    own.add_argument("--mean", type=_floats3, default=(123.675, 116.28, 103.53), metavar="R,G,B",
+                     help="in 0..255 pixel units (default: torchvision's ImageNet mean)")
+    own.add_argument("--std", type=_floats3, default=(58.395, 57.12, 57.375), metavar="R,G,B")
+    own.add_argument("--preprocessors", nargs="+", choices=("dali", "python"), default=("dali",),
+                     help="which preprocessing models to build for it")
+    parser.set_defaults(run=build)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_build_parser(commands)
 
-    build_parser = commands.add_parser("build", help="write the model repository")
-    defaults = BuildOptions()
-    build_parser.add_argument("--out", type=Path, default=DEFAULT_REPOSITORY, help="repository folder")
-    build_parser.add_argument("--max-batch-size", type=int, default=defaults.max_batch_size)
-    build_parser.add_argument("--num-threads", type=int, default=defaults.num_threads,
-                              help="DALI CPU worker threads per instance")
-    build_parser.add_argument("--instances", type=int, default=defaults.instances,
-                              help="instances of each model")
-    build_parser.add_argument("--max-queue-delay-us", type=int, default=defaults.max_queue_delay_us,
-                              help="how long the dynamic batcher waits to fill a batch")
-    build_parser.set_defaults(run=build)
+    commands.add_parser("list", help="list the presets").set_defaults(run=list_presets)
+
+    check_parser = commands.add_parser(
+        "check", help="validate a repository offline, as the backends will at load time",
+        description="One line per problem (model: field 'tensor': what is wrong; what to do). "
+                    "Exit 1 when there is any, 0 when the repository is clean.")
+    check_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
+    check_parser.set_defaults(run=check)
+
+    parity_parser = commands.add_parser(
+        "parity", help="compare DALI and Pillow preprocessing on real photos",
+        description="Tensor differences and classifier top-1/top-5 agreement, DALI vs the Pillow baseline, "
+                    "on scikit-image's photos and generated variants. Exit 1 unless top-1 agrees on all.")
+    parity_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
+    parity_parser.add_argument("--preset", default="dali_efficientnet_lite0", help="the DALI preset to compare")
+    parity_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    parity_parser.set_defaults(run=parity)
 
     args = parser.parse_args(argv)
-    return args.run(args)
+    if args.command == "build" and bool(args.classifier_onnx) != bool(args.labels):
+        parser.error("--classifier-onnx and --labels go together")
+    try:
+        return args.run(args)
+    except (ValueError, KeyError) as error:
+        print(f"error: {error.args[0] if error.args else error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

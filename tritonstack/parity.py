@@ -1,0 +1,151 @@
+"""Accuracy parity: DALI preprocessing vs the Pillow baseline, on real photos.
+
+Both transforms run in this process on the same encoded bytes: the repository's
+serialized DALI pipeline and `tritonstack.pillow_model.preprocess` (the code of the
+Pillow model). The classifier's model.onnx then ranks both tensors.
+
+The two implement one transform (same sub-pixel source window, same antialiased
+bilinear filter, float resampling rounded once, same crop anchor), so they differ
+only by rounding: an occasional value one 0..255 level apart where the resampled
+value lands on .5, from float summation order, or from the JPEG decoders
+(nvImageCodec's libjpeg-turbo vs Pillow's). Pillow's default 8-bit resize would
+be a level off on ~15% of values (mean 0.14 levels) and flipped the top-1 of
+astronaut.png, a near-tie: hence the float resize in the Pillow model.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tritonstack.client import pad_batch
+from tritonstack.pillow_model import INPUT_NAME, preprocess
+from tritonstack.repository import VERSION, preset_named
+from tritonstack.samples import PHOTOS, photo_bytes
+
+# Pixel difference bounds the tests hold the two to, in 0..255 levels.
+MAX_ABS_LEVELS = 1.0
+MEAN_ABS_LEVELS = 0.01
+
+
+@dataclass(frozen=True)
+class ImageResult:
+    name: str
+    size: tuple[int, int]
+    max_abs_levels: float  # largest |DALI - Pillow| on one value, in 0..255 levels
+    mean_abs_levels: float
+    top1_dali: int
+    top1_pillow: int
+    top5_overlap: int  # classes in both top-5 lists
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    preset: str
+    images: tuple[ImageResult, ...]
+
+    @property
+    def top1_agreement(self) -> float:
+        return float(np.mean([r.top1_dali == r.top1_pillow for r in self.images]))
+
+    @property
+    def top5_agreement(self) -> float:
+        """Share of images whose top-5 sets are the same."""
+        return float(np.mean([r.top5_overlap == 5 for r in self.images]))
+
+    @property
+    def max_abs_levels(self) -> float:
+        return max(r.max_abs_levels for r in self.images)
+
+    @property
+    def mean_abs_levels(self) -> float:
+        return float(np.mean([r.mean_abs_levels for r in self.images]))
+
+    def to_json(self) -> str:
+        summary = {"top1_agreement": self.top1_agreement, "top5_agreement": self.top5_agreement,
+                   "max_abs_levels": self.max_abs_levels, "mean_abs_levels": self.mean_abs_levels}
+        return json.dumps({"preset": self.preset, **summary, "images": [asdict(r) for r in self.images]},
+                          indent=2) + "\n"
+
+
+def parity_images() -> dict[str, bytes]:
+    """scikit-image's photos as shipped, and variants made from them with Pillow."""
+    from PIL import Image
+
+    images = {name: photo_bytes(name) for name in (*PHOTOS, "camera.png")}
+    with Image.open(io.BytesIO(photo_bytes("coffee.png"))) as coffee, \
+            Image.open(io.BytesIO(photo_bytes("rocket.jpg"))) as rocket:
+        coffee, rocket = coffee.convert("RGB"), rocket.convert("RGB")
+        variants = {
+            "coffee_small_upscaled.jpg": (coffee.resize((150, 100)), "JPEG"),
+            "coffee_large.jpg": (coffee.resize((1800, 1200)), "JPEG"),
+            "rocket_wide_8to1.jpg": (rocket.resize((1600, 200)), "JPEG"),
+            "rocket_tall_1to6.jpg": (rocket.resize((300, 1800)), "JPEG"),
+            "coffee_gray.jpg": (coffee.convert("L"), "JPEG"),
+            "rocket.png": (rocket, "PNG"),
+            "coffee_cmyk.jpg": (coffee.convert("CMYK"), "JPEG"),
+        }
+    for name, (image, image_format) in variants.items():
+        encoded = io.BytesIO()
+        image.save(encoded, format=image_format, **({"quality": 92} if image_format == "JPEG" else {}))
+        images[name] = encoded.getvalue()
+    return images
+
+
+def compare(repository: Path, preset_name: str = "dali_efficientnet_lite0",
+            images: dict[str, bytes] | None = None) -> ParityReport:
+    import onnxruntime as ort
+    from nvidia.dali import Pipeline
+    from PIL import Image
+
+    preset = preset_named(preset_name)
+    classifier = preset.classifier
+    repository = Path(repository)
+    images = images or parity_images()
+    encoded = list(images.values())
+    serialized = (repository / preset.preprocessing_name / VERSION / "model.dali").read_bytes()
+    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=len(encoded), num_threads=2,
+                                    device_id=None, prefetch_queue_depth=1)
+    pipeline.build()
+    pipeline.feed_input(INPUT_NAME, list(pad_batch(encoded)))
+    (dali_output,) = pipeline.run()
+    dali = np.asarray(dali_output.as_tensor())
+    p = classifier.preprocessing
+    pillow = np.stack([preprocess(data, p.resize_shorter, p.crop, p.mean, p.std) for data in encoded])
+
+    session = ort.InferenceSession(str(repository / classifier.name / VERSION / "model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    scores_dali, scores_pillow = (session.run([classifier.output_name], {classifier.input_name: batch})[0]
+                                  for batch in (dali, pillow))
+    levels = np.abs(dali - pillow) * np.asarray(p.std, np.float32)[:, None, None]  # back to 0..255 units
+    results = []
+    for index, (name, data) in enumerate(images.items()):
+        with Image.open(io.BytesIO(data)) as image:
+            size = image.size
+        top5_dali = np.argsort(scores_dali[index])[::-1][:5]
+        top5_pillow = np.argsort(scores_pillow[index])[::-1][:5]
+        results.append(ImageResult(
+            name=name, size=size,
+            max_abs_levels=round(float(levels[index].max()), 3),
+            mean_abs_levels=round(float(levels[index].mean()), 4),
+            top1_dali=int(top5_dali[0]), top1_pillow=int(top5_pillow[0]),
+            top5_overlap=len(set(top5_dali) & set(top5_pillow)),
+        ))
+    return ParityReport(preset=preset.name, images=tuple(results))
+
+
+def format_report(report: ParityReport) -> str:
+    lines = [f"DALI ({report.preset}) vs Pillow, |difference| in 0..255 levels",
+             f"{'image':28} {'size':>11} {'max':>6} {'mean':>7}  top-1 DALI/Pillow  top-5 shared"]
+    for r in report.images:
+        lines.append(f"{r.name:28} {r.size[0]:>5}x{r.size[1]:<5} {r.max_abs_levels:6.2f} {r.mean_abs_levels:7.4f}"
+                     f"  {r.top1_dali:>5}/{r.top1_pillow:<5}{'' if r.top1_dali == r.top1_pillow else ' DIFFER':7}"
+                     f"      {r.top5_overlap}/5")
+    lines.append(f"top-1 agreement {report.top1_agreement:.0%}, identical top-5 sets {report.top5_agreement:.0%}, "
+                 f"max {report.max_abs_levels:.2f} levels, mean {report.mean_abs_levels:.4f} levels "
+                 f"over {len(report.images)} images")
+    return "\n".join(lines)
