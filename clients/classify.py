@@ -22,12 +22,11 @@ import json
 import sys
 from pathlib import Path
 
-from tritonstack.client import DEFAULT_MODEL, PROTOCOLS, SHM_MODES
+from tritonstack.client import DEFAULT_MODEL, DEFAULT_URLS, PROTOCOLS, SHM_MODES
 from tritonstack.images import image_files
 from tritonstack.retry import RetryPolicy, ServerUnavailableError
 from tritonstack.runner import FileResult, Progress, RunSettings, classify_files
 
-DEFAULT_URLS = {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}
 FORMATS = ("table", "jsonl", "csv")
 
 

@@ -39,6 +39,7 @@ from tritonstack.shm import RequestRegions, SharedMemoryRegion
 
 DEFAULT_MODEL = "ensemble_dali_efficientnet_lite0"
 PROTOCOLS = ("http", "grpc")
+DEFAULT_URLS = {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}  # `make serve`
 SHM_MODES = ("none", "system")
 DEFAULT_TIMEOUT_S = 60.0
 
