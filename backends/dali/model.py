@@ -1,43 +1,302 @@
-"""Triton backend "dali", Python-based: serves a serialized DALI pipeline on the CPU.
+"""Triton backend "dali", Python-based: serves a DALI pipeline on the CPU.
 
 It keeps the contract of the C++ DALI backend (triton-inference-server/dali_backend)
 so that one model repository serves with either:
-- the pipeline is `<version>/model.dali` (or `default_model_filename`);
-- config inputs are matched by name to the pipeline's external sources; outputs by
-  position;
+- the pipeline is `<version>/model.dali` (or `default_model_filename`), else
+  `<version>/dali.py` whose single `@autoserialize` pipeline is serialized at load;
+- config inputs match the pipeline's external sources by name (checked both ways),
+  outputs match by position; a data type, rank or count mismatch fails the load
+  with a message naming the tensor, the config value and the pipeline value;
+- a partial config is auto-completed from the pipeline (names, types, dims,
+  max_batch_size, dynamic_batching);
 - `max_batch_size` from the config overrides the serialized batch size, and
-  `parameters { key: "num_threads" }` sets DALI's CPU worker threads;
+  `parameters { key: "num_threads" }` overrides the serialized thread count;
 - a pipeline error answers TRITONSERVER_ERROR_UNKNOWN (HTTP 400, gRPC UNKNOWN)
-  and the pipeline is rebuilt for the next request.
+  naming the failing operator, and the pipeline is rebuilt for the next request;
+- GPU or mixed operators on a KIND_CPU instance fail the load.
 Beyond the C++ backend: when several requests merged into one batch fail together,
-each is run again alone, so only the bad request gets the error.
+each is run again alone, so only the bad request gets the error; and encoded images
+that declare more than `max_pixels` pixels are refused from their header, before
+the decoder allocates anything (a decompression bomb).
 """
 
+from __future__ import annotations
+
+import importlib.util
+import io
 import json
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import nvidia.dali
 import triton_python_backend_utils as pb_utils
-from nvidia.dali import Pipeline
+from google.protobuf import empty_pb2
+from google.protobuf.unknown_fields import UnknownFieldSet
+from nvidia.dali import Pipeline, types
+from PIL import Image, UnidentifiedImageError
 
 DEFAULT_MODEL_FILENAME = "model.dali"
+AUTOSERIALIZE_FILENAME = "dali.py"
+# Written next to model.dali by build_pipelines.py; the C++ backend ignores it.
+VERSION_FILENAME = "model.dali.version"
+# The launcher's repository root: auto-complete is not told where the model is.
+REPOSITORY_ENV = "TRITONSTACK_MODEL_REPOSITORY"
+# Pillow's own bomb threshold is 89.5 MP; 100 MP covers a 10000x10000 photo.
+DEFAULT_MAX_PIXELS = 100_000_000
+# Operators whose first input is an encoded image: their inputs get the pixel check.
+DECODERS = {"decoders__Image", "decoders__ImageCrop", "decoders__ImageSlice",
+            "decoders__ImageRandomCrop", "ImageDecoder", "ImageDecoderCrop",
+            "ImageDecoderSlice", "ImageDecoderRandomCrop"}
+_UNKNOWN = (1 << 64) - 1  # -1 as a protobuf varint: type or ndim not declared
+
+Image.MAX_IMAGE_PIXELS = None  # our own limit applies, per model
 
 
 class PipelineError(Exception):
     """A DALI pipeline run failed on the data it was given."""
 
 
+class InputError(Exception):
+    """A request's data was refused before it reached the pipeline."""
+
+
+# --- what a serialized pipeline declares ------------------------------------------
+
+@dataclass(frozen=True)
+class Port:
+    """A pipeline input (external source) or output."""
+
+    name: str
+    dtype: str | None  # Triton type name ("TYPE_UINT8"), None when not declared
+    ndim: int | None
+    device: str
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
+    operators: tuple[tuple[str, str], ...]  # (operator, device)
+    decoded_inputs: frozenset[str]  # external sources that feed an image decoder
+
+
+def describe(serialized: bytes) -> PipelineSpec:
+    """Read DALI's PipelineDef protobuf without its generated classes (DALI ships
+    none): PipelineDef.op = 5, pipe_outputs = 7; OpDef.name = 1, input = 2,
+    output = 3, arg = 4; InputOutput.name = 1, device = 2, dtype = 5, ndim = 6;
+    Argument.name = 1, ints = 4, strings = 5. The C++ backend reads the same
+    fields through DALI's C API."""
+    pipeline = _fields(serialized)
+    inputs, operators, decoded = [], [], set()
+    sources = {}
+    for op in (_fields(data) for number, data in pipeline if number == 5):
+        name = _string(op, 1)
+        args = {_string(_fields(arg), 1): _fields(arg) for number, arg in op if number == 4}
+        device = _string(args.get("device", []), 5) or "cpu"
+        operators.append((name, device))
+        if name in ("ExternalSource", "_ExternalSource"):
+            output = _string(_fields(_first(op, 3)), 1)
+            sources[output] = Port(output, _dali_dtype(args.get("dtype")),
+                                   _int(args.get("ndim", []), 4), device)
+            inputs.append(sources[output])
+        elif name in DECODERS:
+            decoded.add(_string(_fields(_first(op, 2)), 1))
+    outputs = []
+    for output in (_fields(data) for number, data in pipeline if number == 7):
+        dtype = _int(output, 5)
+        outputs.append(Port(_string(output, 1), _dali_dtype_value(dtype),
+                            _int(output, 6), _string(output, 2)))
+    return PipelineSpec(tuple(inputs), tuple(outputs), tuple(operators),
+                        frozenset(decoded & set(sources)))
+
+
+def _fields(data: bytes) -> list[tuple[int, object]]:
+    message = empty_pb2.Empty()
+    message.ParseFromString(data)
+    return [(field.field_number, field.data) for field in UnknownFieldSet(message)]
+
+
+def _first(fields, number):
+    return next(data for n, data in fields if n == number)
+
+
+def _string(fields, number) -> str | None:
+    found = [data for n, data in fields if n == number]
+    return found[0].decode() if found else None
+
+
+def _int(fields, number) -> int | None:
+    found = [data for n, data in fields if n == number]
+    return None if not found or found[0] == _UNKNOWN else int(found[0])
+
+
+def _dali_dtype(arg_fields) -> str | None:
+    return _dali_dtype_value(_int(arg_fields or [], 4))
+
+
+def _dali_dtype_value(value: int | None) -> str | None:
+    if value is None:
+        return None
+    name = types.DALIDataType(value).name  # UINT8, FLOAT, FLOAT16, INT64, BOOL, ...
+    return "TYPE_" + {"FLOAT": "FP32", "FLOAT16": "FP16", "FLOAT64": "FP64"}.get(name, name)
+
+
+# --- where the pipeline comes from ------------------------------------------------
+
+def load_serialized(version_dir: Path, config: dict) -> bytes:
+    """model.dali (or default_model_filename), else dali.py's @autoserialize
+    pipeline, serialized now by the serving DALI."""
+    filename = config.get("default_model_filename") or DEFAULT_MODEL_FILENAME
+    serialized_path = version_dir / filename
+    script_path = version_dir / AUTOSERIALIZE_FILENAME
+    if serialized_path.is_file():
+        return serialized_path.read_bytes()
+    if script_path.is_file():
+        return _autoserialize(script_path)
+    raise FileNotFoundError(
+        f"no DALI pipeline for model '{config.get('name')}': looked for "
+        f"{serialized_path} (default_model_filename) and {script_path} (@autoserialize)"
+    )
+
+
+def _autoserialize(script_path: Path) -> bytes:
+    from nvidia.dali._utils.autoserialize import invoke_autoserialize
+
+    spec = importlib.util.spec_from_file_location(f"_dali_model_{abs(hash(script_path))}", script_path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(script_path.parent))  # dali.py may import its neighbours
+    try:
+        spec.loader.exec_module(module)
+        target = script_path.with_name(".autoserialized.dali")
+        invoke_autoserialize(module, str(target))
+        serialized = target.read_bytes()
+        target.unlink()
+    except Exception as error:
+        raise RuntimeError(f"{script_path}: @autoserialize failed: {error}") from error
+    finally:
+        sys.path.remove(str(script_path.parent))
+    return serialized
+
+
+def latest_version_dir(model_dir: Path) -> Path:
+    versions = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+    if not versions:
+        raise FileNotFoundError(f"{model_dir} has no numeric version folder")
+    return model_dir / str(max(versions))
+
+
+# --- load-time checks -----------------------------------------------------------
+
+def validate(config: dict, spec: PipelineSpec) -> None:
+    """Names both ways, then per tensor data type and rank; outputs by position."""
+    model = config.get("name")
+    config_inputs = {tensor["name"]: tensor for tensor in config.get("input", [])}
+    pipeline_inputs = {port.name: port for port in spec.inputs}
+    for name in config_inputs.keys() - pipeline_inputs.keys():
+        raise ValueError(f"model '{model}': config input '{name}' is not an external source "
+                         f"of the pipeline (its external sources: {sorted(pipeline_inputs)})")
+    for name in pipeline_inputs.keys() - config_inputs.keys():
+        raise ValueError(f"model '{model}': pipeline external source '{name}' has no config "
+                         f"input (config inputs: {sorted(config_inputs)}); auto-complete adds it "
+                         f"when the server's environment has {REPOSITORY_ENV}, as tritonstack.server sets")
+    config_outputs = config.get("output", [])
+    if len(config_outputs) != len(spec.outputs):
+        raise ValueError(
+            f"model '{model}': config has {len(config_outputs)} outputs "
+            f"{[t['name'] for t in config_outputs]}, the pipeline has {len(spec.outputs)}; "
+            "outputs map by position (auto-complete adds an output only when the pipeline "
+            "declares its output_dtype and output_ndim)"
+        )
+    pairs = [(config_inputs[p.name], p, "input") for p in spec.inputs]
+    pairs += [(tensor, port, "output") for tensor, port in zip(config_outputs, spec.outputs)]
+    for tensor, port, kind in pairs:
+        _check_tensor(model, kind, tensor, port)
+
+
+def _check_tensor(model: str, kind: str, tensor: dict, port: Port) -> None:
+    where = f"model '{model}' {kind} '{tensor['name']}'"
+    if port.dtype and tensor["data_type"] != port.dtype:
+        raise ValueError(f"{where}: data type mismatch: config {tensor['data_type']}, "
+                         f"pipeline '{port.name}' {port.dtype}")
+    rank = len(tensor.get("dims", []))
+    if port.ndim is not None and rank != port.ndim:
+        raise ValueError(f"{where}: rank mismatch: config dims {tensor.get('dims')} "
+                         f"(rank {rank}), pipeline '{port.name}' ndim {port.ndim}")
+
+
+def check_devices(spec: PipelineSpec, instance_kind: str) -> None:
+    """No silent CPU substitution: GPU work on a CPU instance is a load error."""
+    if instance_kind == "GPU":
+        return
+    gpu_ops = [f"{name} (device='{device}')" for name, device in spec.operators if device != "cpu"]
+    if gpu_ops:
+        raise ValueError(
+            f"pipeline has GPU operators {gpu_ops} but the model instance is KIND_CPU "
+            "(no GPU here): serialize a CPU pipeline or serve it on a GPU with KIND_GPU"
+        )
+
+
+def warn_on_version_skew(version_dir: Path) -> None:
+    stamp = version_dir / VERSION_FILENAME
+    if stamp.is_file():
+        built_with = stamp.read_text().strip()
+        if built_with != nvidia.dali.__version__:
+            pb_utils.Logger.log_warn(
+                f"{version_dir}: pipeline serialized with DALI {built_with}, served with "
+                f"DALI {nvidia.dali.__version__}; rebuild it if outputs differ"
+            )
+
+
+# --- the model -------------------------------------------------------------------
+
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        """Fill what the config leaves out from the pipeline. Triton does not tell
+        auto-complete where the model lives: the launcher exports the repository
+        root. Triton refuses `allow_ragged_batch` here, so auto-completed inputs
+        batch only requests of equal shapes (write it in the config to merge
+        ragged requests, as our build does)."""
+        cfg = auto_complete_model_config
+        config = cfg.as_dict()
+        root = os.environ.get(REPOSITORY_ENV)
+        if not root or not (Path(root) / config["name"]).is_dir():
+            return cfg
+        version_dir = latest_version_dir(Path(root) / config["name"])
+        spec = describe(load_serialized(version_dir, config))
+        lists_tensors = bool(config.get("input") or config.get("output"))
+        known = {tensor["name"] for tensor in config.get("input", [])}
+        for port in spec.inputs:
+            if port.name not in known and port.dtype and port.ndim is not None:
+                cfg.add_input({"name": port.name, "data_type": port.dtype, "dims": [-1] * port.ndim})
+        for port in spec.outputs[len(config.get("output", [])):]:
+            if port.dtype and port.ndim is not None:
+                cfg.add_output({"name": port.name, "data_type": port.dtype, "dims": [-1] * port.ndim})
+        if not lists_tensors and int(config.get("max_batch_size", 0)) == 0:
+            cfg.set_max_batch_size(_serialized_batch_size(version_dir, config))
+        if cfg.as_dict().get("max_batch_size", 0) > 0 and not config.get("dynamic_batching"):
+            cfg.set_dynamic_batching()
+        return cfg
+
     def initialize(self, args):
         config = json.loads(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        filename = config.get("default_model_filename") or DEFAULT_MODEL_FILENAME
-        self._serialized = (version_dir / filename).read_bytes()
-        self._batch_size = max(int(config.get("max_batch_size", 0)), 1)
+        self._serialized = load_serialized(version_dir, config)
+        spec = describe(self._serialized)
+        validate(config, spec)
+        check_devices(spec, args["model_instance_kind"])
+        warn_on_version_skew(version_dir)
+        parameters = config.get("parameters", {})
+        self._device_id = int(args["model_instance_device_id"]) if args["model_instance_kind"] == "GPU" else None
         self._batched = int(config.get("max_batch_size", 0)) > 0
-        self._num_threads = _num_threads(config)
-        self._input_names = [tensor["name"] for tensor in config["input"]]
+        self._batch_size = max(int(config.get("max_batch_size", 0)), 1)
+        self._num_threads = _int_parameter(parameters, "num_threads")
+        self._max_pixels = _int_parameter(parameters, "max_pixels") or DEFAULT_MAX_PIXELS
+        self._input_names = [port.name for port in spec.inputs]
+        self._decoded_inputs = [name for name in self._input_names if name in spec.decoded_inputs]
         self._outputs = [
             (tensor["name"], pb_utils.triton_string_to_numpy(tensor["data_type"]))
             for tensor in config["output"]
@@ -46,30 +305,60 @@ class TritonPythonModel:
 
     def _build_pipeline(self) -> Pipeline:
         # prefetch_queue_depth=1: each run() consumes exactly the batch just fed.
+        # Without a num_threads parameter the serialized pipeline's count stands,
+        # as in the C++ backend.
+        overrides = {"num_threads": self._num_threads} if self._num_threads else {}
         pipeline = Pipeline.deserialize(
             serialized_pipeline=self._serialized,
             batch_size=self._batch_size,
-            num_threads=self._num_threads,
-            device_id=None,
+            device_id=self._device_id,
             prefetch_queue_depth=1,
+            **overrides,
         )
         pipeline.build()
         return pipeline
 
     def execute(self, requests):
+        responses = [None] * len(requests)
+        runnable = []
+        for index, request in enumerate(requests):
+            try:
+                runnable.append((index, self._samples_of(request)))
+            except InputError as error:
+                responses[index] = _error_response(error, pb_utils.TritonError.INVALID_ARG)
+        if runnable:
+            for index, response in zip([i for i, _ in runnable], self._execute_fed(runnable)):
+                responses[index] = response
+        return responses
+
+    def _execute_fed(self, runnable):
+        feeds = [feed for _, feed in runnable]
         try:
-            return [self._respond(outputs) for outputs in self._run(requests)]
+            return [self._respond(outputs) for outputs in self._run(feeds)]
         except PipelineError as batch_error:
-            if len(requests) == 1:
+            if len(feeds) == 1:
                 return [_error_response(batch_error)]
         # Isolate the culprit: run each merged request on its own.
-        return [self._execute_one(request) for request in requests]
+        return [self._execute_one(feed) for feed in feeds]
 
-    def _execute_one(self, request):
+    def _execute_one(self, feed):
         try:
-            return self._respond(self._run([request])[0])
+            return self._respond(self._run([feed])[0])
         except PipelineError as error:
             return _error_response(error)
+
+    def _samples_of(self, request) -> dict[str, np.ndarray]:
+        """A request's inputs; each row of a batched input is one sample."""
+        feed = {
+            name: pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+            for name in self._input_names
+        }
+        if not self._batched:
+            feed = {name: array[np.newaxis] for name, array in feed.items()}
+        for name in self._decoded_inputs:
+            for row, sample in enumerate(feed[name]):
+                _check_pixels(name, row, sample, self._max_pixels)
+        return feed
 
     def _respond(self, outputs):
         tensors = [
@@ -78,53 +367,87 @@ class TritonPythonModel:
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
-    def _run(self, requests):
-        """Run all requests as one DALI batch; return each request's outputs."""
-        samples = {name: [] for name in self._input_names}
-        request_sizes = []
-        for request in requests:
-            for name in self._input_names:
-                array = pb_utils.get_input_tensor_by_name(request, name).as_numpy()
-                # Each row of a batched request is one sample; rows are views.
-                samples[name].extend(array if self._batched else [array])
-            request_sizes.append(len(array) if self._batched else 1)
+    def _run(self, feeds):
+        """Run the requests' samples as one DALI batch; return each request's outputs."""
         try:
-            for name, batch in samples.items():
-                self._pipeline.feed_input(name, batch)
+            for name in self._input_names:
+                if len(feeds) == 1:
+                    self._pipeline.feed_input(name, feeds[0][name])  # dense: no per-row views
+                else:
+                    self._pipeline.feed_input(name, [row for feed in feeds for row in feed[name]])
             pipeline_outputs = self._pipeline.run()
         except RuntimeError as error:
             # The failed pipeline object is no longer valid: rebuild it.
             self._pipeline = self._build_pipeline()
             raise PipelineError(_explain(error)) from error
-        return _split(pipeline_outputs, request_sizes, self._batched)
+        sizes = [len(feed[self._input_names[0]]) for feed in feeds]
+        return _split(pipeline_outputs, sizes, self._batched)
+
+
+def _check_pixels(name: str, row: int, sample: np.ndarray, max_pixels: int) -> None:
+    """Read the image header only (Pillow decodes nothing at open)."""
+    try:
+        with Image.open(io.BytesIO(sample.data)) as header:
+            width, height = header.size
+    except (UnidentifiedImageError, OSError, ValueError):
+        return  # not an image Pillow knows: the decoder gives its own error
+    if width * height > max_pixels:
+        raise InputError(
+            f"input '{name}' sample {row}: image declares {width}x{height} = "
+            f"{width * height} pixels, above this model's max_pixels {max_pixels}"
+        )
 
 
 def _split(pipeline_outputs, request_sizes, batched):
-    outputs = [np.asarray(output.as_tensor()) for output in pipeline_outputs]
+    """Each request's rows of each output. A ragged merged batch leaves DALI as
+    samples of different shapes: those are stacked per request."""
+    outputs = [output.as_array() if output.is_dense_tensor() else output
+               for output in pipeline_outputs]
     offsets = np.cumsum([0] + request_sizes)
-    per_request = []
-    for start, end in zip(offsets[:-1], offsets[1:]):
-        if batched:
-            per_request.append([output[start:end] for output in outputs])
-        else:
-            per_request.append([output[start] for output in outputs])
-    return per_request
+    return [
+        [_rows(output, start, end, batched) for output in outputs]
+        for start, end in zip(offsets[:-1], offsets[1:])
+    ]
 
 
-def _num_threads(config) -> int:
-    parameter = config.get("parameters", {}).get("num_threads", {})
-    return int(parameter.get("string_value") or os.cpu_count() or 1)
+def _rows(output, start: int, end: int, batched: bool) -> np.ndarray:
+    if isinstance(output, np.ndarray):
+        return output[start:end] if batched else output[start]
+    samples = [np.asarray(output[index]) for index in range(start, end)]
+    if not batched:
+        return samples[0]
+    if len({sample.shape for sample in samples}) > 1:
+        raise PipelineError(
+            f"DALI pipeline output has samples of shapes {[s.shape for s in samples]} in one "
+            "request: a Triton output is one dense tensor per request"
+        )
+    return np.stack(samples)
+
+
+def _int_parameter(parameters: dict, key: str) -> int | None:
+    value = parameters.get(key, {}).get("string_value")
+    return int(value) if value else None
+
+
+def _serialized_batch_size(version_dir: Path, config: dict) -> int:
+    pipeline = Pipeline.deserialize(serialized_pipeline=load_serialized(version_dir, config),
+                                    device_id=None)
+    return int(pipeline.max_batch_size)
 
 
 def _explain(error: RuntimeError) -> str:
-    """DALI's message without the lines that only concern the pipeline object."""
+    """DALI's message (it names the operator) without the lines about the pipeline
+    object, plus what a decoder failure means for the client."""
     noise = ("Critical error in pipeline:", "Current pipeline object is no longer valid.")
-    lines = [line for line in str(error).splitlines() if line.strip() and line.strip() not in noise]
-    return "DALI pipeline failed: " + " ".join(lines)
+    lines = [line.strip() for line in str(error).splitlines()]
+    text = " ".join(line for line in lines if line and line not in noise)
+    if "decoders" in text:
+        text += " (the input is not a complete image in a format the decoder supports)"
+    return "DALI pipeline failed: " + text
 
 
-def _error_response(error: Exception):
+def _error_response(error: Exception, code=None):
     # UNKNOWN is what the C++ DALI backend returns: HTTP 400, gRPC UNKNOWN.
     return pb_utils.InferenceResponse(
-        error=pb_utils.TritonError(str(error), pb_utils.TritonError.UNKNOWN)
+        error=pb_utils.TritonError(str(error), code if code is not None else pb_utils.TritonError.UNKNOWN)
     )

@@ -1,13 +1,24 @@
 """Triton backend "onnxruntime", Python-based: ONNX Runtime on the CPU.
 
 It keeps the contract of the C++ backend (triton-inference-server/onnxruntime_backend):
-the model is `<version>/model.onnx` (or `default_model_filename`), config tensors map
-by name to the graph's inputs and outputs, `parameters` `intra_op_thread_count` and
-`inter_op_thread_count` set ONNX Runtime's thread pools, and all requests of one
-execute call run as one batch.
+- the model is `<version>/model.onnx` (or `default_model_filename`);
+- config tensors map by name to the graph's inputs and outputs; a name, data type
+  or shape that the graph contradicts fails the load, naming tensor and values;
+- a partial config is auto-completed from the graph: names, data types, dims; a
+  dynamic first axis on every input and output means batching, with the config's
+  `max_batch_size` or 4 (the C++ backend's default-max-batch-size) and
+  `dynamic_batching`;
+- `parameters` `intra_op_thread_count` and `inter_op_thread_count` size ONNX
+  Runtime's thread pools;
+- all requests of one execute call run as one batch; a run that ONNX Runtime
+  refuses answers HTTP 400 / gRPC INVALID_ARGUMENT with its message, and a merged
+  batch that fails is re-run per request so only the bad request fails.
 """
 
+from __future__ import annotations
+
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,33 +26,121 @@ import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 DEFAULT_MODEL_FILENAME = "model.onnx"
+DEFAULT_MAX_BATCH_SIZE = 4
+REPOSITORY_ENV = "TRITONSTACK_MODEL_REPOSITORY"  # see tritonstack/server.py
+# ONNX tensor element types -> Triton data types.
+ONNX_TO_TRITON = {
+    "tensor(float)": "TYPE_FP32", "tensor(float16)": "TYPE_FP16", "tensor(double)": "TYPE_FP64",
+    "tensor(bfloat16)": "TYPE_BF16", "tensor(int8)": "TYPE_INT8", "tensor(int16)": "TYPE_INT16",
+    "tensor(int32)": "TYPE_INT32", "tensor(int64)": "TYPE_INT64", "tensor(uint8)": "TYPE_UINT8",
+    "tensor(uint16)": "TYPE_UINT16", "tensor(uint32)": "TYPE_UINT32",
+    "tensor(uint64)": "TYPE_UINT64", "tensor(bool)": "TYPE_BOOL", "tensor(string)": "TYPE_STRING",
+}
+
+
+class RunError(Exception):
+    """ONNX Runtime refused the data of a request."""
+
+
+def model_path(version_dir: Path, config: dict) -> Path:
+    path = version_dir / (config.get("default_model_filename") or DEFAULT_MODEL_FILENAME)
+    if not path.is_file():
+        raise FileNotFoundError(f"model '{config.get('name')}': no ONNX model at {path}")
+    return path
+
+
+def graph_tensors(session: ort.InferenceSession) -> dict[str, tuple[str, list[int]]]:
+    """{name: (Triton type, shape with -1 for a dynamic axis)} for inputs and outputs."""
+    return {
+        node.name: (ONNX_TO_TRITON.get(node.type, node.type),
+                    [dim if isinstance(dim, int) and dim >= 0 else -1 for dim in node.shape])
+        for node in (*session.get_inputs(), *session.get_outputs())
+    }
+
+
+def validate(config: dict, session: ort.InferenceSession) -> None:
+    graph = graph_tensors(session)
+    batched = int(config.get("max_batch_size", 0)) > 0
+    for kind, tensors in (("input", config.get("input", [])), ("output", config.get("output", []))):
+        for tensor in tensors:
+            _check_tensor(config.get("name"), kind, tensor, graph, batched)
+
+
+def _check_tensor(model, kind, tensor, graph, batched) -> None:
+    where = f"model '{model}' {kind} '{tensor['name']}'"
+    if tensor["name"] not in graph:
+        raise ValueError(f"{where} is not in the ONNX graph (graph tensors: {sorted(graph)})")
+    dtype, shape = graph[tensor["name"]]
+    if tensor["data_type"] != dtype:
+        raise ValueError(f"{where}: data type mismatch: config {tensor['data_type']}, ONNX graph {dtype}")
+    dims = ([-1] if batched else []) + [int(d) for d in tensor.get("dims", [])]
+    compatible = len(dims) == len(shape) and all(
+        c == g or c == -1 or g == -1 for c, g in zip(dims, shape)
+    )
+    if not compatible:
+        shown = f"[batch] + {tensor.get('dims')}" if batched else str(tensor.get("dims"))
+        raise ValueError(f"{where}: shape mismatch: config {shown}, ONNX graph {shape}")
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        """Fill names, types and dims from the graph. Triton does not tell
+        auto-complete where the model lives: the launcher exports the repository."""
+        cfg = auto_complete_model_config
+        config = cfg.as_dict()
+        root = os.environ.get(REPOSITORY_ENV)
+        if not root or not (Path(root) / config["name"]).is_dir() or config.get("input"):
+            return cfg
+        session = _session(model_path(_latest_version_dir(Path(root) / config["name"]), config), {})
+        nodes = (*session.get_inputs(), *session.get_outputs())
+        batched = all(node.shape and not isinstance(node.shape[0], int) for node in nodes)
+        graph = graph_tensors(session)
+        for node in session.get_inputs():
+            dtype, shape = graph[node.name]
+            cfg.add_input({"name": node.name, "data_type": dtype, "dims": shape[1:] if batched else shape})
+        if not config.get("output"):
+            for node in session.get_outputs():
+                dtype, shape = graph[node.name]
+                cfg.add_output({"name": node.name, "data_type": dtype,
+                                "dims": shape[1:] if batched else shape})
+        if batched and int(config.get("max_batch_size", 0)) == 0:
+            cfg.set_max_batch_size(DEFAULT_MAX_BATCH_SIZE)
+        if batched and not config.get("dynamic_batching"):
+            cfg.set_dynamic_batching()
+        return cfg
+
     def initialize(self, args):
         config = json.loads(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        filename = config.get("default_model_filename") or DEFAULT_MODEL_FILENAME
-        self._session = ort.InferenceSession(
-            str(version_dir / filename),
-            sess_options=_session_options(config.get("parameters", {})),
-            providers=["CPUExecutionProvider"],
-        )
+        self._session = _session(model_path(version_dir, config), config.get("parameters", {}))
+        validate(config, self._session)
         self._input_names = [tensor["name"] for tensor in config["input"]]
         self._output_names = [tensor["name"] for tensor in config["output"]]
         self._batched = int(config.get("max_batch_size", 0)) > 0
 
     def execute(self, requests):
-        inputs = [self._inputs_of(request) for request in requests]
-        if not self._batched or len(requests) == 1:
-            return [self._respond(self._run(feed)) for feed in inputs]
-        merged = {name: np.concatenate([feed[name] for feed in inputs]) for name in self._input_names}
-        outputs = self._run(merged)
-        offsets = np.cumsum([0] + [len(feed[self._input_names[0]]) for feed in inputs])
+        feeds = [self._inputs_of(request) for request in requests]
+        if not self._batched or len(feeds) == 1:
+            return [self._execute_one(feed) for feed in feeds]
+        merged = {name: np.concatenate([feed[name] for feed in feeds]) for name in self._input_names}
+        try:
+            outputs = self._run(merged)
+        except RunError:
+            return [self._execute_one(feed) for feed in feeds]  # only bad requests fail
+        offsets = np.cumsum([0] + [len(feed[self._input_names[0]]) for feed in feeds])
         return [
             self._respond([output[start:end] for output in outputs])
             for start, end in zip(offsets[:-1], offsets[1:])
         ]
+
+    def _execute_one(self, feed):
+        try:
+            return self._respond(self._run(feed))
+        except RunError as error:
+            return pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)
+            )
 
     def _inputs_of(self, request):
         return {
@@ -50,11 +149,28 @@ class TritonPythonModel:
         }
 
     def _run(self, feed):
-        return self._session.run(self._output_names, feed)
+        try:
+            return self._session.run(self._output_names, feed)
+        except (ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+                ort.capi.onnxruntime_pybind11_state.Fail,
+                ort.capi.onnxruntime_pybind11_state.RuntimeException) as error:
+            raise RunError(f"ONNX Runtime refused the request: {error}") from error
 
     def _respond(self, outputs):
         tensors = [pb_utils.Tensor(name, array) for name, array in zip(self._output_names, outputs)]
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _session(path: Path, parameters: dict) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), sess_options=_session_options(parameters),
+                                providers=["CPUExecutionProvider"])
+
+
+def _latest_version_dir(model_dir: Path) -> Path:
+    versions = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+    if not versions:
+        raise FileNotFoundError(f"{model_dir} has no numeric version folder")
+    return model_dir / str(max(versions))
 
 
 def _session_options(parameters) -> ort.SessionOptions:

@@ -1,0 +1,161 @@
+"""Small model repositories built on the fly for the conformance suites: DALI
+pipelines and ONNX graphs of a few operators, configs from the typed
+`tritonstack.model_config` objects, and a server per module in explicit
+model-control mode so models load (or fail to load) one by one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf import text_format
+import tritonclient.http as httpclient
+from nvidia.dali import fn, pipeline_def, types
+from onnx import TensorProto, helper
+from tritonclient.utils import InferenceServerException
+
+from tritonstack.model_config import CONFIG_FILENAME, InstanceGroup, ModelConfig, Tensor
+
+VERSION = "1"
+CPU = (InstanceGroup(count=1, kind="KIND_CPU"),)
+EXPLICIT = ("--model-control-mode=explicit",)
+
+
+# --- DALI pipelines, serialized ------------------------------------------------
+
+@pipeline_def(output_dtype=types.UINT8, output_ndim=1)
+def identity_pipeline():
+    return fn.external_source(name="DALI_INPUT_0", dtype=types.UINT8, ndim=1)
+
+
+@pipeline_def(output_dtype=[types.FLOAT, types.FLOAT], output_ndim=[1, 1])
+def two_in_two_out_pipeline():
+    """OUT 0 = A + B, OUT 1 = A * B: outputs are told apart by their values."""
+    a = fn.external_source(name="A", dtype=types.FLOAT, ndim=1)
+    b = fn.external_source(name="B", dtype=types.FLOAT, ndim=1)
+    return a + b, a * b
+
+
+@pipeline_def
+def decode_pipeline():
+    encoded = fn.external_source(name="ENCODED", dtype=types.UINT8, ndim=1)
+    return fn.resize(fn.decoders.image(encoded, device="cpu"), size=(8, 8))
+
+
+@pipeline_def
+def gpu_decode_pipeline():
+    encoded = fn.external_source(name="ENCODED", dtype=types.UINT8, ndim=1)
+    return fn.decoders.image(encoded, device="mixed")
+
+
+def serialized(pipeline, batch_size: int = 4, num_threads: int = 1) -> bytes:
+    return pipeline(batch_size=batch_size, num_threads=num_threads, device_id=None).serialize()
+
+
+# An @autoserialize dali.py as a user ships it: serialized by the serving DALI.
+AUTOSERIALIZE_SCRIPT = '''
+from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali.plugin.triton import autoserialize
+
+
+@autoserialize
+@pipeline_def(batch_size=4, num_threads=1, device_id=None, output_dtype=types.UINT8, output_ndim=1)
+def doubled():
+    doubled = fn.external_source(name="DALI_INPUT_0", dtype=types.UINT8, ndim=1) * 2
+    return fn.cast(doubled, dtype=types.UINT8)
+'''
+
+
+# --- ONNX graphs -------------------------------------------------------------
+
+def add_graph(dtype=TensorProto.FLOAT, width: int | str = 4, batch: str | int = "batch") -> bytes:
+    """Y = X + X, shapes [batch, width]."""
+    shape = [batch, width]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["X", "X"], ["Y"])],
+        "add",
+        [helper.make_tensor_value_info("X", dtype, shape)],
+        [helper.make_tensor_value_info("Y", dtype, shape)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+# --- repository writing ------------------------------------------------------
+
+def write_model(repository: Path, config: ModelConfig, files: dict[str, bytes | str],
+                default_model_filename: str | None = None) -> str:
+    """config.pbtxt plus `files` (names relative to the version folder)."""
+    model_dir = repository / config.name
+    (model_dir / VERSION).mkdir(parents=True, exist_ok=True)
+    message = config.to_proto()
+    if default_model_filename:
+        message.default_model_filename = default_model_filename
+    (model_dir / CONFIG_FILENAME).write_text(text_format.MessageToString(message))
+    for name, content in files.items():
+        path = model_dir / VERSION / name
+        if isinstance(content, str):
+            path.write_text(content)
+        else:
+            path.write_bytes(content)
+    return config.name
+
+
+def dali_config(name: str, inputs=(), outputs=(), max_batch_size: int = 8, **fields) -> ModelConfig:
+    return ModelConfig(name=name, backend="dali", inputs=tuple(inputs), outputs=tuple(outputs),
+                       max_batch_size=max_batch_size, instance_groups=CPU, **fields)
+
+
+def identity_config(name: str, max_batch_size: int = 8, **fields) -> ModelConfig:
+    return dali_config(
+        name,
+        inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,), allow_ragged_batch=True),),
+        outputs=(Tensor("DALI_OUTPUT_0", "UINT8", (-1,)),),
+        max_batch_size=max_batch_size,
+        **fields,
+    )
+
+
+def load_error(client: httpclient.InferenceServerClient, name: str) -> str:
+    """Load a model expected to fail; return the server's message."""
+    try:
+        client.load_model(name)
+    except InferenceServerException as error:
+        return str(error)
+    raise AssertionError(f"model {name} loaded, expected a load failure")
+
+
+def infer_http(client, model: str, arrays: dict[str, np.ndarray], outputs: list[str]):
+    return client.infer(model, **_http_request(arrays, outputs))
+
+
+def infer_concurrently(client, model: str, requests: list[dict[str, np.ndarray]], outputs: list[str]):
+    """Send all requests at once (the HTTP client's own async pool: it is not
+    thread-safe) so the dynamic batcher can merge them; results or exceptions."""
+    pending = [client.async_infer(model, **_http_request(arrays, outputs)) for arrays in requests]
+    outcomes = []
+    for request in pending:
+        try:
+            outcomes.append(request.get_result())
+        except InferenceServerException as error:
+            outcomes.append(error)
+    return outcomes
+
+
+def _http_request(arrays: dict[str, np.ndarray], outputs: list[str]):
+    tensors = []
+    for name, array in arrays.items():
+        tensor = httpclient.InferInput(name, list(array.shape), _triton_type(array))
+        tensor.set_data_from_numpy(array, binary_data=True)
+        tensors.append(tensor)
+    requested = [httpclient.InferRequestedOutput(name, binary_data=True) for name in outputs]
+    return {"inputs": tensors, "outputs": requested}
+
+
+def _triton_type(array: np.ndarray) -> str:
+    from tritonclient.utils import np_to_triton_dtype
+
+    return np_to_triton_dtype(array.dtype)

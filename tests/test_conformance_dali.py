@@ -1,0 +1,266 @@
+"""Our `dali` backend against the C++ dali_backend's contract, on a real
+tritonserver in explicit model-control mode: each test writes a small model,
+loads it, and checks what the server answers (status codes and messages)."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests import repo_factory as rf
+from tritonstack.model_config import DynamicBatching, Tensor
+from tritonstack.samples import photo_bytes
+from tritonstack.server import TritonServer
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    return tmp_path_factory.mktemp("dali_conformance")
+
+
+@pytest.fixture(scope="module")
+def triton(repository):
+    with TritonServer(repository, extra_args=rf.EXPLICIT) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def http(triton):
+    client = httpclient.InferenceServerClient(triton.http_url, concurrency=8)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def identity(repository, http):
+    name = rf.write_model(repository, rf.identity_config("identity"),
+                          {"model.dali": rf.serialized(rf.identity_pipeline)})
+    http.load_model(name)
+    return name
+
+
+def ragged_rows(*lengths: int) -> list[np.ndarray]:
+    return [np.arange(length, dtype=np.uint8)[None] for length in lengths]
+
+
+# --- finding the pipeline ------------------------------------------------------
+
+def test_identity_round_trips_over_http_and_grpc(identity, http, triton):
+    data = np.arange(100, dtype=np.uint8).reshape(2, 50)
+    result = rf.infer_http(http, identity, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"])
+    np.testing.assert_array_equal(result.as_numpy("DALI_OUTPUT_0"), data)
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        tensor = grpcclient.InferInput("DALI_INPUT_0", list(data.shape), "UINT8")
+        tensor.set_data_from_numpy(data)
+        np.testing.assert_array_equal(client.infer(identity, [tensor]).as_numpy("DALI_OUTPUT_0"), data)
+
+
+def test_default_model_filename_is_honoured(repository, http):
+    name = rf.write_model(repository, rf.identity_config("renamed_file"),
+                          {"preprocess.bin": rf.serialized(rf.identity_pipeline)},
+                          default_model_filename="preprocess.bin")
+    http.load_model(name)
+    data = np.full((1, 3), 7, np.uint8)
+    np.testing.assert_array_equal(
+        rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), data)
+
+
+def test_dali_py_autoserialize_is_serialized_at_load(repository, http):
+    name = rf.write_model(repository, rf.identity_config("autoserialized"), {"dali.py": rf.AUTOSERIALIZE_SCRIPT})
+    http.load_model(name)
+    data = np.array([[1, 2, 3]], np.uint8)
+    result = rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"])
+    np.testing.assert_array_equal(result.as_numpy("DALI_OUTPUT_0"), data * 2)
+
+
+def test_missing_pipeline_names_where_it_looked(repository, http):
+    name = rf.write_model(repository, rf.identity_config("no_pipeline"), {})
+    message = rf.load_error(http, name)
+    assert "no_pipeline/1/model.dali" in message and "no_pipeline/1/dali.py" in message, message
+
+
+# --- tensors: mapping and load-time validation ---------------------------------
+
+def test_several_inputs_and_outputs_renamed_by_position(repository, http):
+    config = rf.dali_config(
+        "two_in_two_out",
+        inputs=(Tensor("B", "FP32", (-1,)), Tensor("A", "FP32", (-1,))),  # any order: by name
+        outputs=(Tensor("SUM", "FP32", (-1,)), Tensor("PRODUCT", "FP32", (-1,))),
+    )
+    name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.two_in_two_out_pipeline)})
+    http.load_model(name)
+    a, b = np.array([[1.0, 2.0]], np.float32), np.array([[3.0, 4.0]], np.float32)
+    result = rf.infer_http(http, name, {"A": a, "B": b}, ["SUM", "PRODUCT"])
+    np.testing.assert_array_equal(result.as_numpy("SUM"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("PRODUCT"), a * b)
+
+
+MISMATCHES = {
+    # model name: (inputs, outputs, words the load error must contain)
+    "wrong_input_type": ((Tensor("DALI_INPUT_0", "FP32", (-1,)),), (Tensor("OUT", "UINT8", (-1,)),),
+                         ["DALI_INPUT_0", "TYPE_FP32", "TYPE_UINT8", "data type"]),
+    "wrong_input_rank": ((Tensor("DALI_INPUT_0", "UINT8", (-1, -1)),), (Tensor("OUT", "UINT8", (-1,)),),
+                         ["DALI_INPUT_0", "rank", "ndim 1"]),
+    "wrong_output_type": ((Tensor("DALI_INPUT_0", "UINT8", (-1,)),), (Tensor("OUT", "INT32", (-1,)),),
+                          ["OUT", "TYPE_INT32", "TYPE_UINT8"]),
+    "wrong_input_name": ((Tensor("IMAGE", "UINT8", (-1,)),), (Tensor("OUT", "UINT8", (-1,)),),
+                         ["IMAGE", "DALI_INPUT_0"]),
+    "extra_output": ((Tensor("DALI_INPUT_0", "UINT8", (-1,)),),
+                     (Tensor("OUT", "UINT8", (-1,)), Tensor("MORE", "UINT8", (-1,))),
+                     ["2 outputs", "the pipeline has 1"]),
+}
+
+
+@pytest.mark.parametrize("model", sorted(MISMATCHES))
+def test_mismatched_config_fails_the_load_naming_tensor_and_values(model, repository, http):
+    inputs, outputs, words = MISMATCHES[model]
+    name = rf.write_model(repository, rf.dali_config(model, inputs, outputs),
+                          {"model.dali": rf.serialized(rf.identity_pipeline)})
+    message = rf.load_error(http, name)
+    assert all(word in message for word in words), message
+
+
+def test_partial_config_is_auto_completed(repository, http):
+    # Only the backend: names, types, dims, max_batch_size and batching come from the pipeline.
+    name = rf.write_model(repository, rf.dali_config("partial", max_batch_size=0),
+                          {"model.dali": rf.serialized(rf.two_in_two_out_pipeline, batch_size=6)})
+    http.load_model(name)
+    config = http.get_model_config(name)
+    assert {(t["name"], t["data_type"], tuple(t["dims"])) for t in config["input"]} == {
+        ("A", "TYPE_FP32", (-1,)), ("B", "TYPE_FP32", (-1,))}
+    assert [(t["data_type"], tuple(t["dims"])) for t in config["output"]] == [("TYPE_FP32", (-1,))] * 2
+    assert config["max_batch_size"] == 6
+    assert "dynamic_batching" in config
+    first_output = config["output"][0]["name"]
+    a = np.array([[2.0]], np.float32)
+    assert rf.infer_http(http, name, {"A": a, "B": a}, [first_output]).as_numpy(first_output)[0, 0] == 4.0
+
+
+# --- batching ----------------------------------------------------------------------
+
+def test_config_max_batch_size_overrides_the_serialized_batch_size(repository, http):
+    name = rf.write_model(repository, rf.identity_config("bigger_batch", max_batch_size=16),
+                          {"model.dali": rf.serialized(rf.identity_pipeline, batch_size=2)})
+    http.load_model(name)
+    data = np.arange(16 * 4, dtype=np.uint8).reshape(16, 4)
+    result = rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"])
+    np.testing.assert_array_equal(result.as_numpy("DALI_OUTPUT_0"), data)
+
+
+def test_unbatched_model(repository, http):
+    config = rf.dali_config("unbatched", inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,)),),
+                            outputs=(Tensor("OUT", "UINT8", (-1,)),), max_batch_size=0)
+    name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.identity_pipeline)})
+    http.load_model(name)
+    data = np.arange(5, dtype=np.uint8)
+    np.testing.assert_array_equal(rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["OUT"]).as_numpy("OUT"), data)
+
+
+def test_ragged_requests_merge_and_split_back(repository, http):
+    config = rf.identity_config("ragged", dynamic_batching=DynamicBatching(max_queue_delay_us=200_000))
+    name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.identity_pipeline)})
+    http.load_model(name)
+    rows = ragged_rows(3, 10, 1, 7)
+    results = rf.infer_concurrently(http, name, [{"DALI_INPUT_0": row} for row in rows], ["DALI_OUTPUT_0"])
+    for row, result in zip(rows, results):
+        np.testing.assert_array_equal(result.as_numpy("DALI_OUTPUT_0"), row)
+    stats = http.get_inference_statistics(name)["model_stats"][0]
+    assert stats["inference_count"] == 4
+    assert stats["execution_count"] < 4, stats  # at least two requests shared one DALI batch
+
+
+def test_num_threads_parameter_sets_dali_worker_threads(repository, http, triton):
+    threads = {}
+    for count in (1, 6):
+        config = rf.identity_config(f"threads_{count}", parameters={"num_threads": str(count)})
+        rf.write_model(repository, config, {"model.dali": rf.serialized(rf.identity_pipeline, num_threads=3)})
+        http.load_model(config.name)
+        threads[count] = stub_of(triton, config.name).num_threads()
+    assert threads[6] - threads[1] >= 5, threads
+
+
+def stub_of(triton, model: str) -> psutil.Process:
+    for child in psutil.Process(triton.process.pid).children(recursive=True):
+        if any(model in part for part in child.cmdline()):
+            return child
+    raise AssertionError(f"no stub process for {model}")
+
+
+# --- failing well ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def decoder(repository, http):
+    config = rf.dali_config("decoder", inputs=(Tensor("ENCODED", "UINT8", (-1,), allow_ragged_batch=True),),
+                            outputs=(Tensor("IMAGE", "UINT8", (8, 8, 3)),),
+                            dynamic_batching=DynamicBatching(max_queue_delay_us=200_000))
+    http.load_model(rf.write_model(repository, config, {"model.dali": rf.serialized(rf.decode_pipeline)}))
+    return config.name
+
+
+def encoded(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, np.uint8)[None]
+
+
+def test_pipeline_error_is_http_400_naming_the_operator_then_recovers(decoder, http):
+    with pytest.raises(InferenceServerException) as failure:
+        rf.infer_http(http, decoder, {"ENCODED": encoded(b"\xff\xd8\xff\xe0 not a jpeg" * 4)}, ["IMAGE"])
+    assert failure.value.status() == "400", failure.value
+    assert "decoders.image" in failure.value.message(), failure.value
+    good = rf.infer_http(http, decoder, {"ENCODED": encoded(photo_bytes("coffee.png"))}, ["IMAGE"])
+    assert good.as_numpy("IMAGE").shape == (1, 8, 8, 3)
+
+
+def test_pipeline_error_is_grpc_unknown(decoder, triton):
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        data = encoded(b"GIF89a broken")
+        tensor = grpcclient.InferInput("ENCODED", list(data.shape), "UINT8")
+        tensor.set_data_from_numpy(data)
+        with pytest.raises(InferenceServerException) as failure:
+            client.infer(decoder, [tensor])
+    assert failure.value.status() == str(grpc.StatusCode.UNKNOWN), failure.value
+    assert "decoders.image" in failure.value.message()
+
+
+def test_only_the_bad_request_of_a_merged_batch_fails(decoder, http):
+    inputs = [photo_bytes("coffee.png"), b"garbage" * 10, photo_bytes("rocket.jpg"), b"", photo_bytes("chelsea.png")]
+    results = rf.infer_concurrently(http, decoder, [{"ENCODED": encoded(data or b"\0")} for data in inputs],
+                                    ["IMAGE"])
+    outcomes = [r if isinstance(r, Exception) else r.as_numpy("IMAGE").shape for r in results]
+    assert outcomes[0] == outcomes[2] == outcomes[4] == (1, 8, 8, 3), outcomes
+    assert all(isinstance(outcomes[i], InferenceServerException) for i in (1, 3)), outcomes
+    stats = http.get_inference_statistics(decoder)["model_stats"][0]
+    assert stats["execution_count"] < stats["inference_count"], stats  # requests were merged
+
+
+def test_image_above_max_pixels_is_refused_from_its_header(repository, http):
+    config = rf.dali_config("small_images", inputs=(Tensor("ENCODED", "UINT8", (-1,)),),
+                            outputs=(Tensor("IMAGE", "UINT8", (8, 8, 3)),),
+                            parameters={"max_pixels": "100000"})  # coffee.png is 400x600
+    http.load_model(rf.write_model(repository, config, {"model.dali": rf.serialized(rf.decode_pipeline)}))
+    with pytest.raises(InferenceServerException) as failure:
+        rf.infer_http(http, config.name, {"ENCODED": encoded(photo_bytes("coffee.png"))}, ["IMAGE"])
+    assert failure.value.status() == "400"
+    assert "600x400" in failure.value.message() and "max_pixels 100000" in failure.value.message()
+
+
+# --- devices and versions ----------------------------------------------------------
+
+def test_gpu_operator_on_cpu_instance_fails_the_load(repository, http):
+    config = rf.dali_config("gpu_decoder", inputs=(Tensor("ENCODED", "UINT8", (-1,)),),
+                            outputs=(Tensor("IMAGE", "UINT8", (-1, -1, 3)),))
+    name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.gpu_decode_pipeline)})
+    message = rf.load_error(http, name)
+    assert "decoders__Image (device='mixed')" in message and "KIND_CPU" in message, message
+
+
+def test_serializing_dali_version_differing_is_logged(repository, http, triton):
+    name = rf.write_model(repository, rf.identity_config("old_pipeline"),
+                          {"model.dali": rf.serialized(rf.identity_pipeline), "model.dali.version": "1.0.0\n"})
+    http.load_model(name)
+    log = triton.log_path.read_text(errors="replace")
+    assert "pipeline serialized with DALI 1.0.0, served with DALI 2.4" in log
