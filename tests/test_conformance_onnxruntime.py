@@ -1,0 +1,92 @@
+"""Our `onnxruntime` backend against the C++ onnxruntime_backend's contract, on a
+real tritonserver in explicit model-control mode, with tiny ONNX graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from onnx import TensorProto
+from tritonclient.utils import InferenceServerException
+
+from tests import repo_factory as rf
+from tritonstack.model_config import DynamicBatching, ModelConfig, Tensor
+from tritonstack.server import TritonServer
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    return tmp_path_factory.mktemp("onnxruntime_conformance")
+
+
+@pytest.fixture(scope="module")
+def http(repository):
+    with TritonServer(repository, extra_args=rf.EXPLICIT) as running:
+        client = httpclient.InferenceServerClient(running.http_url, concurrency=4)
+        yield client
+        client.close()
+
+
+def ort_config(name, inputs=(), outputs=(), max_batch_size=8, **fields) -> ModelConfig:
+    return ModelConfig(name=name, backend="onnxruntime", inputs=tuple(inputs), outputs=tuple(outputs),
+                       max_batch_size=max_batch_size, instance_groups=rf.CPU, **fields)
+
+
+@pytest.mark.parametrize("onnx_type, triton_type, numpy_type", [
+    (TensorProto.FLOAT, "TYPE_FP32", np.float32),
+    (TensorProto.FLOAT16, "TYPE_FP16", np.float16),
+    (TensorProto.INT64, "TYPE_INT64", np.int64),
+])
+def test_partial_config_is_auto_completed_from_the_graph(onnx_type, triton_type, numpy_type, repository, http):
+    name = rf.write_model(repository, ort_config(f"auto_{triton_type.lower()}", max_batch_size=0),
+                          {"model.onnx": rf.add_graph(onnx_type)})
+    http.load_model(name)
+    config = http.get_model_config(name)
+    inputs = [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in config["input"]]
+    assert inputs == [("X", triton_type, [4])]
+    assert [t["name"] for t in config["output"]] == ["Y"]
+    assert config["max_batch_size"] == 4  # dynamic first axis: batching, the C++ default size
+    assert "dynamic_batching" in config
+    data = np.arange(8).reshape(2, 4).astype(numpy_type)
+    np.testing.assert_array_equal(rf.infer_http(http, name, {"X": data}, ["Y"]).as_numpy("Y"), data + data)
+
+
+def test_thread_parameters_and_merged_batches(repository, http):
+    config = ort_config("threaded", inputs=(Tensor("X", "FP32", (4,)),), outputs=(Tensor("Y", "FP32", (4,)),),
+                        parameters={"intra_op_thread_count": "1", "inter_op_thread_count": "1"},
+                        dynamic_batching=DynamicBatching(max_queue_delay_us=200_000))
+    http.load_model(rf.write_model(repository, config, {"model.onnx": rf.add_graph()}))
+    rows = [np.full((1, 4), value, np.float32) for value in range(4)]
+    results = rf.infer_concurrently(http, config.name, [{"X": row} for row in rows], ["Y"])
+    for row, result in zip(rows, results):
+        np.testing.assert_array_equal(result.as_numpy("Y"), row * 2)
+    stats = http.get_inference_statistics(config.name)["model_stats"][0]
+    assert stats["execution_count"] < stats["inference_count"] == 4, stats
+
+
+MISMATCHES = {
+    "ort_wrong_type": ((Tensor("X", "INT32", (4,)),), ["'X'", "TYPE_INT32", "TYPE_FP32"]),
+    "ort_wrong_shape": ((Tensor("X", "FP32", (5,)),), ["'X'", "shape", "[5]", "[-1, 4]"]),
+    "ort_wrong_rank": ((Tensor("X", "FP32", (2, 2)),), ["'X'", "shape", "[2, 2]"]),
+    "ort_wrong_name": ((Tensor("INPUT", "FP32", (4,)),), ["'INPUT'", "not in the ONNX graph", "X"]),
+}
+
+
+@pytest.mark.parametrize("model", sorted(MISMATCHES))
+def test_mismatched_config_fails_the_load_naming_tensor_and_values(model, repository, http):
+    inputs, words = MISMATCHES[model]
+    config = ort_config(model, inputs=inputs, outputs=(Tensor("Y", "FP32", (4,)),))
+    message = rf.load_error(http, rf.write_model(repository, config, {"model.onnx": rf.add_graph()}))
+    assert all(word in message for word in words), message
+
+
+def test_data_the_graph_refuses_is_http_400(repository, http):
+    # The config allows any width; the graph wants 4: ONNX Runtime refuses 5.
+    config = ort_config("loose_config", inputs=(Tensor("X", "FP32", (-1,)),), outputs=(Tensor("Y", "FP32", (-1,)),))
+    http.load_model(rf.write_model(repository, config, {"model.onnx": rf.add_graph()}))
+    with pytest.raises(InferenceServerException) as failure:
+        rf.infer_http(http, config.name, {"X": np.zeros((1, 5), np.float32)}, ["Y"])
+    assert failure.value.status() == "400", failure.value
+    assert "X" in failure.value.message() and "Expected: 4" in failure.value.message(), failure.value
+    good = rf.infer_http(http, config.name, {"X": np.ones((1, 4), np.float32)}, ["Y"])
+    np.testing.assert_array_equal(good.as_numpy("Y"), np.full((1, 4), 2, np.float32))
