@@ -1,0 +1,159 @@
+"""build_pipelines.py build/list and its options, by inspecting what it writes;
+a bring-your-own classifier is built, checked and served."""
+
+import io
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from nvidia.dali import Pipeline
+from tritonclient.grpc import model_config_pb2 as pb
+
+from build_pipelines import main
+from tests.conftest import MODEL_REPOSITORY, PROJECT_ROOT
+from tritonstack import dali_proto, pipelines
+from tritonstack.check import check_repository
+from tritonstack.client import ClassifierClient, pad_batch
+from tritonstack.model_config import read_config
+from tritonstack.repository import PRESETS, warmup_sample
+from tritonstack.samples import photo_bytes
+from tritonstack.server import TritonServer
+
+LITE0 = "efficientnet_lite0"
+PREPROCESS = "preprocess_dali_efficientnet_lite0"
+
+
+def seed_onnx(out):
+    """Reuse the shipped export (and its fingerprint) so a test build skips torch."""
+    for name in (LITE0,):
+        for file in ("model.onnx", ".model.onnx.fingerprint"):
+            (out / name / "1").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(MODEL_REPOSITORY / name / "1" / file, out / name / "1" / file)
+
+
+def build(out, *args):
+    seed_onnx(out)
+    assert main(["build", "--out", str(out), *args]) == 0
+
+
+def run_pipeline(serialized, image):
+    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=1, num_threads=1,
+                                    device_id=None, prefetch_queue_depth=1)
+    pipeline.build()
+    pipeline.feed_input(pipelines.INPUT_NAME, list(pad_batch([image])))
+    return np.asarray(pipeline.run()[0].as_tensor())
+
+
+def test_list_names_every_preset(capsys, model_repository):
+    assert main(["list"]) == 0
+    listed = capsys.readouterr().out
+    for preset in PRESETS:
+        assert preset.ensemble_name in listed and preset.preprocessing_name in listed
+    assert "(260, 297)" in listed  # Lite2's own resolution
+
+
+def test_options_reach_the_configs_and_the_pipeline(tmp_path, model_repository):
+    out = tmp_path / "repo"
+    build(out, "dali_efficientnet_lite0", "--max-batch-size", "8", "--instances", "2",
+          "--num-threads", "3", "--max-queue-delay-us", "500")
+    assert sorted(p.name for p in out.iterdir()) == sorted([LITE0, PREPROCESS, "ensemble_dali_efficientnet_lite0"])
+    for model in out.iterdir():
+        config = read_config(model)
+        assert config.max_batch_size == 8
+        if model.name != "ensemble_dali_efficientnet_lite0":
+            assert config.instance_group[0].count == 2
+            assert config.dynamic_batching.max_queue_delay_microseconds == 500
+    assert read_config(out / PREPROCESS).parameters["num_threads"].string_value == "3"
+    assert (out / PREPROCESS / "1/model.dali.version").read_text() == f"{pipelines.DALI_VERSION}\n"
+    assert check_repository(out) == []
+
+
+def test_warmup_is_a_real_jpeg_of_the_declared_size(model_repository):
+    from PIL import Image
+
+    for name in (PREPROCESS, "preprocess_python_efficientnet_lite0", "preprocess_dali_efficientnet_lite2"):
+        config = read_config(model_repository / name)
+        (tensor,) = config.model_warmup[0].inputs.values()
+        sample = (model_repository / name / "warmup" / tensor.input_data_file).read_bytes()
+        assert sample == warmup_sample() and list(tensor.dims) == [len(sample)]
+        assert Image.open(io.BytesIO(sample)).format == "JPEG"
+
+
+def test_gpu_variant_serializes_here_with_gpu_operators(tmp_path, model_repository):
+    out = tmp_path / "gpu"
+    build(out, "dali_efficientnet_lite0", "python_efficientnet_lite0", "--device", "gpu")
+    kinds = {model.name: read_config(model).instance_group for model in out.iterdir()}
+    assert kinds[PREPROCESS][0].kind == kinds[LITE0][0].kind == pb.ModelInstanceGroup.KIND_GPU
+    assert kinds["preprocess_python_efficientnet_lite0"][0].kind == pb.ModelInstanceGroup.KIND_CPU
+    serialized = (out / PREPROCESS / "1/model.dali").read_bytes()
+    summary = dali_proto.parse_pipeline(serialized)
+    assert summary.gpu_operators == ("image(mixed)", "resize(gpu)", "crop_mirror_normalize(gpu)")
+    assert summary.outputs[0][1] == "gpu" and b"hw_decoder_load" in serialized
+    assert check_repository(out) == []
+
+
+def test_dali_py_format_autoserializes_to_the_same_pipeline(tmp_path, model_repository):
+    import importlib.util
+
+    from nvidia.dali._utils.autoserialize import invoke_autoserialize
+
+    out = tmp_path / "py"
+    build(out, "dali_efficientnet_lite0", "--format", "dali.py")
+    version_dir = out / PREPROCESS / "1"
+    assert sorted(p.name for p in version_dir.iterdir()) == ["dali.py", "preprocessing.json"]
+    spec = importlib.util.spec_from_file_location("autoserialize.model", version_dir / "dali.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    invoke_autoserialize(module, str(tmp_path / "autoserialized.dali"))
+    image = photo_bytes("chelsea.png")
+    shipped = (MODEL_REPOSITORY / PREPROCESS / "1/model.dali").read_bytes()
+    np.testing.assert_array_equal(run_pipeline((tmp_path / "autoserialized.dali").read_bytes(), image),
+                                  run_pipeline(shipped, image))
+    assert check_repository(out) == []
+    build(out, "dali_efficientnet_lite0")  # back to model.dali: the dali.py files go
+    assert sorted(p.name for p in version_dir.iterdir()) == ["model.dali", "model.dali.version"]
+
+
+def test_bad_usage_exits_2_naming_the_problem():
+    command = [sys.executable, str(PROJECT_ROOT / "build_pipelines.py"), "build", "--out", "unused"]
+    unknown = subprocess.run([*command, "no_such_preset"], capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert unknown.returncode == 2 and "no_such_preset" in unknown.stderr and "dali_efficientnet_lite0" in unknown.stderr
+    alone = subprocess.run([*command, "--classifier-onnx", "x.onnx"], capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert alone.returncode == 2 and "--labels" in alone.stderr
+
+
+@pytest.fixture(scope="module")
+def own_classifier_repository(tmp_path_factory, model_repository):
+    """A user's ONNX classifier (the shipped Lite0 export, renamed) and labels."""
+    folder = tmp_path_factory.mktemp("own")
+    shutil.copy2(model_repository / LITE0 / "1/model.onnx", folder / "my_net.onnx")
+    shutil.copy2(model_repository / LITE0 / "labels.txt", folder / "classes.txt")
+    out = folder / "repo"
+    assert main(["build", "--out", str(out), "--classifier-onnx", str(folder / "my_net.onnx"),
+                 "--labels", str(folder / "classes.txt"), "--input-size", "224", "--resize-shorter", "256",
+                 "--mean", "127,127,127", "--std", "128,128,128", "--preprocessors", "dali", "python",
+                 "--max-batch-size", "4"]) == 0
+    return out
+
+
+def test_own_classifier_gets_preprocessing_and_ensembles(own_classifier_repository):
+    names = sorted(p.name for p in own_classifier_repository.iterdir())
+    assert names == ["ensemble_dali_my_net", "ensemble_python_my_net", "my_net",
+                     "preprocess_dali_my_net", "preprocess_python_my_net"]
+    assert check_repository(own_classifier_repository) == []
+    python_parameters = read_config(own_classifier_repository / "preprocess_python_my_net").parameters
+    assert python_parameters["mean"].string_value == "127,127,127"
+    with TritonServer(own_classifier_repository) as server:
+        for model in ("ensemble_dali_my_net", "ensemble_python_my_net"):
+            with ClassifierClient(server.http_url, model=model) as client:
+                (top,) = client.classify([photo_bytes("chelsea.png")], top_k=3)
+            assert {p.label for p in top} & {"tabby", "tiger cat", "Egyptian cat"}
+
+
+def test_own_classifier_with_mismatched_labels_is_refused(tmp_path, model_repository):
+    (tmp_path / "classes.txt").write_text("cat\ndog\n")
+    code = main(["build", "--out", str(tmp_path / "repo"), "--classifier-onnx",
+                 str(model_repository / LITE0 / "1/model.onnx"), "--labels", str(tmp_path / "classes.txt")])
+    assert code == 2 and not (tmp_path / "repo").exists()
