@@ -326,6 +326,8 @@ def _check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) 
                                         f"map one of its outputs: {', '.join(model_outputs)}"))
                 continue
             known[ensemble_tensor] = produced[ensemble_tensor] = (origin.data_type, list(origin.dims))
+    if any(step.model_name not in configs for step in steps):
+        return problems  # its outputs are unknown: do not report them as unproduced too
     for output in config.output:
         source = produced.get(output.name)
         if source is None:

@@ -1,0 +1,176 @@
+"""`build_pipelines.py check` catches each kind of broken repository it claims to,
+with one line naming the model, the field and the tensor, and passes the shipped
+repository."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from tests.conftest import PROJECT_ROOT
+from tests.test_build import build
+from tritonstack.check import check_repository
+from tritonstack.model_config import CONFIG_FILENAME, read_config
+
+ENSEMBLE = "ensemble_dali_efficientnet_lite0"
+PREPROCESS = "preprocess_dali_efficientnet_lite0"
+CLASSIFIER = "efficientnet_lite0"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory, model_repository):
+    out = tmp_path_factory.mktemp("check") / "pristine"
+    build(out, "dali_efficientnet_lite0", "python_efficientnet_lite0")
+    return out
+
+
+@pytest.fixture
+def repo(pristine, tmp_path):
+    copy = tmp_path / "repo"
+    shutil.copytree(pristine, copy)
+    return copy
+
+
+def edit(repo, model, change):
+    config = read_config(repo / model)
+    change(config)
+    (repo / model / CONFIG_FILENAME).write_text(text_format.MessageToString(config))
+
+
+def only_problem(repo):
+    problems = [str(problem) for problem in check_repository(repo)]
+    assert len(problems) == 1, problems
+    assert "\n" not in problems[0] and "; " in problems[0]  # one line: what is wrong; what to do
+    return problems[0]
+
+
+def run_check(repository):
+    return subprocess.run([sys.executable, str(PROJECT_ROOT / "build_pipelines.py"), "check", str(repository)],
+                          capture_output=True, text=True, cwd=PROJECT_ROOT)
+
+
+def test_shipped_and_built_repositories_are_clean(model_repository, pristine):
+    assert check_repository(model_repository) == []
+    assert check_repository(pristine) == []
+
+
+def test_cli_exit_codes(repo):
+    assert run_check(repo).returncode == 0
+    (repo / CLASSIFIER / "labels.txt").write_text("tabby\n")
+    broken = run_check(repo)
+    assert broken.returncode == 1
+    assert broken.stdout.startswith(f"error: {CLASSIFIER}: output.label_filename 'probabilities'")
+
+
+def test_unknown_step_output_in_ensemble_map(repo):
+    def rename(config):
+        step = config.ensemble_scheduling.step[0]
+        step.output_map["DALI_OUTPUT_9"] = step.output_map.pop("DALI_OUTPUT_0")
+    edit(repo, ENSEMBLE, rename)
+    # The unknown name is caught, and so the ensemble's classifier input is unfed.
+    problems = [str(p) for p in check_repository(repo)]
+    assert problems[0].startswith(f"{ENSEMBLE}: ensemble_scheduling.step[0].output_map 'DALI_OUTPUT_9': "
+                                  f"not an output of {PREPROCESS}")
+    assert "DALI_OUTPUT_0" in problems[0]
+
+
+def test_unknown_step_input_in_ensemble_map(repo):
+    def rename(config):
+        step = config.ensemble_scheduling.step[1]
+        step.input_map["image"] = step.input_map.pop("input")
+    edit(repo, ENSEMBLE, rename)
+    assert "step[1].input_map 'image': not an input of efficientnet_lite0" in only_problem(repo)
+
+
+def test_missing_step_model(repo):
+    shutil.rmtree(repo / CLASSIFIER)
+    problems = [str(p) for p in check_repository(repo)]
+    assert problems == [f"{ensemble}: ensemble_scheduling.step[1].model_name 'efficientnet_lite0': no such model "
+                        f"in the repository; build it or use one of {', '.join(sorted(p.name for p in repo.iterdir()))}"
+                        for ensemble in (ENSEMBLE, "ensemble_python_efficientnet_lite0")]
+
+
+def test_dims_disagree_along_the_chain(repo):
+    def shrink(config):
+        config.input[0].dims[1:] = [200, 200]
+    edit(repo, CLASSIFIER, shrink)
+    problems = [str(p) for p in check_repository(repo)]
+    assert any(p.startswith(f"{ENSEMBLE}: ensemble_scheduling.step[1].input_map 'preprocessed_image': "
+                            "is FP32 [3, 224, 224] but efficientnet_lite0") for p in problems), problems
+
+
+def test_type_disagrees_with_the_onnx_graph(repo):
+    edit(repo, CLASSIFIER, lambda config: setattr(config.input[0], "data_type", pb.TYPE_FP16))
+    problems = [str(p) for p in check_repository(repo)]
+    assert f"{CLASSIFIER}: input.data_type 'input': config says FP16, the graph FP32; set data_type: TYPE_FP32" in problems
+    assert any("step[1].input_map 'preprocessed_image'" in p for p in problems)
+
+
+def test_ensemble_batch_larger_than_a_step(repo):
+    edit(repo, ENSEMBLE, lambda config: setattr(config, "max_batch_size", 64))
+    problems = [str(p) for p in check_repository(repo)]
+    assert f"{ENSEMBLE}: max_batch_size '{PREPROCESS}': ensemble has 64, step model 32" in problems[0]
+
+
+def test_dali_input_not_an_external_source(repo):
+    edit(repo, PREPROCESS, lambda config: setattr(config.input[0], "name", "IMAGE"))
+    problems = [str(p) for p in check_repository(repo)]
+    assert f"{PREPROCESS}: input 'IMAGE': no external source of the pipeline has this name; " \
+           "rename it to one of DALI_INPUT_0" in problems
+
+
+def test_dali_output_count(repo):
+    edit(repo, PREPROCESS, lambda config: config.output.add(name="DALI_OUTPUT_1", data_type=pb.TYPE_FP32, dims=[1]))
+    assert "config has 2 outputs, the pipeline 1" in only_problem(repo)
+
+
+def test_dali_output_type_and_rank(repo):
+    def damage(config):
+        config.output[0].data_type = pb.TYPE_UINT8
+        del config.output[0].dims[2]
+    edit(repo, PREPROCESS, damage)
+    problems = [str(p) for p in check_repository(repo) if p.model == PREPROCESS]
+    assert f"{PREPROCESS}: output.data_type 'DALI_OUTPUT_0': config says UINT8, the pipeline gives FP32; " \
+           "set data_type: TYPE_FP32" in problems
+    assert any("output.dims 'DALI_OUTPUT_0': config has rank 2" in p for p in problems)
+
+
+def test_gpu_pipeline_on_cpu_instances(tmp_path, model_repository):
+    out = tmp_path / "gpu"
+    build(out, "dali_efficientnet_lite0", "--device", "gpu")
+    edit(out, PREPROCESS, lambda config: setattr(config.instance_group[0], "kind", pb.ModelInstanceGroup.KIND_CPU))
+    assert "instance_group: KIND_CPU instances cannot run GPU operators image(mixed)" in only_problem(out)
+
+
+def test_label_file_line_count(repo):
+    labels = repo / ENSEMBLE / "labels.txt"
+    labels.write_text("".join(labels.read_text().splitlines(keepends=True)[:999]))
+    assert only_problem(repo).startswith(f"{ENSEMBLE}: output.label_filename 'OUTPUT': labels.txt has 999 lines "
+                                         "but the output has 1000 classes")
+
+
+def test_missing_model_file(repo):
+    (repo / PREPROCESS / "1/model.dali").unlink()
+    assert only_problem(repo).startswith(f"{PREPROCESS}: model file '1': none of model.dali, dali.py in 1/")
+
+
+def test_random_bytes_warmup(repo):
+    import os
+
+    sample = repo / "preprocess_python_efficientnet_lite0/warmup/sample.jpg"
+    sample.write_bytes(os.urandom(sample.stat().st_size))
+    assert "warmup/sample.jpg is not a decodable image" in only_problem(repo)
+
+
+def test_warmup_size_disagrees_with_dims(repo):
+    sample = repo / PREPROCESS / "warmup/sample.jpg"
+    sample.write_bytes(sample.read_bytes() + b"\0")
+    assert "dims [35042] need 35042" in only_problem(repo)
+
+
+def test_folder_without_config(repo):
+    (repo / "leftover").mkdir()
+    assert only_problem(repo).startswith("leftover: config.pbtxt: missing")
