@@ -33,6 +33,7 @@ serve: build
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 test: build
+	$(PY) build_pipelines.py check $(MODEL_REPOSITORY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Load tests: bounded (users, seconds, requests), loopback; start a server unless
