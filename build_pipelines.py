@@ -117,14 +117,15 @@ def _add_build_parser(commands) -> None:
     parser.add_argument("--format", choices=FORMATS, default=defaults.format,
                         help="model.dali: the pipeline serialized now (the DALI version is recorded next to it); "
                              "dali.py: the pipeline's source, serialized by the DALI backend at load")
-    parser.add_argument("--max-batch-size", type=_positive, default=defaults.max_batch_size)
+    parser.add_argument("--max-batch-size", type=_positive, default=defaults.max_batch_size,
+                        help="every model's max_batch_size, and the DALI pipeline's batch (default %(default)s)")
     parser.add_argument("--instances", type=_positive, default=defaults.instances,
                         help="instances of each model (each one is a process on CPU machines)")
     parser.add_argument("--num-threads", type=_positive, default=defaults.num_threads,
                         help="DALI CPU worker threads per instance (default fixed, not this machine's cores, "
                              "so the committed repository is the same everywhere)")
     parser.add_argument("--max-queue-delay-us", type=int, default=defaults.max_queue_delay_us,
-                        help="how long the dynamic batcher waits to fill a batch")
+                        help="how long the dynamic batcher waits to fill a batch (default %(default)s)")
     own = parser.add_argument_group(
         "bring your own classifier",
         "An ONNX classifier taking FP32 NCHW images (0..255 RGB normalized with --mean/--std) gets its "
