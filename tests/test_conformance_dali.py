@@ -25,7 +25,7 @@ def repository(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def triton(repository):
-    with TritonServer(repository, extra_args=rf.EXPLICIT) as running:
+    with TritonServer(repository, extra_args=rf.EXPLICIT, restricted_apis=()) as running:
         yield running
 
 

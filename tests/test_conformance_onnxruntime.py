@@ -21,7 +21,7 @@ def repository(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def http(repository):
-    with TritonServer(repository, extra_args=rf.EXPLICIT) as running:
+    with TritonServer(repository, extra_args=rf.EXPLICIT, restricted_apis=()) as running:
         client = httpclient.InferenceServerClient(running.http_url, concurrency=4)
         yield client
         client.close()

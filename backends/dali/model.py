@@ -33,10 +33,11 @@ from pathlib import Path
 import numpy as np
 import nvidia.dali
 import triton_python_backend_utils as pb_utils
-from google.protobuf import empty_pb2
-from google.protobuf.unknown_fields import UnknownFieldSet
 from nvidia.dali import Pipeline, types
 from PIL import Image, UnidentifiedImageError
+
+# The protobuf wire reader build_pipelines.py uses to inspect model.dali.
+from tritonstack.dali_proto import _fields, _string
 
 DEFAULT_MODEL_FILENAME = "model.dali"
 AUTOSERIALIZE_FILENAME = "dali.py"
@@ -84,8 +85,8 @@ class PipelineSpec:
 
 
 def describe(serialized: bytes) -> PipelineSpec:
-    """Read DALI's PipelineDef protobuf without its generated classes (DALI ships
-    none): PipelineDef.op = 5, pipe_outputs = 7; OpDef.name = 1, input = 2,
+    """Read DALI's PipelineDef protobuf (DALI ships no generated classes):
+    PipelineDef.op = 5, pipe_outputs = 7; OpDef.name = 1, input = 2,
     output = 3, arg = 4; InputOutput.name = 1, device = 2, dtype = 5, ndim = 6;
     Argument.name = 1, ints = 4, strings = 5. The C++ backend reads the same
     fields through DALI's C API."""
@@ -113,19 +114,8 @@ def describe(serialized: bytes) -> PipelineSpec:
                         frozenset(decoded & set(sources)))
 
 
-def _fields(data: bytes) -> list[tuple[int, object]]:
-    message = empty_pb2.Empty()
-    message.ParseFromString(data)
-    return [(field.field_number, field.data) for field in UnknownFieldSet(message)]
-
-
 def _first(fields, number):
     return next(data for n, data in fields if n == number)
-
-
-def _string(fields, number) -> str | None:
-    found = [data for n, data in fields if n == number]
-    return found[0].decode() if found else None
 
 
 def _int(fields, number) -> int | None:
