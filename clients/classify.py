@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from tritonstack.client import DEFAULT_MODEL, DEFAULT_URLS, PROTOCOLS, SHM_MODES
+from tritonstack.client import DEFAULT_MODEL, DEFAULT_URLS, PROTOCOLS, SHM_MODES, admin_headers
 from tritonstack.images import image_files
 from tritonstack.retry import RetryPolicy, ServerUnavailableError
 from tritonstack.runner import FileResult, Progress, RunSettings, classify_files
@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--async", dest="use_async", action="store_true", help="asyncio client instead of threads")
     parser.add_argument("--format", choices=FORMATS, default="table")
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-request timeout in seconds")
+    parser.add_argument("--admin-key", help="key of the server's restricted APIs, needed with --shm system "
+                        "(default: $TRITONSTACK_ADMIN_KEY)")
     parser.add_argument("--retries", type=int, default=3, metavar="N",
                         help="retries when the server is unreachable or unavailable (backoff with jitter)")
     return parser.parse_args(argv)
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         use_async=args.use_async,
         timeout_s=args.timeout,
         retry=RetryPolicy(retries=args.retries),
+        headers=admin_headers(args.protocol, args.admin_key),
     )
     writer = ResultWriter(args.format, args.top_k)
     progress = Progress(len(files))

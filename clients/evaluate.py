@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.client import DEFAULT_MODEL, DEFAULT_URLS, PROTOCOLS, SHM_MODES, ClassifierClient
+from tritonstack.client import DEFAULT_MODEL, DEFAULT_URLS, PROTOCOLS, SHM_MODES, ClassifierClient, admin_headers
 from tritonstack.images import image_files
 from tritonstack.retry import RetryPolicy, ServerUnavailableError
 from tritonstack.runner import FileResult, Progress, RunSettings, classify_files
@@ -142,6 +142,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shm", choices=SHM_MODES, default="none")
     parser.add_argument("--async", dest="use_async", action="store_true")
     parser.add_argument("--timeout", type=float, default=None, metavar="S")
+    parser.add_argument("--admin-key", help="key of the server's restricted APIs, needed with --shm system "
+                        "(default: $TRITONSTACK_ADMIN_KEY)")
     parser.add_argument("--retries", type=int, default=3, metavar="N")
     parser.add_argument("--worst", type=int, default=5, help="how many of the worst classes to show")
     parser.add_argument("--format", choices=("text", "json"), default="text")
@@ -159,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         url=url, protocol=args.protocol, model=args.model, top_k=TOP_K, batch_size=args.batch_size,
         concurrency=args.concurrency, shm=args.shm, use_async=args.use_async, timeout_s=args.timeout,
         retry=RetryPolicy(retries=args.retries),
+        headers=admin_headers(args.protocol, args.admin_key),
     )
     try:
-        with ClassifierClient(url, args.protocol, args.model, timeout_s=args.timeout, retry=settings.retry) as client:
+        with ClassifierClient(url, args.protocol, args.model, timeout_s=args.timeout, retry=settings.retry,
+                              headers=settings.headers) as client:
             labels = model_labels(client, [path for path, _ in files])
         targets = class_targets(sorted({args.root / name for _, name in files}), labels)
     except ServerUnavailableError as error:

@@ -88,22 +88,28 @@ class AsyncClassifierClient:
     async def wait_ready(self) -> None:
         try:
             await self.retry.acall(self._check_ready)
+        except ServerUnavailableError:  # it answered, but is not ready: that message is the clear one
+            raise
         except Exception as error:
             if is_retryable(error):
                 raise ServerUnavailableError(unavailable_message(self.url, self.protocol, error)) from error
             raise
 
+    def _headers(self) -> dict[str, str] | None:
+        """See ClassifierClient._headers."""
+        return dict(self.headers) if self.headers else None
+
     async def _check_ready(self) -> None:
-        if not await self._client.is_server_ready(headers=self.headers):
+        if not await self._client.is_server_ready(headers=self._headers()):
             raise ServerUnavailableError(f"Triton at {self.url} is not ready")
-        if not await self._client.is_model_ready(self.model, headers=self.headers):
+        if not await self._client.is_model_ready(self.model, headers=self._headers()):
             raise ServerUnavailableError(f"model {self.model!r} is not ready at {self.url}")
 
     async def _fetch_model_info(self) -> tuple[dict, dict]:
         as_json = {"as_json": True} if self.protocol == "grpc" else {}
         return (
-            await self._client.get_model_metadata(self.model, headers=self.headers, **as_json),
-            await self._client.get_model_config(self.model, headers=self.headers, **as_json),
+            await self._client.get_model_metadata(self.model, headers=self._headers(), **as_json),
+            await self._client.get_model_config(self.model, headers=self._headers(), **as_json),
         )
 
     async def classify(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction]]:
@@ -173,7 +179,7 @@ class AsyncClassifierClient:
 
     async def _infer(self, inputs, outputs):
         return await self._client.infer(
-            self.model, inputs, outputs=outputs, headers=self.headers, **self._infer_options
+            self.model, inputs, outputs=outputs, headers=self._headers(), **self._infer_options
         )
 
     async def _infer_in_shared_memory(self, tensor: np.ndarray, regions: RequestRegions) -> np.ndarray:
@@ -193,13 +199,13 @@ class AsyncClassifierClient:
         if not region.fits(byte_size):
             region.allocate(byte_size)
         await self._client.register_system_shared_memory(
-            region.name, region.key, region.byte_size, headers=self.headers
+            region.name, region.key, region.byte_size, headers=self._headers()
         )
         region.registered = True
 
     async def _unregister(self, region: SharedMemoryRegion) -> None:
         try:
-            await self._client.unregister_system_shared_memory(region.name, headers=self.headers)
+            await self._client.unregister_system_shared_memory(region.name, headers=self._headers())
         except Exception:  # the server is gone or never knew it: nothing left to release there
             pass
         region.registered = False

@@ -20,6 +20,7 @@ ClassifierClient per thread.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from tritonstack.retry import (
     is_timeout,
     unavailable_message,
 )
+from tritonstack.server import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_HEADER_PREFIX
 from tritonstack.shm import RequestRegions, SharedMemoryRegion
 
 DEFAULT_MODEL = "ensemble_dali_efficientnet_lite0"
@@ -49,6 +51,16 @@ class Prediction:
     label: str
     index: int
     score: float
+
+
+def admin_headers(protocol: str, key: str | None = None) -> dict[str, str]:
+    """The header that opens the launcher's restricted APIs (shared-memory
+    registration among them, see tritonstack.server), with the key given or
+    $TRITONSTACK_ADMIN_KEY; no header without a key."""
+    key = key or os.environ.get(ADMIN_KEY_ENV)
+    if not key:
+        return {}
+    return {(ADMIN_HEADER if protocol == "http" else GRPC_HEADER_PREFIX + ADMIN_HEADER): key}
 
 
 def pad_batch(images: list[bytes]) -> np.ndarray:
@@ -243,22 +255,30 @@ class ClassifierClient:
         the server and the model are ready (within the retry policy)."""
         try:
             self.retry.call(self._check_ready)
+        except ServerUnavailableError:  # it answered, but is not ready: that message is the clear one
+            raise
         except Exception as error:
             if is_retryable(error):
                 raise ServerUnavailableError(unavailable_message(self.url, self.protocol, error)) from error
             raise
 
+    def _headers(self) -> dict[str, str] | None:
+        # A fresh copy per call: tritonclient's HTTP infer adds its
+        # Inference-Header-Content-Length to the dict it is given, which would
+        # then corrupt the next request without binary data.
+        return dict(self.headers) if self.headers else None
+
     def _check_ready(self) -> None:
-        if not self._client.is_server_ready(headers=self.headers):
+        if not self._client.is_server_ready(headers=self._headers()):
             raise ServerUnavailableError(f"Triton at {self.url} is not ready")
-        if not self._client.is_model_ready(self.model, headers=self.headers):
+        if not self._client.is_model_ready(self.model, headers=self._headers()):
             raise ServerUnavailableError(f"model {self.model!r} is not ready at {self.url}")
 
     def _fetch_model_info(self) -> tuple[dict, dict]:
         as_json = {"as_json": True} if self.protocol == "grpc" else {}
         return (
-            self._client.get_model_metadata(self.model, headers=self.headers, **as_json),
-            self._client.get_model_config(self.model, headers=self.headers, **as_json),
+            self._client.get_model_metadata(self.model, headers=self._headers(), **as_json),
+            self._client.get_model_config(self.model, headers=self._headers(), **as_json),
         )
 
     def classify(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction]]:
@@ -305,7 +325,7 @@ class ClassifierClient:
         return self.retry.call(lambda: self._infer_in_shared_memory(tensor), on_retry=self._lost_server)
 
     def _infer(self, inputs, outputs):
-        return self._client.infer(self.model, inputs, outputs=outputs, headers=self.headers, **self._infer_options)
+        return self._client.infer(self.model, inputs, outputs=outputs, headers=self._headers(), **self._infer_options)
 
     def _infer_in_shared_memory(self, tensor: np.ndarray) -> np.ndarray:
         regions = self._regions
@@ -324,12 +344,12 @@ class ClassifierClient:
             self._unregister(region)  # too small, or maybe stale on a restarted server
         if not region.fits(byte_size):
             region.allocate(byte_size)
-        self._client.register_system_shared_memory(region.name, region.key, region.byte_size, headers=self.headers)
+        self._client.register_system_shared_memory(region.name, region.key, region.byte_size, headers=self._headers())
         region.registered = True
 
     def _unregister(self, region: SharedMemoryRegion) -> None:
         try:
-            self._client.unregister_system_shared_memory(region.name, headers=self.headers)
+            self._client.unregister_system_shared_memory(region.name, headers=self._headers())
         except Exception:  # the server is gone or never knew it: nothing left to release there
             pass
         region.registered = False

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import aiohttp
+from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
 T = TypeVar("T")
@@ -35,7 +36,9 @@ def is_retryable(error: BaseException) -> bool:
         return str(error.status()) in _UNAVAILABLE
     if isinstance(error, (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return False
-    return isinstance(error, (ConnectionError, aiohttp.ClientConnectionError))
+    # HTTPConnectionClosed: the server went away before answering (shutdown, crash);
+    # classifying again is harmless.
+    return isinstance(error, (ConnectionError, HTTPConnectionClosed, aiohttp.ClientConnectionError))
 
 
 def is_timeout(error: BaseException) -> bool:

@@ -37,9 +37,10 @@ class RunSettings:
     use_async: bool = False
     timeout_s: float | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    headers: dict[str, str] | None = None  # e.g. tritonstack.client.admin_headers() for shared memory
 
     def client_options(self) -> dict:
-        return {"timeout_s": self.timeout_s, "retry": self.retry, "shm": self.shm}
+        return {"timeout_s": self.timeout_s, "retry": self.retry, "shm": self.shm, "headers": self.headers}
 
 
 @dataclass(frozen=True)

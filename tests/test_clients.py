@@ -1,0 +1,177 @@
+"""The client library against the real server: every transport and mode
+(HTTP/gRPC, sync/asyncio, binary data/system shared memory), batching, errors
+per image, retries only where they help, timeouts, readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tritonstack.aio_client import AsyncClassifierClient
+from tritonstack.client import ClassifierClient
+from tritonstack.retry import NO_RETRY, RetryPolicy, ServerUnavailableError, describe_error, is_retryable
+from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.server import free_port
+from tritonstack.shm import PREFIX
+
+NAMES = ["coffee.png", "chelsea.png", "rocket.jpg"]
+MODES = [(protocol, use_async, shm) for protocol in ("http", "grpc") for use_async in (False, True)
+         for shm in ("none", "system")]
+
+
+def url_of(server, protocol: str) -> str:
+    return server.http_url if protocol == "http" else server.grpc_url
+
+
+def our_registered_regions(server, protocol: str) -> list[str]:
+    headers = server.admin_headers(protocol)
+    if protocol == "http":
+        status = httpclient.InferenceServerClient(server.http_url).get_system_shared_memory_status(headers=headers)
+    else:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        status = client.get_system_shared_memory_status(headers=headers, as_json=True).get("regions", {}).values()
+    return [region["name"] for region in status if region["name"].startswith(PREFIX)]
+
+
+def our_dev_shm_files() -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if name.startswith(f"{PREFIX}_{os.getpid()}_")]
+
+
+def run_mode(server, protocol, use_async, shm, work):
+    """work(client) -> result, with a sync or an asyncio client (awaited)."""
+    options = {"shm": shm, "headers": server.admin_headers(protocol)}
+    if not use_async:
+        with ClassifierClient(url_of(server, protocol), protocol, **options) as client:
+            return work(client)
+
+    async def run():
+        async with AsyncClassifierClient(url_of(server, protocol), protocol, **options) as client:
+            return await work(client)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("protocol,use_async,shm", MODES)
+def test_every_transport_and_mode_classifies_known_photos(server, protocol, use_async, shm):
+    images = [photo_bytes(name) for name in NAMES]
+    tops, probabilities = run_mode(server, protocol, use_async, shm, lambda c: _tops_and_probabilities(c, images))
+    assert [top[0].label in PHOTOS[name] for name, top in zip(NAMES, tops)] == [True] * 3, tops
+    assert tops[0][0].index == 967
+    assert [len(top) for top in tops] == [3, 3, 3]
+    assert probabilities.shape == (3, 1000)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-4)
+    # The ranking agrees with the probabilities, however they travelled.
+    assert [top[0].index for top in tops] == list(probabilities.argmax(axis=1))
+    assert our_registered_regions(server, protocol) == []
+    assert our_dev_shm_files() == []
+
+
+def _tops_and_probabilities(client, images):
+    if isinstance(client, AsyncClassifierClient):
+        async def both():
+            return await client.classify(images, top_k=3), await client.probabilities(images)
+        return both()
+    return client.classify(images, top_k=3), client.probabilities(images)
+
+
+def test_shared_memory_matches_binary_tensor_data(server):
+    images = [photo_bytes(name) for name in NAMES]
+    with ClassifierClient(server.grpc_url, "grpc") as plain, ClassifierClient(
+        server.grpc_url, "grpc", shm="system", headers=server.admin_headers("grpc")
+    ) as shared:
+        np.testing.assert_allclose(shared.probabilities(images), plain.probabilities(images), atol=1e-6)
+        assert shared.labels(images[0]) == plain.labels(images[0])
+        assert len(our_registered_regions(server, "grpc")) == 2  # in use: input and output
+    assert our_registered_regions(server, "grpc") == []
+
+
+def test_model_info_comes_from_the_server(server):
+    with ClassifierClient(server.http_url, "http") as client:
+        info = client.info
+    assert (info.input_name, info.input_datatype) == ("INPUT", "UINT8")
+    assert (info.output_name, info.output_datatype, info.output_shape) == ("OUTPUT", "FP32", (1000,))
+    config = httpclient.InferenceServerClient(server.http_url).get_model_config(info.name)
+    assert info.max_batch_size == config["max_batch_size"] > 0
+
+
+def test_more_images_than_max_batch_size_go_in_several_requests(server):
+    with ClassifierClient(server.grpc_url, "grpc") as client:
+        count = client.info.max_batch_size + 3
+        tops = client.classify([photo_bytes("coffee.png")] * count, top_k=1)
+    assert [top[0].label for top in tops] == ["espresso"] * count
+
+
+@pytest.mark.parametrize("protocol,use_async,shm", [("http", False, "system"), ("grpc", True, "none")])
+def test_a_broken_image_fails_alone_and_regions_are_still_released(server, protocol, use_async, shm):
+    images = [photo_bytes("coffee.png"), b"\xff\xd8\xff not really a JPEG", photo_bytes("chelsea.png")]
+    outcomes = run_mode(server, protocol, use_async, shm, lambda client: client.classify_each(images, top_k=1))
+    assert outcomes[0][0].label == "espresso"
+    assert outcomes[2][0].label in PHOTOS["chelsea.png"]
+    assert isinstance(outcomes[1], InferenceServerException)
+    assert str(outcomes[1].status()) in {"400", "StatusCode.UNKNOWN"}
+    assert not is_retryable(outcomes[1])
+    assert our_registered_regions(server, protocol) == []
+    assert our_dev_shm_files() == []
+
+
+def test_client_errors_are_never_retried(server):
+    retried = []
+    policy = RetryPolicy(retries=3, base_delay_s=0.01)
+    with ClassifierClient(server.http_url, "http", retry=NO_RETRY) as client:
+        with pytest.raises(InferenceServerException) as raised:
+            policy.call(lambda: client.classify([b"not an image"]), on_retry=retried.append)
+    assert raised.value.status() == "400"
+    assert retried == []
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_connection_errors_are_retried_then_reported(protocol):
+    retried = []
+    policy = RetryPolicy(retries=3, base_delay_s=0.01)
+    url = f"127.0.0.1:{free_port()}"
+    client = (httpclient if protocol == "http" else grpcclient).InferenceServerClient(url)
+    with pytest.raises(Exception) as raised:
+        policy.call(client.is_server_ready, on_retry=retried.append)
+    assert is_retryable(raised.value)
+    assert len(retried) == 3
+
+
+@pytest.mark.parametrize("protocol,use_async", [("http", False), ("grpc", False), ("http", True), ("grpc", True)])
+def test_no_server_gives_a_clear_message(protocol, use_async):
+    url = f"127.0.0.1:{free_port()}"
+    quick = RetryPolicy(retries=1, base_delay_s=0.01)
+    with pytest.raises(ServerUnavailableError) as raised:
+        if use_async:
+            asyncio.run(AsyncClassifierClient(url, protocol, retry=quick).connect())
+        else:
+            ClassifierClient(url, protocol, retry=quick)
+    assert f"no Triton server at {url}" in str(raised.value)
+    assert "make serve" in str(raised.value)
+
+
+def test_an_unknown_model_is_reported_not_retried(server):
+    with pytest.raises(ServerUnavailableError, match="model 'no_such_model' is not ready"):
+        ClassifierClient(server.http_url, "http", model="no_such_model", retry=RetryPolicy(retries=1, base_delay_s=0.01))
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_request_slower_than_its_timeout_fails_as_timed_out(server, use_async):
+    images = [photo_bytes("chelsea.png")] * 8
+    timeout_s = 0.001
+
+    async def run_async():
+        async with AsyncClassifierClient(server.grpc_url, "grpc", timeout_s=timeout_s) as client:
+            return await client.classify_each(images)
+
+    if use_async:
+        outcomes = asyncio.run(run_async())
+    else:
+        with ClassifierClient(server.grpc_url, "grpc", timeout_s=timeout_s) as client:
+            outcomes = client.classify_each(images)
+    assert {describe_error(outcome, timeout_s) for outcome in outcomes} == {"timed out after 0.001 s"}
