@@ -27,6 +27,7 @@ import io
 import json
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,10 +161,11 @@ def _autoserialize(script_path: Path) -> bytes:
     sys.path.insert(0, str(script_path.parent))  # dali.py may import its neighbours
     try:
         spec.loader.exec_module(module)
-        target = script_path.with_name(".autoserialized.dali")
-        invoke_autoserialize(module, str(target))
-        serialized = target.read_bytes()
-        target.unlink()
+        # A temporary file, not the version folder: the repository may be read-only.
+        with tempfile.TemporaryDirectory(prefix="dali-autoserialize-") as workdir:
+            target = Path(workdir) / DEFAULT_MODEL_FILENAME
+            invoke_autoserialize(module, str(target))
+            serialized = target.read_bytes()
     except Exception as error:
         raise RuntimeError(f"{script_path}: @autoserialize failed: {error}") from error
     finally:
