@@ -21,6 +21,7 @@ import csv
 import json
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from tritonstack.client import DEFAULT_MODEL, DEFAULT_URLS, PROTOCOLS, SHM_MODES, admin_headers
 from tritonstack.images import image_files
@@ -60,11 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class ResultWriter:
     """Formats results on stdout: one line (or CSV row) per file."""
 
-    def __init__(self, fmt: str, top_k: int, out=sys.stdout):
+    def __init__(self, fmt: str, top_k: int, out: TextIO | None = None):
         self.fmt = fmt
-        self.out = out
+        self.out = out or sys.stdout
         if fmt == "csv":
-            self._csv = csv.writer(out)
+            self._csv = csv.writer(self.out)
             ranks = [f"{field}_{rank}" for rank in range(1, top_k + 1) for field in ("label", "index", "score")]
             self._csv.writerow(["path", "error", *ranks])
 

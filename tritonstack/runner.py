@@ -200,9 +200,9 @@ class Progress:
     """A one-line progress bar on a terminal stream, redrawn at most 10 times a
     second; silent for a handful of files. Counts failures and the rate."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr, shown_above: int = 8, width: int = 30):
+    def __init__(self, total: int, stream: TextIO | None = None, shown_above: int = 8, width: int = 30):
         self.total = total
-        self.stream = stream
+        self.stream = stream or sys.stderr
         self.visible = total > shown_above
         self.width = width
         self.done = 0
