@@ -7,6 +7,17 @@ The server binds 127.0.0.1 unless told otherwise, runs in its own process group
 (tritonserver and the Python backend stubs it spawns), and is stopped with SIGINT
 then, after a grace period, SIGKILL of the whole group: no orphan is left behind.
 
+Locked down by default: the model-repository (model control), shared-memory,
+statistics, trace and logging APIs answer only requests carrying the admin key
+header (`server.admin_headers(protocol)`); inference, health and metadata stay
+open. The key comes from $TRITONSTACK_ADMIN_KEY, else a random one per server.
+`restricted_apis=()` opens everything (tests that drive model control may prefer
+to send the header instead).
+
+Models load in explicit model-control mode (all of them, `--load-model=*`) so that
+a supervisor can reload a model whose Python backend stub died: Triton 2.51 never
+restarts such a stub by itself (see tritonstack/supervision.py).
+
 From the command line (`make serve`), it runs in the foreground until Ctrl-C:
 
     python -m tritonstack.server --model-repository model_repository --http-port 8000
@@ -15,9 +26,11 @@ From the command line (`make serve`), it runs in the foreground until Ctrl-C:
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -29,6 +42,7 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 
+from tritonstack.supervision import StubSupervisor
 from tritonstack.triton_install import TritonInstall
 
 LOGGER = logging.getLogger("tritonstack.server")
@@ -36,6 +50,17 @@ LOOPBACK = "127.0.0.1"
 # Lets backends find the repository during auto-complete, where Triton does not
 # tell them (see backends/dali/model.py).
 REPOSITORY_ENV = "TRITONSTACK_MODEL_REPOSITORY"
+# The admin key for the restricted APIs; a random one per server when unset.
+ADMIN_KEY_ENV = "TRITONSTACK_ADMIN_KEY"
+ADMIN_HEADER = "tritonstack-admin-key"
+# Triton's gRPC frontend expects restricted-protocol metadata under this prefix.
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+# Everything that changes the server or reveals more than inference needs.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
+# Largest request accepted, in bytes: Triton's own default in the releases that
+# have --http-max-input-size; exported to the backends as MAX_INPUT_BYTES_ENV.
+DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024
+MAX_INPUT_BYTES_ENV = "TRITONSTACK_MAX_INPUT_BYTES"
 
 
 _ERROR_LINE = re.compile(r"E\d{4} |error: ")
@@ -65,6 +90,10 @@ class TritonServer:
         startup_timeout_s: float = 180.0,
         stop_grace_s: float = 30.0,
         install: TritonInstall | None = None,
+        restricted_apis: tuple[str, ...] = RESTRICTED_APIS,
+        admin_key: str | None = None,
+        max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+        supervise: bool = True,
     ):
         self.model_repository = Path(model_repository).resolve()
         self.host = host
@@ -75,7 +104,12 @@ class TritonServer:
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
         self.install = install or TritonInstall.from_pytriton()
+        self.restricted_apis = tuple(restricted_apis)
+        self.admin_key = admin_key or os.environ.get(ADMIN_KEY_ENV) or secrets.token_urlsafe(24)
+        self.max_input_bytes = max_input_bytes
+        self.supervise = supervise
         self.process: subprocess.Popen | None = None
+        self.supervisor: StubSupervisor | None = None
         self._workdir: Path | None = None
 
     @property
@@ -94,7 +128,34 @@ class TritonServer:
     def log_path(self) -> Path:
         return self._workdir / "tritonserver.log"
 
+    def admin_headers(self, protocol: str = "http") -> dict[str, str]:
+        """Headers that open the restricted APIs, for tritonclient's `headers=`."""
+        name = ADMIN_HEADER if protocol == "http" else GRPC_HEADER_PREFIX + ADMIN_HEADER
+        return {name: self.admin_key}
+
+    @property
+    def explicit_model_control(self) -> bool:
+        """Models can be (re)loaded through the API: the supervisor needs it."""
+        return self._owns_model_control or "--model-control-mode=explicit" in self.extra_args
+
+    @property
+    def _owns_model_control(self) -> bool:
+        """The caller chose no model-control mode: the launcher picks explicit."""
+        return not any(arg.startswith("--model-control-mode") for arg in self.extra_args)
+
+    def security_args(self) -> list[str]:
+        args = []
+        if self.restricted_apis:
+            apis = ",".join(self.restricted_apis)
+            # Same key for both; Triton prefixes the gRPC metadata name itself.
+            args.append(f"--http-restricted-api={apis}:{ADMIN_HEADER}={self.admin_key}")
+            args.append(f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={self.admin_key}")
+        if self.install.supports("--http-max-input-size"):
+            args.append(f"--http-max-input-size={self.max_input_bytes}")
+        return args
+
     def command(self, backend_directory: Path) -> list[str]:
+        model_control = ["--model-control-mode=explicit", "--load-model=*"] if self._owns_model_control else []
         return [
             str(self.install.binary),
             f"--model-repository={self.model_repository}",
@@ -106,16 +167,21 @@ class TritonServer:
             f"--metrics-address={self.host}",
             f"--metrics-port={self.metrics_port}",
             f"--exit-timeout-secs={int(self.stop_grace_s)}",
+            *model_control,
+            *self.security_args(),
             *self.extra_args,
         ]
 
     def start(self) -> "TritonServer":
-        if self.host != LOOPBACK:
+        if not is_loopback(self.host):
             LOGGER.warning("tritonserver binds %s: reachable from other machines", self.host)
+        if not self.restricted_apis:
+            LOGGER.warning("model control, shared memory and statistics APIs are open to any client")
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonstack-"))
         backends = self.install.assemble_backends(self._workdir / "backends")
         env = self.install.environment()
         env[REPOSITORY_ENV] = str(self.model_repository)
+        env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 self.command(backends),
@@ -129,6 +195,9 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        if self.supervise:
+            self.supervisor = StubSupervisor(self)
+            self.supervisor.start()
         return self
 
     def wait_ready(self) -> None:
@@ -176,6 +245,8 @@ class TritonServer:
         the whole process group. Returns the server's exit code."""
         if self.process is None:
             return None
+        if self.supervisor is not None:
+            self.supervisor.stop()  # stubs exiting now are no fault to repair
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
@@ -193,6 +264,15 @@ class TritonServer:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: assume it may be reachable from elsewhere
+        return False
 
 
 def _kill_group(pgid: int) -> None:
@@ -213,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--open-apis", action="store_true",
+                        help="do not restrict model control, shared memory, statistics, trace, logging "
+                             f"(default: they need the header {ADMIN_HEADER}: ${ADMIN_KEY_ENV})")
+    parser.add_argument("--max-input-bytes", type=int, default=DEFAULT_MAX_INPUT_BYTES,
+                        help="largest request accepted, in bytes")
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -224,7 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         extra_args=tuple(args.extra),
+        restricted_apis=() if args.open_apis else RESTRICTED_APIS,
+        max_input_bytes=args.max_input_bytes,
     )
+    if not args.open_apis and ADMIN_KEY_ENV not in os.environ:
+        LOGGER.info("admin APIs need header %s; set $%s to choose its value", ADMIN_HEADER, ADMIN_KEY_ENV)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.start()

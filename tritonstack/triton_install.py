@@ -10,8 +10,10 @@ does in the NGC container with the C++ backend.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,18 @@ class TritonInstall:
         if missing:
             raise FileNotFoundError(f"nvidia-pytriton install is incomplete, missing: {missing}")
         return install
+
+    @functools.cached_property
+    def help_text(self) -> str:
+        """`tritonserver --help`: what this build's flags are (they vary by release)."""
+        result = subprocess.run([str(self.binary), "--help"], capture_output=True, text=True,
+                                env=self.environment(), timeout=60)
+        return result.stdout + result.stderr
+
+    def supports(self, flag: str) -> bool:
+        """Whether this tritonserver knows `flag` (e.g. --http-max-input-size, new in
+        releases after 2.51)."""
+        return f"{flag} " in self.help_text
 
     def environment(self) -> dict[str, str]:
         """The server's environment: its libraries, and this interpreter first on

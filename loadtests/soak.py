@@ -1,0 +1,297 @@
+"""Soak: mixed good and bad images over HTTP and gRPC for a while, watching the
+server's memory and file descriptors.
+
+    python loadtests/soak.py --duration 600 --out reports/soak.json   # make soak DURATION=600
+
+Plain threads, one tritonclient per worker (no gevent: NOTES.md), batch-1
+requests so that good and bad images share the server's dynamic batches. Every
+valid image must come back with its label; a bad one must get a client error
+(HTTP 4xx, gRPC UNKNOWN or INVALID_ARGUMENT) or, when its bytes still decode, a
+classification; anything else (5xx, a dropped connection, a hang) is a failure.
+The resident memory (RSS) and open file descriptors of tritonserver and of each
+backend stub process are sampled over time; the RSS growth after warm-up is the
+slope of a least-squares line over the run, as a percentage of the fitted value
+at warm-up's end. Loopback only, bounded by duration and request count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+from tritonclient.utils import InferenceServerException
+
+from tritonstack.client import DEFAULT_MODEL, PROTOCOLS, ClassifierClient
+from tritonstack.retry import RetryPolicy, describe_error
+from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.server import TritonServer
+from tritonstack.supervision import server_stubs
+
+MAX_GROWTH_PCT = 5.0
+CLIENT_ERRORS = {"StatusCode.UNKNOWN", "StatusCode.INVALID_ARGUMENT"}
+NO_RETRY = RetryPolicy(retries=0)  # count every failure; retries would hide them
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    data: bytes
+    labels: frozenset[str] = frozenset()  # any of these first; empty: a bad input
+
+    @property
+    def valid(self) -> bool:
+        return bool(self.labels)
+
+
+def good_samples() -> list[Sample]:
+    return [Sample(name, photo_bytes(name), frozenset(labels)) for name, labels in PHOTOS.items() if labels]
+
+
+def bad_samples(seed: int = 0) -> list[Sample]:
+    jpeg = photo_bytes("rocket.jpg")
+    return [
+        Sample("random-bytes", random.Random(seed).randbytes(20_000)),
+        Sample("text", b"this is not an image\n" * 100),
+        Sample("truncated-jpeg", jpeg[: len(jpeg) // 3]),
+    ]
+
+
+def is_client_error(error: BaseException) -> bool:
+    status = str(error.status()) if isinstance(error, InferenceServerException) else ""
+    return status.startswith("4") or status in CLIENT_ERRORS
+
+
+@dataclass
+class Tally:
+    """What happened to the requests, by kind, and the first few failures."""
+
+    counts: Counter = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    times: list[tuple[float, bool]] = field(default_factory=list)  # (monotonic, valid request ok)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, protocol: str, sample: Sample, outcome: str, error: BaseException | None) -> None:
+        with self.lock:
+            self.counts[outcome] += 1
+            self.counts[f"{protocol}_requests"] += 1
+            if sample.valid:
+                self.times.append((time.monotonic(), outcome == "valid_ok"))
+            if outcome in ("valid_failed", "bad_server_error") and len(self.failures) < 20:
+                self.failures.append(f"{protocol} {sample.name}: {describe_error(error) if error else outcome}")
+
+
+class MixedLoad:
+    """Worker threads sending one image per request until stopped or out of budget."""
+
+    def __init__(self, urls: dict[str, str], workers_per_protocol: int = 2, bad_ratio: float = 0.25,
+                 max_requests: int = 1_000_000, model: str = DEFAULT_MODEL, timeout_s: float = 60.0,
+                 seed: int = 0):
+        self.urls = urls
+        self.workers_per_protocol = workers_per_protocol
+        self.bad_ratio = bad_ratio
+        self.model = model
+        self.timeout_s = timeout_s
+        self.seed = seed
+        self.tally = Tally()
+        self._good, self._bad = good_samples(), bad_samples(seed)
+        self._budget = threading.Semaphore(max_requests)
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> "MixedLoad":
+        for protocol in PROTOCOLS:
+            for index in range(self.workers_per_protocol):
+                worker = threading.Thread(target=self._work, args=(protocol, index), daemon=True)
+                worker.start()
+                self._threads.append(worker)
+        return self
+
+    def stop(self) -> Tally:
+        self._stopping.set()
+        for worker in self._threads:
+            worker.join(timeout=self.timeout_s + 10)
+        return self.tally
+
+    def __enter__(self) -> "MixedLoad":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _work(self, protocol: str, index: int) -> None:
+        chooser = random.Random(f"{self.seed}-{protocol}-{index}")
+        with ClassifierClient(self.urls[protocol], protocol, self.model,
+                              timeout_s=self.timeout_s, retry=NO_RETRY) as client:
+            while not self._stopping.is_set() and self._budget.acquire(blocking=False):
+                bad = chooser.random() < self.bad_ratio
+                sample = chooser.choice(self._bad if bad else self._good)
+                self.tally.add(protocol, sample, *self._send(client, sample))
+
+    @staticmethod
+    def _send(client: ClassifierClient, sample: Sample) -> tuple[str, BaseException | None]:
+        try:
+            top = client.classify([sample.data], top_k=1)[0][0]
+        except Exception as error:  # every failure is counted, none ends the run
+            if sample.valid:
+                return "valid_failed", error
+            return ("bad_refused" if is_client_error(error) else "bad_server_error"), error
+        if not sample.valid:
+            return "bad_accepted", None
+        if top.label in sample.labels:
+            return "valid_ok", None
+        return "valid_failed", ValueError(f"classified as {top.label!r}")
+
+
+def server_processes(server_pid: int) -> dict[str, psutil.Process]:
+    """tritonserver and its live backend stubs, named by role."""
+    processes = {"tritonserver": psutil.Process(server_pid)}
+    live, _ = server_stubs(server_pid)
+    for pid, model in sorted(live.items()):
+        processes[f"stub:{model}" if f"stub:{model}" not in processes else f"stub:{model}:{pid}"] = psutil.Process(pid)
+    return processes
+
+
+class ResourceSampler(threading.Thread):
+    """RSS (MiB) and open file descriptors of the server's processes, every period."""
+
+    def __init__(self, server_pid: int, period_s: float = 1.0):
+        super().__init__(name="resource-sampler", daemon=True)
+        self.server_pid = server_pid
+        self.period_s = period_s
+        self.samples: list[dict] = []
+        self._stopping = threading.Event()
+        self._t0 = time.monotonic()
+
+    def sample(self) -> None:
+        row = {"t_s": round(time.monotonic() - self._t0, 2), "rss_mib": {}, "fds": {}}
+        for name, process in server_processes(self.server_pid).items():
+            try:
+                row["rss_mib"][name] = round(process.memory_info().rss / 2**20, 2)
+                row["fds"][name] = process.num_fds()
+            except psutil.NoSuchProcess:
+                continue
+        self.samples.append(row)
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            self.sample()
+            self._stopping.wait(self.period_s)
+
+    def stop(self) -> list[dict]:
+        self._stopping.set()
+        self.join(timeout=10)
+        self.sample()
+        return self.samples
+
+
+def growth(samples: list[dict], key: str, process: str, warmup_s: float) -> dict | None:
+    """Least-squares slope of one process's series after warm-up, and the growth
+    over that window as a percentage of the fitted value at its start."""
+    points = [(row["t_s"], row[key][process]) for row in samples if row["t_s"] >= warmup_s and process in row[key]]
+    if len(points) < 3:
+        return None
+    t, y = np.array(points, dtype=float).T
+    slope, intercept = np.polyfit(t, y, 1)
+    start = slope * t[0] + intercept
+    window = t[-1] - t[0]
+    return {
+        "slope_per_min": round(float(slope * 60), 4),
+        "window_s": round(float(window), 1),
+        "first": float(y[0]), "last": float(y[-1]), "max": float(y.max()),
+        "growth_pct": round(float(100 * slope * window / start), 3) if start > 0 else None,
+    }
+
+
+def analyse(tally: Tally, samples: list[dict], duration_s: float, warmup_s: float) -> dict:
+    processes = sorted({name for row in samples for name in row["rss_mib"]})
+    rss = {name: growth(samples, "rss_mib", name, warmup_s) for name in processes}
+    fds = {name: growth(samples, "fds", name, warmup_s) for name in processes}
+    worst = max((g["growth_pct"] for g in rss.values() if g and g["growth_pct"] is not None), default=0.0)
+    counts = dict(tally.counts)
+    return {
+        "duration_s": round(duration_s, 1),
+        "warmup_s": warmup_s,
+        "requests": sum(counts.get(k, 0) for k in ("valid_ok", "valid_failed", "bad_refused",
+                                                     "bad_accepted", "bad_server_error")),
+        "counts": counts,
+        "failed_valid_requests": counts.get("valid_failed", 0),
+        "bad_server_errors": counts.get("bad_server_error", 0),
+        "failures": tally.failures,
+        "rss_growth": rss,
+        "fd_growth": fds,
+        "worst_rss_growth_pct": worst,
+        "max_rss_growth_pct": MAX_GROWTH_PCT,
+        "passed": counts.get("valid_failed", 0) == 0 and counts.get("bad_server_error", 0) == 0
+        and worst < MAX_GROWTH_PCT,
+        "samples": samples,
+    }
+
+
+def run_soak(server: TritonServer, duration_s: float, warmup_s: float | None = None,
+             workers_per_protocol: int = 2, bad_ratio: float = 0.25, period_s: float = 1.0,
+             max_requests: int = 1_000_000) -> dict:
+    """Soak a running server; the report says whether it passed and why."""
+    warmup_s = duration_s / 4 if warmup_s is None else warmup_s
+    sampler = ResourceSampler(server.process.pid, period_s)
+    sampler.start()
+    started = time.monotonic()
+    load = MixedLoad({"http": server.http_url, "grpc": server.grpc_url},
+                     workers_per_protocol, bad_ratio, max_requests).start()
+    time.sleep(duration_s)
+    tally = load.stop()
+    return analyse(tally, sampler.stop(), time.monotonic() - started, warmup_s)
+
+
+def summary(report: dict) -> str:
+    lines = [
+        f"soak: {report['duration_s']} s, {report['requests']} requests "
+        f"({report['counts'].get('http_requests', 0)} HTTP, {report['counts'].get('grpc_requests', 0)} gRPC)",
+        f"  valid ok {report['counts'].get('valid_ok', 0)}, failed valid {report['failed_valid_requests']}; "
+        f"bad refused {report['counts'].get('bad_refused', 0)}, bad accepted "
+        f"{report['counts'].get('bad_accepted', 0)}, bad with server error {report['bad_server_errors']}",
+        f"  after {report['warmup_s']:.0f} s of warm-up (limit {MAX_GROWTH_PCT}% RSS growth):",
+    ]
+    for name, rss in report["rss_growth"].items():
+        fds = report["fd_growth"].get(name)
+        if rss:
+            lines.append(f"    {name:48s} RSS {rss['first']:8.1f} -> {rss['last']:8.1f} MiB, "
+                         f"slope {rss['slope_per_min']:+8.3f} MiB/min, growth {rss['growth_pct']:+6.2f}%; "
+                         f"fds {fds['first']:.0f} -> {fds['last']:.0f}")
+    lines += [f"  failure: {failure}" for failure in report["failures"]]
+    lines.append("  PASSED" if report["passed"] else "  FAILED")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=600, help="seconds of load")
+    parser.add_argument("--warmup", type=float, default=None, help="seconds left out of the slope (default: a quarter)")
+    parser.add_argument("--workers", type=int, default=2, help="threads per protocol")
+    parser.add_argument("--bad-ratio", type=float, default=0.25)
+    parser.add_argument("--max-requests", type=int, default=1_000_000)
+    parser.add_argument("--period", type=float, default=1.0, help="seconds between memory samples")
+    parser.add_argument("--model-repository", default="model_repository")
+    parser.add_argument("--out", type=Path, default=Path("reports/soak.json"))
+    args = parser.parse_args(argv)
+    with TritonServer(args.model_repository) as server:
+        report = run_soak(server, args.duration, args.warmup, args.workers, args.bad_ratio,
+                          args.period, args.max_requests)
+        report["supervisor_reloads"] = [model for _, model in server.supervisor.reloads]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(summary(report))
+    print(f"report: {args.out}")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
