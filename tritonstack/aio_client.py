@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
+from tritonclient.utils import InferenceServerException
 
 from tritonstack.client import (
     DEFAULT_MODEL,
@@ -35,6 +36,7 @@ from tritonstack.client import (
 from tritonstack.retry import (
     RetryPolicy,
     ServerUnavailableError,
+    is_lost_region,
     is_retryable,
     unavailable_message,
 )
@@ -166,11 +168,25 @@ class AsyncClassifierClient:
         regions = self._free_regions.pop() if self._free_regions else self._new_regions()
         try:
             return await self.retry.acall(
-                lambda: self._infer_in_shared_memory(tensor, regions),
-                on_retry=lambda error: regions.forget_registration(),
+                lambda: self._shared_memory_attempt(tensor, regions),
+                on_retry=lambda error: self._forget_registrations(),
             )
         finally:
             self._free_regions.append(regions)
+
+    async def _shared_memory_attempt(self, tensor: np.ndarray, regions: RequestRegions) -> np.ndarray:
+        try:
+            return await self._infer_in_shared_memory(tensor, regions)
+        except InferenceServerException as error:
+            if not is_lost_region(error):
+                raise
+        self._forget_registrations()  # a restarted server: register once more
+        return await self._infer_in_shared_memory(tensor, regions)
+
+    def _forget_registrations(self) -> None:
+        """The server may be a new one that knows none of the regions."""
+        for regions in self._all_regions:
+            regions.forget_registration()
 
     def _new_regions(self) -> RequestRegions:
         regions = RequestRegions()

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import triton_to_np_dtype
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from tritonstack.retry import (
     RetryPolicy,
     ServerUnavailableError,
+    is_lost_region,
     is_retryable,
     is_timeout,
     unavailable_message,
@@ -322,7 +323,16 @@ class ClassifierClient:
             inputs, outputs = build_request(self.protocol, self.info, tensor, class_count=0)
             result = self.retry.call(lambda: self._infer(inputs, outputs))
             return batch_rows(self.info, result.as_numpy(self.info.output_name))
-        return self.retry.call(lambda: self._infer_in_shared_memory(tensor), on_retry=self._lost_server)
+        return self.retry.call(lambda: self._shared_memory_attempt(tensor), on_retry=self._lost_server)
+
+    def _shared_memory_attempt(self, tensor: np.ndarray) -> np.ndarray:
+        try:
+            return self._infer_in_shared_memory(tensor)
+        except InferenceServerException as error:
+            if not is_lost_region(error):
+                raise
+        self._regions.forget_registration()  # a restarted server: register once more
+        return self._infer_in_shared_memory(tensor)
 
     def _infer(self, inputs, outputs):
         return self._client.infer(self.model, inputs, outputs=outputs, headers=self._headers(), **self._infer_options)

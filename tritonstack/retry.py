@@ -25,6 +25,11 @@ T = TypeVar("T")
 # InferenceServerException.status(): "503" over HTTP, "StatusCode.UNAVAILABLE" over gRPC.
 _UNAVAILABLE = {"503", "StatusCode.UNAVAILABLE"}
 _TIMED_OUT = {"StatusCode.DEADLINE_EXCEEDED"}
+# A known model with no version loaded right now: a server shutting down (it
+# unloads models first) or a model being reloaded. Triton says NOT_FOUND / 400,
+# but the same request succeeds once the model is back. (An unknown model name
+# reads "... is not found" instead, and is not retried.)
+_MODEL_BETWEEN_VERSIONS = "has no available versions"
 
 
 class ServerUnavailableError(ConnectionError):
@@ -33,12 +38,20 @@ class ServerUnavailableError(ConnectionError):
 
 def is_retryable(error: BaseException) -> bool:
     if isinstance(error, InferenceServerException):
-        return str(error.status()) in _UNAVAILABLE
+        return str(error.status()) in _UNAVAILABLE or _MODEL_BETWEEN_VERSIONS in str(error.message())
     if isinstance(error, (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return False
     # HTTPConnectionClosed: the server went away before answering (shutdown, crash);
     # classifying again is harmless.
     return isinstance(error, (ConnectionError, HTTPConnectionClosed, aiohttp.ClientConnectionError))
+
+
+def is_lost_region(error: BaseException) -> bool:
+    """The server does not know a shared-memory region the client registered: a
+    new server after a restart. Registering again fixes it."""
+    return isinstance(error, InferenceServerException) and "Unable to find shared memory region" in str(
+        error.message()
+    )
 
 
 def is_timeout(error: BaseException) -> bool:

@@ -1,0 +1,126 @@
+"""A folder classification run while the server restarts: the server is stopped
+mid-run and a new one starts on the same ports. Retries with backoff carry every
+request over; every input file ends with exactly one line, a result (or, for the
+broken file, its error)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import tritonclient.http as httpclient
+from PIL import Image
+
+from tritonstack.client import DEFAULT_MODEL
+from tritonstack.samples import photo_path
+from tritonstack.server import TritonServer, free_port
+
+CLASSIFY = Path(__file__).resolve().parent.parent / "clients" / "classify.py"
+IMAGES = 400
+LINES_BEFORE_STOP = 20
+# Short: Triton keeps serving for its exit timeout while requests keep coming.
+STOP_GRACE_S = 2
+
+
+@pytest.fixture(scope="module")
+def many_images(tmp_path_factory) -> Path:
+    """Small JPEGs of known photos (quick to send, same work for the server) and one broken file."""
+    root = tmp_path_factory.mktemp("many")
+    encoded = {}
+    for name in ("chelsea.png", "coffee.png", "rocket.jpg"):
+        image = Image.open(photo_path(name)).convert("RGB")
+        image.thumbnail((256, 256))
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", quality=90)
+        encoded[name] = buffer.getvalue()
+    for n in range(IMAGES):
+        name = list(encoded)[n % len(encoded)]
+        (root / f"{n:04d}_{Path(name).stem}.jpg").write_bytes(encoded[name])
+    (root / "broken.jpg").write_bytes(b"\xff\xd8\xff broken")
+    return root
+
+
+class LineReader:
+    """Collects a process's stdout lines as they come."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def wait_for(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.lines) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def join(self) -> None:
+        self._thread.join(timeout=10)
+
+
+def successful_inferences(server: TritonServer) -> int:
+    client = httpclient.InferenceServerClient(server.http_url)
+    statistics = client.get_inference_statistics(DEFAULT_MODEL, headers=server.admin_headers("http"))
+    return int(statistics["model_stats"][0]["inference_stats"]["success"]["count"])
+
+
+@pytest.mark.parametrize(
+    "protocol,options",
+    [
+        ("http", ["--concurrency", "2", "--batch-size", "2"]),
+        ("grpc", ["--async", "--concurrency", "2", "--shm", "system"]),
+    ],
+)
+def test_folder_run_survives_a_server_restart(model_repository, many_images, tmp_path, protocol, options):
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    first = TritonServer(model_repository, stop_grace_s=STOP_GRACE_S, **ports).start()
+    second = None
+    url = first.http_url if protocol == "http" else first.grpc_url
+    stderr_path = tmp_path / "stderr.txt"
+    process = subprocess.Popen(
+        [sys.executable, str(CLASSIFY), str(many_images), "--url", url, "--protocol", protocol,
+         "--format", "jsonl", "--top-k", "1", "--retries", "12", "--admin-key", first.admin_key, *options],
+        stdout=subprocess.PIPE, stderr=stderr_path.open("w"), text=True,
+    )
+    try:
+        reader = LineReader(process.stdout)
+        reader.wait_for(LINES_BEFORE_STOP, timeout_s=60)
+        first.stop()
+        second = TritonServer(model_repository, stop_grace_s=STOP_GRACE_S, admin_key=first.admin_key, **ports).start()
+        process.wait(timeout=120)
+        reader.join()
+        served_by_second = successful_inferences(second)
+    finally:
+        process.kill()
+        first.stop()
+        if second is not None:
+            second.stop()
+
+    stderr = stderr_path.read_text()
+    results = [json.loads(line) for line in reader.lines]
+    paths = [Path(result["path"]).name for result in results]
+    assert len(paths) == len(set(paths)) == IMAGES + 1, f"lost or duplicated files:\n{stderr[-3000:]}"
+    assert set(paths) == {path.name for path in many_images.iterdir()}
+    failed = [result for result in results if "error" in result]
+    assert [Path(result["path"]).name for result in failed] == ["broken.jpg"], failed[:3]
+    # Every copy of a photo gets the same answer, before, during and after the restart.
+    answers: dict[str, set[str]] = {}
+    for result in results:
+        if "top" in result:
+            photo = Path(result["path"]).stem.split("_", 1)[1]
+            answers.setdefault(photo, set()).add(result["top"][0]["label"])
+    assert answers["coffee"] == {"espresso"}, answers
+    assert [len(labels) for labels in answers.values()] == [1, 1, 1], answers
+    # The run really crossed the restart: the new server did part of the work.
+    assert served_by_second > 0
+    assert process.returncode == 1, stderr
+    assert f"{IMAGES + 1} images, 1 failed" in stderr
