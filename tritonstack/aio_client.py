@@ -12,6 +12,7 @@ pool, all unregistered and destroyed on close.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import numpy as np
@@ -68,6 +69,7 @@ class AsyncClassifierClient:
         self.shm = shm
         self.info: ModelInfo | None = None
         self._labels: list[str] | None = None
+        self._labels_lock = asyncio.Lock()
         self._free_regions: list[RequestRegions] = []
         self._all_regions: list[RequestRegions] = []
         self._client = None
@@ -140,12 +142,13 @@ class AsyncClassifierClient:
 
     async def labels(self, image: bytes) -> list[str]:
         """See ClassifierClient.labels."""
-        if self._labels is None:
-            everything = (await self._infer_classification([image], self.info.num_classes))[0]
-            labels = [""] * self.info.num_classes
-            for prediction in everything:
-                labels[prediction.index] = prediction.label
-            self._labels = labels
+        async with self._labels_lock:  # one request, however many tasks ask at once
+            if self._labels is None:
+                everything = (await self._infer_classification([image], self.info.num_classes))[0]
+                labels = [""] * self.info.num_classes
+                for prediction in everything:
+                    labels[prediction.index] = prediction.label
+                self._labels = labels
         return self._labels
 
     async def _classify_chunk(self, images: list[bytes], top_k: int) -> list[list[Prediction]]:
