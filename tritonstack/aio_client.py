@@ -138,7 +138,8 @@ class AsyncClassifierClient:
         return outcomes
 
     async def probabilities(self, images: Sequence[bytes]) -> np.ndarray:
-        return np.concatenate([await self._probabilities_chunk(chunk) for chunk in self.info.chunks(images)])
+        parts = [await self._probabilities_chunk(chunk) for chunk in self.info.chunks(images)]
+        return np.concatenate(parts) if parts else np.empty((0, *self.info.output_shape), np.float32)
 
     async def labels(self, image: bytes) -> list[str]:
         """See ClassifierClient.labels."""

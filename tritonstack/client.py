@@ -294,7 +294,8 @@ class ClassifierClient:
         ]
 
     def probabilities(self, images: Sequence[bytes]) -> np.ndarray:
-        return np.concatenate([self._probabilities_chunk(chunk) for chunk in self.info.chunks(images)])
+        parts = [self._probabilities_chunk(chunk) for chunk in self.info.chunks(images)]
+        return np.concatenate(parts) if parts else np.empty((0, *self.info.output_shape), np.float32)
 
     def labels(self, image: bytes) -> list[str]:
         """The model's labels, by index. Triton tells them only in classification
