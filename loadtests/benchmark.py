@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -296,7 +297,9 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def run(settings: Settings, repository: Path, log=print) -> dict:
+def run(settings: Settings, repository: Path, log=print, server: TritonServer | None = None) -> dict:
+    """All measurements; on `server` if given (it must serve `repository`), else on
+    a server started and stopped here."""
     images = [image.data for image in _weighted_sequence(400)]
     results: dict = {"settings": settings.__dict__ | {"quick": settings is QUICK}, "cpu_model": cpu_model(),
                      "cpu_count": os.cpu_count()}
@@ -306,7 +309,7 @@ def run(settings: Settings, repository: Path, log=print) -> dict:
     results["inprocess_images_per_s"], results["inprocess_best_setting"] = inprocess_images_per_s(
         repository, images, settings)
 
-    with TritonServer(repository) as server:
+    with contextlib.nullcontext(server) if server else TritonServer(repository) as server:
         results["versions"] = versions(server)
         log("DALI ensemble at saturation over gRPC...")
         grpc_phase, concurrency, saturation_errors = saturate(server.grpc_url, "grpc", DALI_ENSEMBLE, images, settings)

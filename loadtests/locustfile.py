@@ -22,7 +22,11 @@ silently lowering the offered load (coordinated omission).
 
 from __future__ import annotations
 
+import atexit
+import csv
+import logging
 import os
+import sys
 import time
 
 import gevent
@@ -33,6 +37,8 @@ import tritonclient.http as httpclient
 from locust import User, events, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.exception import StopUser
+from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
+from locust.user.task import LOCUST_STATE_STOPPING
 from tritonclient.utils import InferenceServerException
 
 from loadtests.corpus import WeightedSampler, build_corpus
@@ -88,6 +94,37 @@ def _bound_request_count(environment, **_):
     gevent.spawn(watch)
 
 
+@events.init.add_listener
+def _write_final_stats_at_quit(environment, **_):
+    """Locust's `_stats.csv` is rewritten every few seconds and not after the last
+    answers arrive: write the final table as `<csv prefix>_final_stats.csv`."""
+    options = environment.parsed_options
+    if not options or not options.csv_prefix or _is_worker(environment):
+        return
+
+    def write(**_):  # the quit event tells only the exit code
+        with open(f"{options.csv_prefix}_final_stats.csv", "w", newline="") as handle:
+            StatsCSV(environment, PERCENTILES_TO_REPORT).requests_csv(csv.writer(handle))
+
+    environment.events.quit.add_listener(write)
+
+
+@events.quit.add_listener
+def _exit_before_grpc_teardown(exit_code, **_):
+    """With gRPC driven by gevent, interpreter teardown sometimes blocks forever
+    (gRPC's exit hooks wait on a loop nobody drives any more), after the run is
+    over and every file is written. Registered last, this exit hook runs first:
+    flush and leave with Locust's exit code."""
+    atexit.register(_exit_now, exit_code)
+
+
+def _exit_now(exit_code: int) -> None:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
+
+
 def _is_worker(environment) -> bool:
     return type(environment.runner).__name__ == "WorkerRunner"
 
@@ -121,10 +158,11 @@ class TritonUser(User):
             self.send(time.perf_counter())
 
     def open_loop(self, user_rps: float):
-        """Send at fixed intervals until the user is stopped; never wait for answers."""
+        """Send at fixed intervals until the user is stopped; never wait for answers.
+        Requests in flight at the stop get `--stop-timeout` to finish (on_stop)."""
         interval = 1.0 / user_rps
         scheduled = time.perf_counter() + interval * (os.getpid() % 97 + id(self) % 89) / 186
-        while True:
+        while self._state != LOCUST_STATE_STOPPING:  # a graceful stop ends the schedule
             delay = scheduled - time.perf_counter()
             if delay > 0:
                 gevent.sleep(delay)

@@ -107,12 +107,19 @@ def plot_against_users(rows: list[dict[str, float]], path: Path) -> None:
     plt.close(figure)
 
 
+def final_stats(prefix: Path) -> list[dict[str, str]]:
+    """Totals per request name once every answer arrived (locustfile writes them at
+    quit); Locust's own `_stats.csv` if that file is missing."""
+    final = Path(f"{prefix}_final_stats.csv")
+    return read_rows(final if final.exists() else Path(f"{prefix}_stats.csv"))
+
+
 def requests_table(prefix: Path) -> str:
     lines = [
         "| type | name | requests | failures | req/s | p50 ms | p95 ms | p99 ms |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for row in read_rows(Path(f"{prefix}_stats.csv")):
+    for row in final_stats(prefix):
         lines.append(
             f"| {row['Type']} | {row['Name']} | {row['Request Count']} | {row['Failure Count']} "
             f"| {float(row['Requests/s']):.1f} | {row['50%']} | {row['95%']} | {row['99%']} |"

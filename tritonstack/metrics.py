@@ -10,6 +10,11 @@ Triton's counters are cumulative since start-up, so a run's figures are the
 difference of two scrapes. The per-request durations are sums over requests; for
 a batched execution every request of the batch is charged the batch's compute time,
 so mean compute per request is what one request waited for its batch to run.
+
+Failures are Triton's own count, summed over reasons. Seen with Triton 2.51: a
+failed ensemble request is counted under reason OTHER (sometimes twice), while
+a Python-based backend step that answers with an error response counts it as a
+success; the client-side failure count (Locust) is the one to trust.
 """
 
 from __future__ import annotations

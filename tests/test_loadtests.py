@@ -1,0 +1,90 @@
+"""The Locust load tests against the session's real server: gRPC and HTTP users,
+the step-ramp and open-loop shapes, distributed mode, the report, the bounds.
+
+Each run is a few seconds long, on loopback, and must end by itself (a gevent
+gRPC client once kept Locust alive past its run time)."""
+
+import time
+
+from loadtests import run
+from loadtests.report import GeneratorCpu, cpu_section, final_stats
+
+ENSEMBLE = "ensemble_dali_efficientnet_lite0"
+STEPS = ("preprocess_dali_efficientnet_lite0", "efficientnet_lite0")
+
+
+def load(server, tmp_path, *options):
+    """run.main against the session server; (exit code, report folder, seconds)."""
+    started = time.monotonic()
+    code = run.main([
+        "--url", server.http_url, "--grpc-url", server.grpc_url, "--metrics-url", server.metrics_url,
+        "--out", str(tmp_path), *options,
+    ])
+    return code, tmp_path, time.monotonic() - started
+
+
+def stats(folder) -> dict[tuple[str, str], dict[str, str]]:
+    assert (folder / "locust_final_stats.csv").exists()
+    return {(row["Type"], row["Name"]): row for row in final_stats(folder / "locust")}
+
+
+def test_grpc_step_ramp_writes_the_report_and_ends_by_itself(server, tmp_path):
+    code, folder, seconds = load(server, tmp_path, "--user", "grpc", "--shape", "step",
+                                 "--step-users", "1", "--step-seconds", "2", "--steps", "2")
+    assert code == 0
+    assert seconds < 4 + run.STOP_GRACE_S  # not killed at the deadline: it stopped by itself
+    row = stats(folder)[("grpc", ENSEMBLE)]
+    assert int(row["Request Count"]) > 5 and row["Failure Count"] == "0"
+    for name in ("report.html", "locust_stats_history.csv", "over_time.png", "against_users.png"):
+        assert (folder / name).stat().st_size > 1000, name
+    summary = (folder / "summary.md").read_text()
+    for model in (ENSEMBLE, *STEPS):  # the server-side breakdown, ensemble steps included
+        assert f"| {model} |" in summary
+    assert "the load generator kept up" in summary
+
+
+def test_http_open_loop_holds_the_rate(server, tmp_path):
+    code, folder, _ = load(server, tmp_path, "--user", "http", "--shape", "open",
+                           "--target-rps", "10", "--open-loop-users", "2", "--run-time", "4")
+    assert code == 0
+    row = stats(folder)[("http", ENSEMBLE)]
+    # 10/s for 4 s, whatever the response times: about 40 requests, none failed.
+    assert 34 <= int(row["Request Count"]) <= 44
+    assert row["Failure Count"] == "0"
+
+
+def test_request_count_bound_stops_the_run_early(server, tmp_path):
+    code, folder, seconds = load(server, tmp_path, "--user", "grpc", "--shape", "closed",
+                                 "--users", "2", "--run-time", "60", "--max-requests", "20")
+    assert code == 0
+    assert seconds < 30
+    assert 20 <= int(stats(folder)[("grpc", ENSEMBLE)]["Request Count"]) <= 60
+
+
+def test_http_errors_count_as_failures(server, tmp_path):
+    # The classifier alone wants FP32 pixels: encoded bytes are a bad request (HTTP 400).
+    code, folder, _ = load(server, tmp_path, "--user", "http", "--shape", "closed", "--users", "1",
+                           "--run-time", "2", "--model", "efficientnet_lite0")
+    assert code == 1  # Locust's exit code when requests failed
+    row = stats(folder)[("http", "efficientnet_lite0")]
+    assert int(row["Failure Count"]) == int(row["Request Count"]) > 0
+    assert "400" in (folder / "locust_failures.csv").read_text()
+
+
+def test_distributed_master_and_workers(server, tmp_path):
+    code, folder, seconds = load(server, tmp_path, "--workers", "2", "--user", "both", "--shape", "closed",
+                                 "--users", "2", "--run-time", "3")
+    assert code == 0
+    table = stats(folder)
+    for protocol in ("grpc", "http"):  # one user of each class, on the two workers
+        assert int(table[(protocol, ENSEMBLE)]["Request Count"]) > 0
+        assert table[(protocol, ENSEMBLE)]["Failure Count"] == "0"
+    summary = (folder / "summary.md").read_text()
+    assert "| worker 1 |" in summary and "| worker 2 |" in summary
+
+
+def test_cpu_guard_flags_a_saturated_worker():
+    busy = cpu_section([GeneratorCpu("master", 1.0, 10.0), GeneratorCpu("worker 1", 9.5, 10.0)])
+    assert "load generator was the bottleneck" in busy and "worker 1" in busy
+    idle = cpu_section([GeneratorCpu("local", 3.0, 10.0)])
+    assert "bottleneck" not in idle
