@@ -374,6 +374,14 @@ def _weighted_sequence(count: int):
     return [sampler.draw() for _ in range(count)]
 
 
+# Every key the benchmark promises (issue 5), besides versions and settings.
+REQUIRED_KEYS = (
+    "inprocess_images_per_s", "server_images_per_s", "serving_efficiency",
+    "dali_preprocess_images_per_s", "pil_preprocess_images_per_s", "dali_vs_pil_preprocess",
+    "dali_vs_pil_per_cpu_second", "dali_vs_pil_ensemble", "ensemble_overhead_ms_p50",
+    "p99_over_p50", "http_vs_grpc", "server_rss_mb", "errors", "versions", "cpu_model", "cpu_count",
+)
+
 TARGETS = {
     "serving_efficiency": (">=", 0.90),
     "dali_vs_pil_preprocess": (">=", 1.5),
@@ -404,11 +412,20 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results = run(settings, args.model_repository.resolve(), log=lambda text: print(text, flush=True))
     results["benchmark_seconds"] = time.monotonic() - started
-    results["missed_targets"] = missed_targets(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=float) + "\n")
-    print(json.dumps(results, indent=2, default=float))
+    print(write_results(results, args.out))
     return 0 if results["errors"] == 0 else 1
+
+
+def write_results(results: dict, out: Path) -> str:
+    """Add the missed targets, write the JSON file, return its text."""
+    missing = [key for key in REQUIRED_KEYS if key not in results]
+    if missing:
+        raise KeyError(f"benchmark results lack {missing}")
+    results["missed_targets"] = missed_targets(results)
+    text = json.dumps(results, indent=2, default=float) + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return text
 
 
 if __name__ == "__main__":
