@@ -23,6 +23,13 @@ import pytriton
 PROJECT_BACKENDS = Path(__file__).resolve().parent.parent / "backends"
 
 
+@functools.lru_cache(maxsize=None)
+def _help_text(binary: Path, library_dir: Path) -> str:
+    env = dict(os.environ, LD_LIBRARY_PATH=str(library_dir))
+    result = subprocess.run([str(binary), "--help"], capture_output=True, text=True, env=env, timeout=60)
+    return result.stdout + result.stderr
+
+
 @dataclass(frozen=True)
 class TritonInstall:
     binary: Path
@@ -45,12 +52,10 @@ class TritonInstall:
             raise FileNotFoundError(f"nvidia-pytriton install is incomplete, missing: {missing}")
         return install
 
-    @functools.cached_property
+    @property
     def help_text(self) -> str:
         """`tritonserver --help`: what this build's flags are (they vary by release)."""
-        result = subprocess.run([str(self.binary), "--help"], capture_output=True, text=True,
-                                env=self.environment(), timeout=60)
-        return result.stdout + result.stderr
+        return _help_text(self.binary, self.library_dir)
 
     def supports(self, flag: str) -> bool:
         """Whether this tritonserver knows `flag` (e.g. --http-max-input-size, new in

@@ -1,0 +1,149 @@
+"""Faults under load, against a real tritonserver: a backend stub process killed,
+a model version swapped in explicit model-control mode, a shutdown with requests
+in flight. One server for the module, on a copy of the Lite0 models that the
+reload test may change."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import psutil
+import pytest
+import tritonclient.http as httpclient
+
+from loadtests.soak import NO_RETRY, MixedLoad
+from tritonstack.client import ClassifierClient
+from tritonstack.samples import photo_bytes
+from tritonstack.server import TritonServer
+from tritonstack.supervision import server_stubs
+
+ENSEMBLE = "ensemble_dali_efficientnet_lite0"
+PREPROCESS = "preprocess_dali_efficientnet_lite0"
+CLASSIFIER = "efficientnet_lite0"
+RECOVERY_S = 30  # a dead stub's model must answer again within this
+
+
+@pytest.fixture(scope="module")
+def fault_repository(model_repository, tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    for name in (ENSEMBLE, PREPROCESS, CLASSIFIER):
+        shutil.copytree(model_repository / name, root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def triton(fault_repository):
+    # A short grace: after a dead stub's model is reloaded, Triton 2.51 never
+    # finishes unloading the dead instance, and its shutdown waits the whole grace.
+    with TritonServer(fault_repository, stop_grace_s=5) as running:
+        yield running
+
+
+def good_load(server: TritonServer) -> MixedLoad:
+    """One HTTP and one gRPC worker sending valid photos, no retries."""
+    return MixedLoad({"http": server.http_url, "grpc": server.grpc_url}, workers_per_protocol=1,
+                     bad_ratio=0.0, max_requests=5000)
+
+
+def wait_until_it_answers(server: TritonServer, deadline: float) -> float:
+    with ClassifierClient(server.http_url, retry=NO_RETRY) as client:
+        while time.monotonic() < deadline:
+            try:
+                assert client.classify([photo_bytes("coffee.png")], top_k=1)[0][0].label == "espresso"
+                return time.monotonic()
+            except Exception:
+                time.sleep(0.2)
+    raise AssertionError(f"no answer within {RECOVERY_S} s")
+
+
+@pytest.mark.parametrize("model", [PREPROCESS, CLASSIFIER])
+def test_killed_stub_is_replaced_and_requests_succeed_again(triton, model):
+    with good_load(triton) as load:
+        time.sleep(1.0)
+        live, _ = server_stubs(triton.process.pid)
+        victim = next(pid for pid, name in live.items() if name == model)
+        psutil.Process(victim).kill()
+        killed = time.monotonic()
+        recovered = wait_until_it_answers(triton, killed + RECOVERY_S)
+        time.sleep(2.0)  # keep loading the recovered model
+    tally = load.tally
+    assert model in [name for _, name in triton.supervisor.reloads]
+    assert victim not in server_stubs(triton.process.pid)[0]
+    assert recovered - killed < RECOVERY_S
+    # Requests fail only between the kill and the recovery, and say why.
+    assert all(ok for done, ok in tally.times if done < killed or done > recovered + 1.0)
+    assert sum(ok for done, ok in tally.times if done > recovered + 1.0) >= 2
+    assert all("not healthy" in failure for failure in tally.failures), tally.failures
+
+
+def add_version(repository, model: str, version: str) -> None:
+    shutil.copytree(repository / model / "1", repository / model / version)
+
+
+def version_states(admin: httpclient.InferenceServerClient, headers, model: str) -> dict[str, str]:
+    return {entry["version"]: entry["state"] for entry in admin.get_model_repository_index(headers=headers)
+            if entry["name"] == model}
+
+
+def wait_for_states(admin, headers, model: str, expected: dict[str, str], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (states := version_states(admin, headers, model)) != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert states == expected
+
+
+def test_new_versions_load_under_load_without_a_failed_request(triton, fault_repository):
+    admin = httpclient.InferenceServerClient(triton.http_url, network_timeout=300)
+    headers = triton.admin_headers("http")
+    with good_load(triton) as load:
+        time.sleep(1.0)
+        for model in (CLASSIFIER, PREPROCESS):
+            add_version(fault_repository, model, "2")
+            # Triton loads version 2, switches new requests to it, then unloads
+            # version 1 once its requests are done (version policy: latest 1).
+            admin.load_model(model, headers=headers)
+            wait_for_states(admin, headers, model, {"1": "UNAVAILABLE", "2": "READY"})
+        answered_before = load.tally.counts["valid_ok"]
+        time.sleep(2.0)
+    admin.close()
+    assert load.tally.counts["valid_failed"] == 0, load.tally.failures
+    assert load.tally.counts["valid_ok"] > answered_before
+    live, _ = server_stubs(triton.process.pid)
+    assert {name for name in live.values()} == {PREPROCESS, CLASSIFIER}
+
+
+def test_shutdown_lets_requests_in_flight_finish(fault_repository):
+    server = TritonServer(fault_repository)
+    server.start()
+    batch = [photo_bytes("coffee.png")] * 16
+    ready = threading.Barrier(5)
+    finished: list[tuple[float, str]] = []
+
+    def send(protocol: str) -> None:
+        url = server.http_url if protocol == "http" else server.grpc_url
+        with ClassifierClient(url, protocol, retry=NO_RETRY) as client:
+            client.classify(batch[:1], top_k=1)  # connected and warm
+            ready.wait()
+            try:
+                labels = {top[0].label for top in client.classify(batch, top_k=1)}
+                finished.append((time.monotonic(), ",".join(sorted(labels))))
+            except Exception as error:
+                finished.append((time.monotonic(), repr(error)))
+
+    senders = [threading.Thread(target=send, args=(protocol,)) for protocol in ("http", "grpc") * 2]
+    try:
+        for sender in senders:
+            sender.start()
+        ready.wait(timeout=120)
+        time.sleep(0.2)  # the four batches are in the server now
+        interrupted = time.monotonic()
+        exit_code = server.stop()  # SIGINT; Triton waits for in-flight inferences
+    finally:
+        server.stop()
+        for sender in senders:
+            sender.join(timeout=120)
+    assert exit_code == 0
+    assert [label for _, label in finished] == ["espresso"] * 4
+    assert max(done for done, _ in finished) > interrupted  # some were in flight at SIGINT

@@ -1,0 +1,86 @@
+"""Locked-down defaults of the launcher, against the session's real tritonserver:
+admin APIs need the key header on both protocols, inference and health do not;
+a non-loopback bind is warned about."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tritonstack.client import ClassifierClient
+from tritonstack.samples import photo_bytes
+from tritonstack.server import ADMIN_HEADER, ADMIN_KEY_ENV, ServerStartError, TritonServer, is_loopback
+
+# One read-only client call per restricted API (same names in both tritonclients).
+RESTRICTED_CALLS = {
+    "model-repository": "get_model_repository_index",
+    "statistics": "get_inference_statistics",
+    "shared-memory": "get_system_shared_memory_status",
+    "trace": "get_trace_settings",
+    "logging": "get_log_settings",
+}
+# Triton 2.51 answers gRPC UNAVAILABLE here: a client that retries UNAVAILABLE
+# must not keep retrying a refused admin call.
+REFUSED = {"http": "403", "grpc": "StatusCode.UNAVAILABLE"}
+
+
+def client_for(server, protocol):
+    if protocol == "http":
+        return httpclient.InferenceServerClient(server.http_url)
+    return grpcclient.InferenceServerClient(server.grpc_url)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("api", sorted(RESTRICTED_CALLS))
+def test_admin_api_needs_the_key(server, api, protocol):
+    call = getattr(client_for(server, protocol), RESTRICTED_CALLS[api])
+    for headers in (None, {name: "not-the-key" for name in server.admin_headers(protocol)}):
+        with pytest.raises(InferenceServerException) as refused:
+            call(headers=headers)
+        assert str(refused.value.status()) == REFUSED[protocol]
+        assert ADMIN_HEADER in refused.value.message()  # says which header it wants
+    call(headers=server.admin_headers(protocol))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_inference_health_and_metadata_stay_open(server, protocol):
+    url = server.http_url if protocol == "http" else server.grpc_url
+    plain = client_for(server, protocol)
+    assert plain.is_server_live() and plain.is_server_ready()
+    assert plain.get_model_metadata("ensemble_dali_efficientnet_lite0")
+    with ClassifierClient(url, protocol) as client:  # no headers at all
+        assert client.classify([photo_bytes("coffee.png")], top_k=1)[0][0].label == "espresso"
+
+
+def test_admin_key_comes_from_the_environment(model_repository, monkeypatch):
+    monkeypatch.setenv(ADMIN_KEY_ENV, "key-from-env")
+    configured = TritonServer(model_repository)
+    assert configured.admin_headers("http") == {ADMIN_HEADER: "key-from-env"}
+    assert configured.admin_headers("grpc") == {f"triton-grpc-protocol-{ADMIN_HEADER}": "key-from-env"}
+    monkeypatch.delenv(ADMIN_KEY_ENV)
+    assert TritonServer(model_repository).admin_key != TritonServer(model_repository).admin_key  # random each
+
+
+def test_restrictions_can_be_lifted(model_repository):
+    command = " ".join(TritonServer(model_repository, restricted_apis=()).command(model_repository))
+    assert "restricted" not in command
+
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("::1", True), ("localhost", True),
+                                            ("0.0.0.0", False), ("192.168.1.10", False), ("example.org", False)])
+def test_which_hosts_count_as_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_binding_all_interfaces_is_warned_about(tmp_path, caplog):
+    # A repository that fails at model load: tritonserver exits before it
+    # opens any endpoint, so nothing is exposed while we check the warning.
+    (tmp_path / "empty_model").mkdir()
+    with caplog.at_level(logging.WARNING, logger="tritonstack.server"):
+        with pytest.raises(ServerStartError):
+            TritonServer(tmp_path, host="0.0.0.0", startup_timeout_s=60).start()
+    assert "reachable from other machines" in caplog.text
