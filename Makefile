@@ -10,7 +10,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: install build demo serve test check clean loadtest loadtest-distributed benchmark
+.PHONY: install build demo serve test check clean loadtest loadtest-distributed benchmark soak
 
 $(INSTALLED): requirements.txt requirements-build.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,9 +28,14 @@ build: $(INSTALLED)
 demo: build
 	$(PY) clients/demo.py --model-repository $(MODEL_REPOSITORY)
 
+# Loopback unless SERVE_HOST says otherwise (not HOST: shells set that to the hostname); admin APIs need $$TRITONSTACK_ADMIN_KEY in the
+# header tritonstack-admin-key (SERVE_ARGS=--open-apis lifts that; see README, Security).
+SERVE_HOST ?= 127.0.0.1
+SERVE_ARGS ?=
+
 serve: build
-	$(PY) -m tritonstack.server --model-repository $(MODEL_REPOSITORY) \
-		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+	$(PY) -m tritonstack.server --model-repository $(MODEL_REPOSITORY) --host $(SERVE_HOST) \
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(SERVE_ARGS)
 
 test: build
 	$(PY) build_pipelines.py check $(MODEL_REPOSITORY)
@@ -50,6 +55,15 @@ loadtest-distributed: build
 
 benchmark: build
 	$(PY) loadtests/benchmark.py $(BENCHMARK_ARGS) --out reports/benchmark.json
+
+# Soak: mixed good/bad images over HTTP and gRPC for DURATION seconds on a server
+# of its own (loopback); fails on a failed valid request or >5% RSS growth.
+DURATION ?= 600
+SOAK_ARGS ?=
+
+soak: build
+	$(PY) -m loadtests.soak --duration $(DURATION) --model-repository $(MODEL_REPOSITORY) \
+		--out reports/soak.json $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) reports build
