@@ -38,12 +38,12 @@ if __package__ in (None, ""):  # run as a script: make the project importable
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import psutil  # noqa: E402
+import tritonclient.grpc as grpcclient  # noqa: E402
 from nvidia.dali import Pipeline  # noqa: E402
 
 from loadtests.corpus import WeightedSampler, build_corpus  # noqa: E402
-from tritonstack import metrics  # noqa: E402
 from tritonstack.aio_client import AsyncClassifierClient  # noqa: E402
-from tritonstack.client import pad_batch  # noqa: E402
+from tritonstack.client import ClassifierClient, admin_headers, pad_batch  # noqa: E402
 from tritonstack.retry import RetryPolicy  # noqa: E402
 from tritonstack.server import TritonServer  # noqa: E402
 
@@ -68,8 +68,8 @@ class Settings:
     open_loop_s: float
 
 
-FULL = Settings(30.0, 5.0, (8, 16, 32), ((8, 1, 2), (32, 1, 2), (32, 2, 2), (32, 2, 1)), 60.0)
-QUICK = Settings(8.0, 2.0, (8, 16), ((32, 1, 2), (32, 2, 2)), 15.0)
+FULL = Settings(30.0, 5.0, (8, 16, 32, 48), ((8, 1, 1), (32, 1, 1), (32, 1, 2), (32, 2, 2), (32, 2, 1)), 60.0)
+QUICK = Settings(8.0, 2.0, (8, 24), ((32, 1, 1), (32, 2, 2)), 15.0)
 # For the test suite: every key, in the least time that still measures something.
 SMOKE = Settings(2.0, 0.5, (4,), ((8, 2, 2),), 3.0)
 
@@ -115,7 +115,7 @@ def _inprocess_run(repository, images, batch, dali_threads, ort_threads, setting
     options = ort.SessionOptions()
     options.intra_op_num_threads = ort_threads
     session = ort.InferenceSession(str(repository / CLASSIFIER / "1" / "model.onnx"), options,
-                                   providers=["CPUExecutionProvider"])
+                                   providers=ort.get_available_providers())  # CUDA first where installed
     batches = [pad_batch([images[(start + i) % len(images)] for i in range(batch)])
                for start in range(0, len(images), batch)]
     handoff: queue.Queue = queue.Queue(maxsize=2)
@@ -225,11 +225,33 @@ def saturate(url: str, protocol: str, model: str, images: list[bytes], settings:
     return phases[best], best, sum(phase.errors for phase in phases.values())
 
 
-def server_cpu_seconds(server: TritonServer) -> float:
+@dataclass(frozen=True)
+class RunningServer:
+    """A server this benchmark did not start (e.g. the NGC container's): its
+    endpoints, and its process id when it runs on this host (for CPU and memory)."""
+
+    http_url: str
+    grpc_url: str
+    metrics_url: str
+    pid: int | None = None
+
+    def admin_headers(self, protocol: str) -> dict[str, str]:
+        return admin_headers(protocol)  # the key from $TRITONSTACK_ADMIN_KEY, if any
+
+
+def server_processes(server) -> list[psutil.Process]:
+    """tritonserver and its backend stubs; none when the process is unknown."""
+    pid = server.pid if isinstance(server, RunningServer) else server.process.pid
+    if pid is None:
+        return []
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def server_cpu_seconds(server) -> float:
     """CPU time of tritonserver and its backend stubs so far."""
     total = 0.0
-    root = psutil.Process(server.process.pid)
-    for process in [root, *root.children(recursive=True)]:
+    for process in server_processes(server):
         try:
             times = process.cpu_times()
             total += times.user + times.system
@@ -238,10 +260,12 @@ def server_cpu_seconds(server: TritonServer) -> float:
     return total
 
 
-def server_rss_mb(server: TritonServer) -> float:
-    root = psutil.Process(server.process.pid)
+def server_rss_mb(server) -> float | None:
+    processes = server_processes(server)
+    if not processes:
+        return None
     total = 0
-    for process in [root, *root.children(recursive=True)]:
+    for process in processes:
         try:
             total += process.memory_info().rss
         except psutil.NoSuchProcess:
@@ -249,29 +273,61 @@ def server_rss_mb(server: TritonServer) -> float:
     return total / 2**20
 
 
-def preprocess_rate(server: TritonServer, model: str, images: list[bytes], concurrency: int,
-                    settings: Settings) -> tuple[Phase, float]:
-    """Throughput of a preprocessing model alone, and images per server CPU second."""
-    cpu = server_cpu_seconds(server)
-    phase = asyncio.run(closed_loop(server.grpc_url, "grpc", model, images, concurrency,
-                                    settings.seconds, settings.warmup_s))
-    used = server_cpu_seconds(server) - cpu
-    # CPU time covers warm-up too: scale the images to the same window.
-    images_in_window = phase.images_per_s * (settings.seconds + settings.warmup_s)
-    return phase, images_in_window / used if used else 0.0
+def preprocess_rate(server: TritonServer, model: str, images: list[bytes],
+                    settings: Settings) -> tuple[Phase, float | None, int]:
+    """A preprocessing model alone at saturation (best over the concurrency levels):
+    its throughput, images per second of server CPU, failures of all levels."""
+    best, best_per_cpu, errors = None, 0.0, 0
+    for concurrency in settings.concurrency:
+        cpu = server_cpu_seconds(server)
+        phase = asyncio.run(closed_loop(server.grpc_url, "grpc", model, images, concurrency,
+                                        settings.seconds, settings.warmup_s))
+        used = server_cpu_seconds(server) - cpu
+        errors += phase.errors
+        # CPU time covers warm-up too: count the images of the same window.
+        images_in_window = phase.images_per_s * (settings.seconds + settings.warmup_s)
+        if best is None or phase.images_per_s > best.images_per_s:
+            best, best_per_cpu = phase, (images_in_window / used if used else None)
+    return best, best_per_cpu, errors
 
 
-def ensemble_overhead_ms(server: TritonServer, image: bytes, settings: Settings) -> tuple[float, Phase]:
-    """At concurrency 1: client p50 latency minus the steps' mean compute time.
+def ensemble_overhead_ms(server, image: bytes, settings: Settings) -> tuple[float, Phase]:
+    """At concurrency 1, per request: client latency minus the compute time of the
+    ensemble's steps for that request (Triton's statistics API, read before and
+    after each request); the median of that.
 
-    One image over and over: with a mix of sizes, a median latency and mean compute
-    times would describe different requests."""
-    before = metrics.scrape(server.metrics_url)
-    phase = asyncio.run(closed_loop(server.grpc_url, "grpc", DALI_ENSEMBLE, [image], 1,
-                                    settings.seconds, settings.warmup_s))
-    rows = {row.model: row for row in metrics.breakdown(before, metrics.scrape(server.metrics_url))}
-    steps = rows[DALI_PREPROCESS].mean_compute_ms + rows[CLASSIFIER].mean_compute_ms
-    return phase.percentile_ms(50) - steps, phase
+    One image over and over, so every request does the same work."""
+    phase, overheads = Phase(), []
+    headers = server.admin_headers("grpc")  # the statistics API is restricted
+    with ClassifierClient(server.grpc_url, "grpc", DALI_ENSEMBLE, retry=NO_RETRY,
+                          timeout_s=REQUEST_TIMEOUT_S) as client, \
+            grpcclient.InferenceServerClient(server.grpc_url) as statistics:
+        measure_from = time.monotonic() + settings.warmup_s
+        end = measure_from + settings.seconds
+        while time.monotonic() < end:
+            compute_before = steps_compute_ns(statistics, headers)
+            sent = time.perf_counter()
+            try:
+                client.probabilities([image])
+            except Exception:
+                phase.errors += time.monotonic() >= measure_from
+                continue
+            latency = time.perf_counter() - sent
+            if time.monotonic() >= measure_from:
+                phase.latencies_s.append(latency)
+                overheads.append(latency * 1000 - (steps_compute_ns(statistics, headers) - compute_before) / 1e6)
+    phase.seconds = settings.seconds
+    return float(np.median(overheads)), phase
+
+
+def steps_compute_ns(statistics, headers: dict[str, str]) -> int:
+    """Compute time (input + infer + output) the DALI ensemble's steps spent so far."""
+    total = 0
+    for model in (DALI_PREPROCESS, CLASSIFIER):
+        stats = statistics.get_inference_statistics(model, headers=headers, as_json=True)
+        stats = stats["model_stats"][0]["inference_stats"]
+        total += sum(int(stats[part].get("ns", 0)) for part in ("compute_input", "compute_infer", "compute_output"))
+    return total
 
 
 # ---------------------------------------------------------------- the run
@@ -297,7 +353,7 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def run(settings: Settings, repository: Path, log=print, server: TritonServer | None = None) -> dict:
+def run(settings: Settings, repository: Path, log=print, server: TritonServer | RunningServer | None = None) -> dict:
     """All measurements; on `server` if given (it must serve `repository`), else on
     a server started and stopped here."""
     images = [image.data for image in _weighted_sequence(400)]
@@ -328,15 +384,15 @@ def run(settings: Settings, repository: Path, log=print, server: TritonServer | 
         results["http_vs_grpc"] = http_phase.images_per_s / grpc_phase.images_per_s
 
         log("preprocessing models alone: DALI, then Pillow...")
-        dali, dali_per_cpu = preprocess_rate(server, DALI_PREPROCESS, images, concurrency, settings)
-        pil, pil_per_cpu = preprocess_rate(server, PIL_PREPROCESS, images, concurrency, settings)
-        errors += dali.errors + pil.errors
+        dali, dali_per_cpu, dali_errors = preprocess_rate(server, DALI_PREPROCESS, images, settings)
+        pil, pil_per_cpu, pil_errors = preprocess_rate(server, PIL_PREPROCESS, images, settings)
+        errors += dali_errors + pil_errors
         results["dali_preprocess_images_per_s"] = dali.images_per_s
         results["pil_preprocess_images_per_s"] = pil.images_per_s
         results["dali_vs_pil_preprocess"] = dali.images_per_s / pil.images_per_s
         results["dali_preprocess_images_per_cpu_s"] = dali_per_cpu
         results["pil_preprocess_images_per_cpu_s"] = pil_per_cpu
-        results["dali_vs_pil_per_cpu_second"] = dali_per_cpu / pil_per_cpu
+        results["dali_vs_pil_per_cpu_second"] = dali_per_cpu / pil_per_cpu if dali_per_cpu and pil_per_cpu else None
 
         log("Pillow ensemble at the same concurrency...")
         pil_ensemble = asyncio.run(closed_loop(server.grpc_url, "grpc", PIL_ENSEMBLE, images, concurrency,
@@ -396,6 +452,8 @@ def missed_targets(results: dict) -> list[str]:
     missed = []
     for key, (sense, target) in TARGETS.items():
         value = results[key]
+        if value is None:  # not measurable here (a server on another host)
+            continue
         if (sense == ">=" and value < target) or (sense == "<=" and value > target):
             missed.append(f"{key} = {value:.3g} (target {sense} {target})")
     return missed
@@ -406,11 +464,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short phases: at most 4 minutes on 2 cores")
     parser.add_argument("--smoke", action="store_true", help="shortest phases (tests): every key, rough figures")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--model-repository", type=Path, default=PROJECT_ROOT / "model_repository")
+    parser.add_argument("--model-repository", type=Path, default=PROJECT_ROOT / "model_repository",
+                        help="what the server serves; model.dali and model.onnx for the in-process reference")
+    running = parser.add_argument_group("a running server instead of starting one (e.g. the NGC container)")
+    running.add_argument("--url", help="HTTP host:port")
+    running.add_argument("--grpc-url", help="gRPC host:port")
+    running.add_argument("--metrics-url", help="http://host:port/metrics")
+    running.add_argument("--server-pid", type=int, help="tritonserver's process id on this host, for CPU and memory")
     args = parser.parse_args(argv)
     settings = SMOKE if args.smoke else QUICK if args.quick else FULL
+    server = RunningServer(args.url, args.grpc_url, args.metrics_url, args.server_pid) if args.url else None
     started = time.monotonic()
-    results = run(settings, args.model_repository.resolve(), log=lambda text: print(text, flush=True))
+    results = run(settings, args.model_repository.resolve(), log=lambda text: print(text, flush=True), server=server)
     results["benchmark_seconds"] = time.monotonic() - started
     print(write_results(results, args.out))
     return 0 if results["errors"] == 0 else 1

@@ -37,6 +37,7 @@ import tritonclient.http as httpclient
 from locust import User, events, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.exception import StopUser
+from locust.runners import STATE_STOPPED, STATE_STOPPING, WorkerRunner
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 from locust.user.task import LOCUST_STATE_STOPPING
 from tritonclient.utils import InferenceServerException
@@ -85,7 +86,7 @@ def _bound_request_count(environment, **_):
         return
 
     def watch():
-        while environment.runner.state not in ("stopped", "quitting"):
+        while environment.runner.state not in (STATE_STOPPED, STATE_STOPPING):
             if environment.runner.stats.total.num_requests >= limit:
                 environment.runner.quit()
                 return
@@ -126,7 +127,7 @@ def _exit_now(exit_code: int) -> None:
 
 
 def _is_worker(environment) -> bool:
-    return type(environment.runner).__name__ == "WorkerRunner"
+    return isinstance(environment.runner, WorkerRunner)
 
 
 class TritonUser(User):
