@@ -65,6 +65,11 @@ def test_admin_key_comes_from_the_environment(model_repository, monkeypatch):
     assert TritonServer(model_repository).admin_key != TritonServer(model_repository).admin_key  # random each
 
 
+def test_a_key_triton_would_misparse_is_refused(model_repository):
+    with pytest.raises(ValueError, match=ADMIN_KEY_ENV):
+        TritonServer(model_repository, admin_key="a:b=c")
+
+
 def test_restrictions_can_be_lifted(model_repository):
     command = " ".join(TritonServer(model_repository, restricted_apis=()).command(model_repository))
     assert "restricted" not in command

@@ -64,6 +64,7 @@ MAX_INPUT_BYTES_ENV = "TRITONSTACK_MAX_INPUT_BYTES"
 
 
 _ERROR_LINE = re.compile(r"E\d{4} |error: ")
+_KEY = re.compile(r"[A-Za-z0-9._~-]+")
 # Logged on every machine without a GPU; not the reason for a failure.
 _HARMLESS = ("CudaDriverHelper has not been initialized",)
 
@@ -106,6 +107,9 @@ class TritonServer:
         self.install = install or TritonInstall.from_pytriton()
         self.restricted_apis = tuple(restricted_apis)
         self.admin_key = admin_key or os.environ.get(ADMIN_KEY_ENV) or secrets.token_urlsafe(24)
+        if not _KEY.fullmatch(self.admin_key):
+            # Triton parses the flag as <apis>:<header>=<key>.
+            raise ValueError(f"the admin key (${ADMIN_KEY_ENV}) may hold only letters, digits and . _ ~ -")
         self.max_input_bytes = max_input_bytes
         self.supervise = supervise
         self.process: subprocess.Popen | None = None
