@@ -59,18 +59,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--open-loop-users", type=int, default=4)
     parser.add_argument("--workers", type=int, default=0, help="distributed: Locust worker processes (0: one process)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: reports/<time>)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.url and not args.grpc_url and args.user != "http":
+        parser.error("--url names a running server: give its --grpc-url too (gRPC users)")
+    return args
 
 
 def planned_seconds(args: argparse.Namespace) -> float:
     return args.steps * args.step_seconds if args.shape == "step" else args.run_time
 
 
-def test_options(args: argparse.Namespace, grpc_url: str) -> list[str]:
+def shared_options(args: argparse.Namespace, grpc_url: str) -> list[str]:
     """Options every Locust process needs (workers parse their own command line)."""
     return [
         "--model", args.model,
-        "--grpc-url", grpc_url,
+        *(["--grpc-url", grpc_url] if grpc_url else []),
         "--max-requests", str(args.max_requests),
         "--step-users", str(args.step_users),
         "--step-seconds", str(args.step_seconds),
@@ -99,7 +102,7 @@ def master_command(args, http_url: str, grpc_url: str, prefix: Path, master_port
         "--stop-timeout", "5",
         "--csv", str(prefix), "--csv-full-history",
         "--html", str(prefix.parent / "report.html"),
-        *test_options(args, grpc_url),
+        *shared_options(args, grpc_url),
         *USER_CLASSES[args.user],
     ]
 
@@ -107,7 +110,7 @@ def master_command(args, http_url: str, grpc_url: str, prefix: Path, master_port
 def worker_command(args, grpc_url: str, master_port: int) -> list[str]:
     return [
         *locust_command(args, "--worker", "--master-host", LOOPBACK, "--master-port", str(master_port)),
-        *test_options(args, grpc_url),
+        *shared_options(args, grpc_url),
         *USER_CLASSES[args.user],
     ]
 
@@ -173,7 +176,7 @@ def run_locust(args, http_url: str, grpc_url: str, prefix: Path) -> tuple[int, l
 def target_server(args):
     """(http_url, grpc_url, metrics_url) of the server to load: given, or started here."""
     if args.url:
-        yield args.url, args.grpc_url or args.url, args.metrics_url
+        yield args.url, args.grpc_url, args.metrics_url
         return
     with TritonServer(args.model_repository) as server:
         yield server.http_url, server.grpc_url, server.metrics_url
