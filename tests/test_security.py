@@ -12,6 +12,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tritonstack.client import ClassifierClient
+from tritonstack.retry import is_retryable
 from tritonstack.samples import photo_bytes
 from tritonstack.server import ADMIN_HEADER, ADMIN_KEY_ENV, ServerStartError, TritonServer, is_loopback
 
@@ -43,6 +44,7 @@ def test_admin_api_needs_the_key(server, api, protocol):
             call(headers=headers)
         assert str(refused.value.status()) == REFUSED[protocol]
         assert ADMIN_HEADER in refused.value.message()  # says which header it wants
+        assert not is_retryable(refused.value)  # a missing key is not a server restart
     call(headers=server.admin_headers(protocol))
 
 

@@ -20,7 +20,6 @@ ClassifierClient per thread.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -37,7 +36,7 @@ from tritonstack.retry import (
     is_timeout,
     unavailable_message,
 )
-from tritonstack.server import ADMIN_HEADER, ADMIN_KEY_ENV, GRPC_HEADER_PREFIX
+from tritonstack.server import admin_headers
 from tritonstack.shm import RequestRegions, SharedMemoryRegion
 
 DEFAULT_MODEL = "ensemble_dali_efficientnet_lite0"
@@ -52,16 +51,6 @@ class Prediction:
     label: str
     index: int
     score: float
-
-
-def admin_headers(protocol: str, key: str | None = None) -> dict[str, str]:
-    """The header that opens the launcher's restricted APIs (shared-memory
-    registration among them, see tritonstack.server), with the key given or
-    $TRITONSTACK_ADMIN_KEY; no header without a key."""
-    key = key or os.environ.get(ADMIN_KEY_ENV)
-    if not key:
-        return {}
-    return {(ADMIN_HEADER if protocol == "http" else GRPC_HEADER_PREFIX + ADMIN_HEADER): key}
 
 
 def pad_batch(images: list[bytes]) -> np.ndarray:

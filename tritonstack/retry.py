@@ -30,6 +30,8 @@ _TIMED_OUT = {"StatusCode.DEADLINE_EXCEEDED"}
 # but the same request succeeds once the model is back. (An unknown model name
 # reads "... is not found" instead, and is not retried.)
 _MODEL_BETWEEN_VERSIONS = "has no available versions"
+# Triton's answer to an admin call without the launcher's key (tritonstack.server).
+_RESTRICTED = "This protocol is restricted"
 
 
 class ServerUnavailableError(ConnectionError):
@@ -38,7 +40,10 @@ class ServerUnavailableError(ConnectionError):
 
 def is_retryable(error: BaseException) -> bool:
     if isinstance(error, InferenceServerException):
-        return str(error.status()) in _UNAVAILABLE or _MODEL_BETWEEN_VERSIONS in str(error.message())
+        message = str(error.message())
+        if _RESTRICTED in message:  # gRPC says UNAVAILABLE, but the key is missing
+            return False
+        return str(error.status()) in _UNAVAILABLE or _MODEL_BETWEEN_VERSIONS in message
     if isinstance(error, (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return False
     # HTTPConnectionClosed: the server went away before answering (shutdown, crash);

@@ -69,6 +69,16 @@ _KEY = re.compile(r"[A-Za-z0-9._~-]+")
 _HARMLESS = ("CudaDriverHelper has not been initialized",)
 
 
+def admin_headers(protocol: str, key: str | None = None) -> dict[str, str]:
+    """The header that opens the restricted APIs, with the key given or
+    $TRITONSTACK_ADMIN_KEY; no header without a key. gRPC carries it as metadata
+    under Triton's restricted-protocol prefix."""
+    key = key or os.environ.get(ADMIN_KEY_ENV)
+    if not key:
+        return {}
+    return {(ADMIN_HEADER if protocol == "http" else GRPC_HEADER_PREFIX + ADMIN_HEADER): key}
+
+
 class ServerStartError(RuntimeError):
     pass
 
@@ -134,8 +144,7 @@ class TritonServer:
 
     def admin_headers(self, protocol: str = "http") -> dict[str, str]:
         """Headers that open the restricted APIs, for tritonclient's `headers=`."""
-        name = ADMIN_HEADER if protocol == "http" else GRPC_HEADER_PREFIX + ADMIN_HEADER
-        return {name: self.admin_key}
+        return admin_headers(protocol, self.admin_key)
 
     @property
     def explicit_model_control(self) -> bool:
