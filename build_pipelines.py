@@ -35,6 +35,7 @@ def build(args: argparse.Namespace) -> int:
     options = BuildOptions(
         max_batch_size=args.max_batch_size,
         num_threads=args.num_threads,
+        intra_op_threads=args.intra_op_threads,
         instances=args.instances,
         max_queue_delay_us=args.max_queue_delay_us,
         device=args.device,
@@ -124,6 +125,9 @@ def _add_build_parser(commands) -> None:
     parser.add_argument("--num-threads", type=_positive, default=defaults.num_threads,
                         help="DALI CPU worker threads per instance (default fixed, not this machine's cores, "
                              "so the committed repository is the same everywhere)")
+    parser.add_argument("--intra-op-threads", type=_positive, default=defaults.intra_op_threads,
+                        help="ONNX Runtime threads per classifier instance, the intra_op_thread_count "
+                             "parameter (default %(default)s: on CPU, DALI threads + these = the cores)")
     parser.add_argument("--max-queue-delay-us", type=int, default=defaults.max_queue_delay_us,
                         help="how long the dynamic batcher waits to fill a batch (default %(default)s)")
     own = parser.add_argument_group(

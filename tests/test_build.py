@@ -57,7 +57,7 @@ def test_list_names_every_preset(capsys, model_repository):
 def test_options_reach_the_configs_and_the_pipeline(tmp_path, model_repository):
     out = tmp_path / "repo"
     build(out, "dali_efficientnet_lite0", "--max-batch-size", "8", "--instances", "2",
-          "--num-threads", "3", "--max-queue-delay-us", "500")
+          "--num-threads", "3", "--intra-op-threads", "2", "--max-queue-delay-us", "500")
     assert sorted(p.name for p in out.iterdir()) == sorted([LITE0, PREPROCESS, "ensemble_dali_efficientnet_lite0"])
     for model in out.iterdir():
         config = read_config(model)
@@ -66,6 +66,7 @@ def test_options_reach_the_configs_and_the_pipeline(tmp_path, model_repository):
             assert config.instance_group[0].count == 2
             assert config.dynamic_batching.max_queue_delay_microseconds == 500
     assert read_config(out / PREPROCESS).parameters["num_threads"].string_value == "3"
+    assert read_config(out / LITE0).parameters["intra_op_thread_count"].string_value == "2"
     assert (out / PREPROCESS / "1/model.dali.version").read_text() == f"{pipelines.DALI_VERSION}\n"
     assert check_repository(out) == []
 

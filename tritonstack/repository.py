@@ -49,6 +49,9 @@ WARMUP_SAMPLE = "sample.jpg"
 class BuildOptions:
     max_batch_size: int = 32
     num_threads: int = 2  # DALI CPU threads; raise to the serving machine's cores
+    # ONNX Runtime threads per classifier instance. One: its default (a spinning
+    # thread per core) fights DALI's threads for the cores; measured in the README.
+    intra_op_threads: int = 1
     instances: int = 1
     max_queue_delay_us: int = 0
     device: str = "cpu"  # "gpu": nvJPEG decoding, GPU resize/normalize, KIND_GPU
@@ -59,7 +62,7 @@ class BuildOptions:
             raise ValueError(f"device must be one of {pipelines.DEVICES}, not {self.device!r}")
         if self.format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, not {self.format!r}")
-        for name in ("max_batch_size", "num_threads", "instances"):
+        for name in ("max_batch_size", "num_threads", "intra_op_threads", "instances"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.max_queue_delay_us < 0:
@@ -167,6 +170,7 @@ def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelCon
         ),
         dynamic_batching=_batching(options),
         instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
+        parameters={"intra_op_thread_count": str(options.intra_op_threads)},
         warmup=(Warmup(name="zeros", batch_size=1,
                        inputs=(WarmupInput(classifier.input_name, "FP32", image, zero_data=True),)),),
     )
