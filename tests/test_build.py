@@ -89,9 +89,9 @@ def test_gpu_variant_serializes_here_with_gpu_operators(tmp_path, model_reposito
     assert kinds[PREPROCESS][0].kind == kinds[LITE0][0].kind == pb.ModelInstanceGroup.KIND_GPU
     assert kinds["preprocess_python_efficientnet_lite0"][0].kind == pb.ModelInstanceGroup.KIND_CPU
     serialized = (out / PREPROCESS / "1/model.dali").read_bytes()
-    summary = dali_proto.parse_pipeline(serialized)
-    assert summary.gpu_operators == ("image(mixed)", "resize(gpu)", "crop_mirror_normalize(gpu)")
-    assert summary.outputs[0][1] == "gpu" and b"hw_decoder_load" in serialized
+    spec = dali_proto.parse_pipeline(serialized)
+    assert spec.gpu_operators == ("image(mixed)", "resize(gpu)", "crop_mirror_normalize(gpu)")
+    assert spec.outputs[0].device == "gpu" and b"hw_decoder_load" in serialized
     assert check_repository(out) == []
 
 

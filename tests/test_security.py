@@ -1,6 +1,7 @@
 """Locked-down defaults of the launcher, against the session's real tritonserver:
 admin APIs need the key header on both protocols, inference and health do not;
-a non-loopback bind is warned about."""
+a non-loopback bind is warned about; a request above the size limit is refused
+by the `dali` backend on both protocols and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.client import ClassifierClient
+from tritonstack.client import DEFAULT_MODEL, ClassifierClient
 from tritonstack.retry import is_retryable
 from tritonstack.samples import photo_bytes
 from tritonstack.server import ADMIN_HEADER, ADMIN_KEY_ENV, ServerStartError, TritonServer, is_loopback
@@ -91,3 +92,29 @@ def test_binding_all_interfaces_is_warned_about(tmp_path, caplog):
         with pytest.raises(ServerStartError):
             TritonServer(tmp_path, host="0.0.0.0", startup_timeout_s=60).start()
     assert "reachable from other machines" in caplog.text
+
+
+SIZE_LIMIT = 1024 * 1024  # bytes: every sample photo fits, a padded one does not
+
+
+@pytest.fixture(scope="module")
+def size_limited_server(model_repository):
+    """Only the DALI ensemble and its two models, with a small request size limit."""
+    only_the_ensemble = ("--model-control-mode=explicit", f"--load-model={DEFAULT_MODEL}")
+    with TritonServer(model_repository, max_input_bytes=SIZE_LIMIT, extra_args=only_the_ensemble) as running:
+        yield running
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_body_above_the_size_limit_is_refused(size_limited_server, protocol):
+    url = size_limited_server.http_url if protocol == "http" else size_limited_server.grpc_url
+    coffee = photo_bytes("coffee.png")
+    oversized = coffee + bytes(SIZE_LIMIT)  # a real PNG followed by padding
+    with ClassifierClient(url, protocol) as client:
+        with pytest.raises(InferenceServerException) as refused:
+            client.classify([oversized], top_k=1)
+        assert str(refused.value.status()) == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
+        message = refused.value.message()
+        assert f"is {len(oversized)} bytes" in message and f"max_input_bytes {SIZE_LIMIT}" in message, message
+        assert "input 'DALI_INPUT_0'" in message, message
+        assert client.classify([coffee], top_k=1)[0][0].label == "espresso"

@@ -1,50 +1,113 @@
 """Read a serialized DALI pipeline (`model.dali`) without building it, so that a
-GPU pipeline can be inspected on a machine without a GPU.
+GPU pipeline can be inspected on a machine without a GPU. The one reader of
+`model.dali`: the `dali` backend (load checks, auto-complete) and
+`build_pipelines.py check` both use it.
 
 `model.dali` is DALI's `PipelineDef` protobuf (dali/pipeline/proto/dali.proto);
 its Python module is not shipped in the wheel, so the few fields needed are read
-from the protobuf wire format: operators (field 5: name 1, outputs 3, arguments 4),
-each argument (name 1, strings 5), each output (name 1, device 2), and the
-pipeline outputs (field 7).
+from the protobuf wire format (the C++ backend reads the same fields through
+DALI's C API):
+PipelineDef.op = 5, pipe_outputs = 7; OpDef.name = 1, input = 2, output = 3,
+arg = 4; InputOutput.name = 1, device = 2, dtype = 5, ndim = 6;
+Argument.name = 1, ints = 4, strings = 5.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nvidia.dali import types
+
 _OP, _PIPE_OUTPUT = 5, 7
-_OP_NAME, _OP_OUTPUT, _OP_ARG = 1, 3, 4
-_IO_NAME, _IO_DEVICE = 1, 2
-_ARG_NAME, _ARG_STRINGS = 1, 5
+_OP_NAME, _OP_INPUT, _OP_OUTPUT, _OP_ARG = 1, 2, 3, 4
+_IO_NAME, _IO_DEVICE, _IO_DTYPE, _IO_NDIM = 1, 2, 5, 6
+_ARG_NAME, _ARG_INTS, _ARG_STRINGS = 1, 4, 5
+_UNKNOWN = (1 << 64) - 1  # -1 as a protobuf varint: type or ndim not declared
+
+EXTERNAL_SOURCES = {"ExternalSource", "_ExternalSource"}
+# Operators whose first input is an encoded image.
+DECODERS = {"decoders__Image", "decoders__ImageCrop", "decoders__ImageSlice",
+            "decoders__ImageRandomCrop", "ImageDecoder", "ImageDecoderCrop",
+            "ImageDecoderSlice", "ImageDecoderRandomCrop"}
 
 
 @dataclass(frozen=True)
-class PipelineSummary:
-    input_names: tuple[str, ...]  # the external sources' names, in definition order
-    outputs: tuple[tuple[str, str], ...]  # (name, device) of each pipeline output
-    gpu_operators: tuple[str, ...]  # operators placed on "gpu" or "mixed"
+class Port:
+    """A pipeline input (external source) or output."""
+
+    name: str
+    dtype: str | None  # Triton type name ("TYPE_UINT8"), None when not declared
+    ndim: int | None
+    device: str
 
 
-def parse_pipeline(serialized: bytes) -> PipelineSummary:
-    inputs, gpu_operators = [], []
-    fields = _fields(serialized)
-    for op in (value for number, value in fields if number == _OP):
-        op_fields = _fields(op)
-        op_name = _string(op_fields, _OP_NAME)
-        arguments = {_string(_fields(arg), _ARG_NAME): _string(_fields(arg), _ARG_STRINGS)
-                     for number, arg in op_fields if number == _OP_ARG}
-        if arguments.get("device") in ("gpu", "mixed"):
-            gpu_operators.append(f"{arguments.get('_display_name') or op_name}({arguments['device']})")
-        if op_name == "ExternalSource":
-            output = next(value for number, value in op_fields if number == _OP_OUTPUT)
-            inputs.append(_string(_fields(output), _IO_NAME))
+@dataclass(frozen=True)
+class Operator:
+    name: str  # DALI's schema name, e.g. "decoders__Image"
+    display_name: str  # the name the pipeline code used, e.g. "image"
+    device: str  # "cpu", "gpu" or "mixed"
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    inputs: tuple[Port, ...]  # the external sources, in definition order
+    outputs: tuple[Port, ...]
+    operators: tuple[Operator, ...]
+    decoded_inputs: frozenset[str]  # external sources that feed an image decoder
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(port.name for port in self.inputs)
+
+    @property
+    def gpu_operators(self) -> tuple[str, ...]:
+        """Operators placed on "gpu" or "mixed", as "image(mixed)"."""
+        return tuple(f"{op.display_name}({op.device})" for op in self.operators if op.device != "cpu")
+
+
+def parse_pipeline(serialized: bytes) -> PipelineSpec:
+    """What a serialized pipeline declares; ValueError when it is not one."""
+    pipeline = _fields(serialized)
+    inputs, operators, decoded = [], [], set()
+    for op in (_fields(data) for number, data in pipeline if number == _OP):
+        name = _string(op, _OP_NAME)
+        args = {_string(_fields(arg), _ARG_NAME): _fields(arg) for number, arg in op if number == _OP_ARG}
+        device = _string(args.get("device", []), _ARG_STRINGS) or "cpu"
+        operators.append(Operator(name, _string(args.get("_display_name", []), _ARG_STRINGS) or name, device))
+        if name in EXTERNAL_SOURCES:
+            output = _string(_fields(_first(op, _OP_OUTPUT)), _IO_NAME)
+            inputs.append(Port(output, _triton_dtype(_int(args.get("dtype", []), _ARG_INTS)),
+                               _int(args.get("ndim", []), _ARG_INTS), device))
+        elif name in DECODERS:
+            decoded.add(_string(_fields(_first(op, _OP_INPUT)), _IO_NAME))
     outputs = tuple(
-        (_string(_fields(value), _IO_NAME), _string(_fields(value), _IO_DEVICE))
-        for number, value in fields if number == _PIPE_OUTPUT
+        Port(_string(output, _IO_NAME), _triton_dtype(_int(output, _IO_DTYPE)),
+             _int(output, _IO_NDIM), _string(output, _IO_DEVICE))
+        for output in (_fields(data) for number, data in pipeline if number == _PIPE_OUTPUT)
     )
     if not outputs:
         raise ValueError("no pipeline outputs found")
-    return PipelineSummary(tuple(inputs), outputs, tuple(gpu_operators))
+    sources = {port.name for port in inputs}
+    return PipelineSpec(tuple(inputs), outputs, tuple(operators), frozenset(decoded & sources))
+
+
+def _triton_dtype(value: int | None) -> str | None:
+    if value is None:
+        return None
+    name = types.DALIDataType(value).name  # UINT8, FLOAT, FLOAT16, INT64, BOOL, ...
+    return "TYPE_" + {"FLOAT": "FP32", "FLOAT16": "FP16", "FLOAT64": "FP64"}.get(name, name)
+
+
+def _first(fields, number: int) -> bytes:
+    found = next((value for n, value in fields if n == number), None)
+    if found is None:
+        raise ValueError(f"operator without field {number}")
+    return found
+
+
+def _int(fields, number: int) -> int | None:
+    found = [value for n, value in fields if n == number]
+    return None if not found or found[0] == _UNKNOWN else int(found[0])
 
 
 def _string(fields, number: int) -> str:
@@ -53,6 +116,8 @@ def _string(fields, number: int) -> str:
 
 def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
     """Top-level (field number, value) pairs of one protobuf message."""
+    if not isinstance(data, bytes):
+        raise ValueError("a protobuf message was expected, found a number")
     fields, position = [], 0
     try:
         while position < len(data):

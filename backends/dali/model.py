@@ -17,7 +17,9 @@ so that one model repository serves with either:
 Beyond the C++ backend: when several requests merged into one batch fail together,
 each is run again alone, so only the bad request gets the error; and encoded images
 that declare more than `max_pixels` pixels are refused from their header, before
-the decoder allocates anything (a decompression bomb).
+the decoder allocates anything (a decompression bomb); and an input tensor larger
+than `max_input_bytes` (parameter, else $TRITONSTACK_MAX_INPUT_BYTES from the
+launcher, else 64 MiB) is refused before its data is read.
 """
 
 from __future__ import annotations
@@ -28,17 +30,16 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import nvidia.dali
 import triton_python_backend_utils as pb_utils
-from nvidia.dali import Pipeline, types
+from nvidia.dali import Pipeline
 from PIL import Image, UnidentifiedImageError
 
-# The protobuf wire reader build_pipelines.py uses to inspect model.dali.
-from tritonstack.dali_proto import _fields, _string
+# The one reader of model.dali, shared with build_pipelines.py check.
+from tritonstack.dali_proto import PipelineSpec, Port, parse_pipeline
 
 DEFAULT_MODEL_FILENAME = "model.dali"
 AUTOSERIALIZE_FILENAME = "dali.py"
@@ -48,11 +49,10 @@ VERSION_FILENAME = "model.dali.version"
 REPOSITORY_ENV = "TRITONSTACK_MODEL_REPOSITORY"
 # Pillow's own bomb threshold is 89.5 MP; 100 MP covers a 10000x10000 photo.
 DEFAULT_MAX_PIXELS = 100_000_000
-# Operators whose first input is an encoded image: their inputs get the pixel check.
-DECODERS = {"decoders__Image", "decoders__ImageCrop", "decoders__ImageSlice",
-            "decoders__ImageRandomCrop", "ImageDecoder", "ImageDecoderCrop",
-            "ImageDecoderSlice", "ImageDecoderRandomCrop"}
-_UNKNOWN = (1 << 64) - 1  # -1 as a protobuf varint: type or ndim not declared
+# The launcher's request size limit (Triton 2.51 has no flag for one), and the
+# default it uses: the same as Triton's --http-max-input-size in later releases.
+MAX_INPUT_BYTES_ENV = "TRITONSTACK_MAX_INPUT_BYTES"
+DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024
 
 Image.MAX_IMAGE_PIXELS = None  # our own limit applies, per model
 
@@ -63,76 +63,6 @@ class PipelineError(Exception):
 
 class InputError(Exception):
     """A request's data was refused before it reached the pipeline."""
-
-
-# --- what a serialized pipeline declares ------------------------------------------
-
-@dataclass(frozen=True)
-class Port:
-    """A pipeline input (external source) or output."""
-
-    name: str
-    dtype: str | None  # Triton type name ("TYPE_UINT8"), None when not declared
-    ndim: int | None
-    device: str
-
-
-@dataclass(frozen=True)
-class PipelineSpec:
-    inputs: tuple[Port, ...]
-    outputs: tuple[Port, ...]
-    operators: tuple[tuple[str, str], ...]  # (operator, device)
-    decoded_inputs: frozenset[str]  # external sources that feed an image decoder
-
-
-def describe(serialized: bytes) -> PipelineSpec:
-    """Read DALI's PipelineDef protobuf (DALI ships no generated classes):
-    PipelineDef.op = 5, pipe_outputs = 7; OpDef.name = 1, input = 2,
-    output = 3, arg = 4; InputOutput.name = 1, device = 2, dtype = 5, ndim = 6;
-    Argument.name = 1, ints = 4, strings = 5. The C++ backend reads the same
-    fields through DALI's C API."""
-    pipeline = _fields(serialized)
-    inputs, operators, decoded = [], [], set()
-    sources = {}
-    for op in (_fields(data) for number, data in pipeline if number == 5):
-        name = _string(op, 1)
-        args = {_string(_fields(arg), 1): _fields(arg) for number, arg in op if number == 4}
-        device = _string(args.get("device", []), 5) or "cpu"
-        operators.append((name, device))
-        if name in ("ExternalSource", "_ExternalSource"):
-            output = _string(_fields(_first(op, 3)), 1)
-            sources[output] = Port(output, _dali_dtype(args.get("dtype")),
-                                   _int(args.get("ndim", []), 4), device)
-            inputs.append(sources[output])
-        elif name in DECODERS:
-            decoded.add(_string(_fields(_first(op, 2)), 1))
-    outputs = []
-    for output in (_fields(data) for number, data in pipeline if number == 7):
-        dtype = _int(output, 5)
-        outputs.append(Port(_string(output, 1), _dali_dtype_value(dtype),
-                            _int(output, 6), _string(output, 2)))
-    return PipelineSpec(tuple(inputs), tuple(outputs), tuple(operators),
-                        frozenset(decoded & set(sources)))
-
-
-def _first(fields, number):
-    return next(data for n, data in fields if n == number)
-
-
-def _int(fields, number) -> int | None:
-    found = [data for n, data in fields if n == number]
-    return None if not found or found[0] == _UNKNOWN else int(found[0])
-
-
-def _dali_dtype(arg_fields) -> str | None:
-    return _dali_dtype_value(_int(arg_fields or [], 4))
-
-
-def _dali_dtype_value(value: int | None) -> str | None:
-    if value is None:
-        return None
-    name = types.DALIDataType(value).name  # UINT8, FLOAT, FLOAT16, INT64, BOOL, ...
-    return "TYPE_" + {"FLOAT": "FP32", "FLOAT16": "FP16", "FLOAT64": "FP64"}.get(name, name)
 
 
 # --- where the pipeline comes from ------------------------------------------------
@@ -223,7 +153,7 @@ def check_devices(spec: PipelineSpec, instance_kind: str) -> None:
     """No silent CPU substitution: GPU work on a CPU instance is a load error."""
     if instance_kind == "GPU":
         return
-    gpu_ops = [f"{name} (device='{device}')" for name, device in spec.operators if device != "cpu"]
+    gpu_ops = [f"{op.name} (device='{op.device}')" for op in spec.operators if op.device != "cpu"]
     if gpu_ops:
         raise ValueError(
             f"pipeline has GPU operators {gpu_ops} but the model instance is KIND_CPU "
@@ -258,7 +188,7 @@ class TritonPythonModel:
         if not root or not (Path(root) / config["name"]).is_dir():
             return cfg
         version_dir = latest_version_dir(Path(root) / config["name"])
-        spec = describe(load_serialized(version_dir, config))
+        spec = parse_pipeline(load_serialized(version_dir, config))
         lists_tensors = bool(config.get("input") or config.get("output"))
         known = {tensor["name"] for tensor in config.get("input", [])}
         for port in spec.inputs:
@@ -277,7 +207,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self._serialized = load_serialized(version_dir, config)
-        spec = describe(self._serialized)
+        spec = parse_pipeline(self._serialized)
         validate(config, spec)
         check_devices(spec, args["model_instance_kind"])
         warn_on_version_skew(version_dir)
@@ -287,6 +217,10 @@ class TritonPythonModel:
         self._batch_size = max(int(config.get("max_batch_size", 0)), 1)
         self._num_threads = _int_parameter(parameters, "num_threads")
         self._max_pixels = _int_parameter(parameters, "max_pixels") or DEFAULT_MAX_PIXELS
+        self._max_input_bytes = (_int_parameter(parameters, "max_input_bytes")
+                                 or int(os.environ.get(MAX_INPUT_BYTES_ENV) or DEFAULT_MAX_INPUT_BYTES))
+        self._itemsizes = {tensor["name"]: np.dtype(pb_utils.triton_string_to_numpy(tensor["data_type"])).itemsize
+                           for tensor in config["input"]}
         self._input_names = [port.name for port in spec.inputs]
         self._decoded_inputs = [name for name in self._input_names if name in spec.decoded_inputs]
         self._outputs = [
@@ -341,10 +275,10 @@ class TritonPythonModel:
 
     def _samples_of(self, request) -> dict[str, np.ndarray]:
         """A request's inputs; each row of a batched input is one sample."""
-        feed = {
-            name: pb_utils.get_input_tensor_by_name(request, name).as_numpy()
-            for name in self._input_names
-        }
+        tensors = {name: pb_utils.get_input_tensor_by_name(request, name) for name in self._input_names}
+        for name, tensor in tensors.items():
+            _check_size(name, tensor.shape(), self._itemsizes[name], self._max_input_bytes)
+        feed = {name: tensor.as_numpy() for name, tensor in tensors.items()}
         if not self._batched:
             feed = {name: array[np.newaxis] for name, array in feed.items()}
         for name in self._decoded_inputs:
@@ -374,6 +308,14 @@ class TritonPythonModel:
             raise PipelineError(_explain(error)) from error
         sizes = [len(feed[self._input_names[0]]) for feed in feeds]
         return _split(pipeline_outputs, sizes, self._batched)
+
+
+def _check_size(name: str, shape, itemsize: int, max_bytes: int) -> None:
+    """From the tensor's shape: nothing has read or copied its data yet."""
+    size = int(np.prod(shape, dtype=np.int64)) * itemsize
+    if size > max_bytes:
+        raise InputError(f"input '{name}' is {size} bytes, above this model's max_input_bytes "
+                         f"{max_bytes}: send smaller images or fewer per request")
 
 
 def _check_pixels(name: str, row: int, sample: np.ndarray, max_pixels: int) -> None:
