@@ -127,7 +127,7 @@ def _add_build_parser(commands) -> None:
                              "so the committed repository is the same everywhere)")
     parser.add_argument("--intra-op-threads", type=_positive, default=defaults.intra_op_threads,
                         help="ONNX Runtime threads per classifier instance, the intra_op_thread_count "
-                             "parameter (default %(default)s: on CPU, DALI threads + these = the cores)")
+                             "parameter (default %(default)s, fixed like --num-threads)")
     parser.add_argument("--max-queue-delay-us", type=int, default=defaults.max_queue_delay_us,
                         help="how long the dynamic batcher waits to fill a batch (default %(default)s)")
     own = parser.add_argument_group(

@@ -49,9 +49,9 @@ WARMUP_SAMPLE = "sample.jpg"
 class BuildOptions:
     max_batch_size: int = 32
     num_threads: int = 2  # DALI CPU threads; raise to the serving machine's cores
-    # ONNX Runtime threads per classifier instance. One: its default (a spinning
-    # thread per core) fights DALI's threads for the cores; measured in the README.
-    intra_op_threads: int = 1
+    # ONNX Runtime threads per classifier instance; fixed like num_threads so the
+    # committed repository is the same everywhere (README, Performance).
+    intra_op_threads: int = 2
     instances: int = 1
     max_queue_delay_us: int = 0
     device: str = "cpu"  # "gpu": nvJPEG decoding, GPU resize/normalize, KIND_GPU
