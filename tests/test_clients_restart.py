@@ -24,7 +24,10 @@ from tritonstack.server import TritonServer, free_port
 CLASSIFY = Path(__file__).resolve().parent.parent / "clients" / "classify.py"
 IMAGES = 400
 LINES_BEFORE_STOP = 20
-# Short: Triton keeps serving for its exit timeout while requests keep coming.
+# Triton keeps serving for its exit timeout while requests keep coming: with any
+# grace the first server could finish the whole folder before it exits. With none,
+# it exits at once and requests in flight fail over to the new server by retrying.
+FIRST_SERVER_GRACE_S = 0
 STOP_GRACE_S = 2
 
 
@@ -82,7 +85,7 @@ def successful_inferences(server: TritonServer) -> int:
 )
 def test_folder_run_survives_a_server_restart(model_repository, many_images, tmp_path, protocol, options):
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
-    first = TritonServer(model_repository, stop_grace_s=STOP_GRACE_S, **ports).start()
+    first = TritonServer(model_repository, stop_grace_s=FIRST_SERVER_GRACE_S, **ports).start()
     second = None
     url = first.http_url if protocol == "http" else first.grpc_url
     stderr_path = tmp_path / "stderr.txt"
