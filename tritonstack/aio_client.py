@@ -23,12 +23,11 @@ from tritonclient.utils import InferenceServerException
 from tritonstack.client import (
     DEFAULT_MODEL,
     DEFAULT_TIMEOUT_S,
-    PROTOCOLS,
-    SHM_MODES,
     ModelInfo,
     Prediction,
     batch_rows,
     build_request,
+    check_transport,
     output_nbytes,
     parse_classification,
     top_predictions,
@@ -58,10 +57,7 @@ class AsyncClassifierClient:
         shm: str = "none",
         headers: dict[str, str] | None = None,
     ):
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
-        if shm not in SHM_MODES:
-            raise ValueError(f"shm must be one of {SHM_MODES}, not {shm!r}")
+        check_transport(protocol, shm)
         self.url, self.protocol, self.model = url, protocol, model
         self.timeout_s = timeout_s
         self.retry = retry

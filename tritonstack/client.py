@@ -195,6 +195,13 @@ def outcome_per_image(classify_chunk, images: list[bytes]) -> list:
     return outcomes
 
 
+def check_transport(protocol: str, shm: str) -> None:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+    if shm not in SHM_MODES:
+        raise ValueError(f"shm must be one of {SHM_MODES}, not {shm!r}")
+
+
 class ClassifierClient:
     def __init__(
         self,
@@ -207,10 +214,7 @@ class ClassifierClient:
         shm: str = "none",
         headers: dict[str, str] | None = None,
     ):
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
-        if shm not in SHM_MODES:
-            raise ValueError(f"shm must be one of {SHM_MODES}, not {shm!r}")
+        check_transport(protocol, shm)
         self.url, self.protocol, self.model = url, protocol, model
         self.timeout_s = timeout_s
         self.retry = retry
