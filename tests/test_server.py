@@ -2,6 +2,7 @@
 
 import ipaddress
 import os
+import signal
 import time
 
 import psutil
@@ -53,3 +54,23 @@ def test_failed_start_shows_the_server_log(tmp_path):
         TritonServer(broken, startup_timeout_s=60).start()
     assert "tritonserver exited" in str(failure.value)
     assert "empty_model" in str(failure.value)
+
+
+def mapped_stub_regions(pgid):
+    regions = set()
+    for process in group_processes(pgid):
+        with open(f"/proc/{process.pid}/maps") as maps:
+            regions.update(line.split()[-1] for line in maps if "_backend_shm_region_" in line)
+    return regions
+
+
+def test_stop_after_a_crash_removes_the_stubs_shared_memory(model_repository):
+    server = TritonServer(model_repository).start()
+    regions = mapped_stub_regions(server.process.pid)
+    assert regions, "the Python backend maps one /dev/shm region per stub"
+    os.killpg(server.process.pid, signal.SIGKILL)  # a crash: nobody unlinks them
+    server.process.wait()
+    for region in regions:  # the launcher leaves young regions alone; age these
+        os.utime(region, (time.time() - 60, time.time() - 60))
+    server.stop()
+    assert [region for region in regions if os.path.exists(region)] == []

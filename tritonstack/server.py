@@ -63,6 +63,7 @@ DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024
 MAX_INPUT_BYTES_ENV = "TRITONSTACK_MAX_INPUT_BYTES"
 
 
+SHM_DIR = Path("/dev/shm")
 _ERROR_LINE = re.compile(r"E\d{4} |error: ")
 _KEY = re.compile(r"[A-Za-z0-9._~-]+")
 # Logged on every machine without a GPU; not the reason for a failure.
@@ -268,6 +269,7 @@ class TritonServer:
                 LOGGER.warning("tritonserver ignored SIGINT; killing it")
         _kill_group(self.process.pid)
         self.process.wait()
+        remove_orphaned_stub_regions()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
         return self.process.returncode
@@ -286,6 +288,36 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name: assume it may be reachable from elsewhere
         return False
+
+
+def remove_orphaned_stub_regions(min_age_s: float = 10.0) -> list[Path]:
+    """Delete the Python backend's shared-memory regions that no process maps.
+
+    Each stub's region (`/dev/shm/triton_<backend>_backend_shm_region_<uuid>`) is
+    unlinked by a clean shutdown, but a stub or server that was killed leaves it
+    behind, and /dev/shm is memory. A region still mapped by any live process
+    (another server on this machine) is kept, and so is a very young one (a server
+    starting right now may not have mapped it yet)."""
+    regions = list(SHM_DIR.glob("triton_*_backend_shm_region_*"))
+    if not regions:
+        return []
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split()[-1] for line in maps.read_text().splitlines() if str(SHM_DIR) in line)
+        except OSError:  # the process ended meanwhile, or is not ours to read
+            continue
+    removed = []
+    for region in regions:
+        try:
+            if str(region) not in mapped and time.time() - region.stat().st_mtime > min_age_s:
+                region.unlink()
+                removed.append(region)
+        except FileNotFoundError:
+            continue
+    if removed:
+        LOGGER.info("removed %d orphaned backend shared-memory region(s)", len(removed))
+    return removed
 
 
 def _kill_group(pgid: int) -> None:
