@@ -42,14 +42,12 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 
+from tritonstack.backend_contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV
 from tritonstack.supervision import StubSupervisor
 from tritonstack.triton_install import TritonInstall
 
 LOGGER = logging.getLogger("tritonstack.server")
 LOOPBACK = "127.0.0.1"
-# Lets backends find the repository during auto-complete, where Triton does not
-# tell them (see backends/dali/model.py).
-REPOSITORY_ENV = "TRITONSTACK_MODEL_REPOSITORY"
 # The admin key for the restricted APIs; a random one per server when unset.
 ADMIN_KEY_ENV = "TRITONSTACK_ADMIN_KEY"
 ADMIN_HEADER = "tritonstack-admin-key"
@@ -57,10 +55,6 @@ ADMIN_HEADER = "tritonstack-admin-key"
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 # Everything that changes the server or reveals more than inference needs.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
-# Largest request accepted, in bytes: Triton's own default in the releases that
-# have --http-max-input-size; exported to the backends as MAX_INPUT_BYTES_ENV.
-DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024
-MAX_INPUT_BYTES_ENV = "TRITONSTACK_MAX_INPUT_BYTES"
 
 
 SHM_DIR = Path("/dev/shm")

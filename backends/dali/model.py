@@ -38,6 +38,12 @@ import triton_python_backend_utils as pb_utils
 from nvidia.dali import Pipeline
 from PIL import Image, UnidentifiedImageError
 
+from tritonstack.backend_contract import (
+    DEFAULT_MAX_INPUT_BYTES,
+    MAX_INPUT_BYTES_ENV,
+    REPOSITORY_ENV,
+    latest_version_dir,
+)
 # The one reader of model.dali, shared with build_pipelines.py check.
 from tritonstack.dali_proto import PipelineSpec, Port, parse_pipeline
 
@@ -45,14 +51,8 @@ DEFAULT_MODEL_FILENAME = "model.dali"
 AUTOSERIALIZE_FILENAME = "dali.py"
 # Written next to model.dali by build_pipelines.py; the C++ backend ignores it.
 VERSION_FILENAME = "model.dali.version"
-# The launcher's repository root: auto-complete is not told where the model is.
-REPOSITORY_ENV = "TRITONSTACK_MODEL_REPOSITORY"
 # Pillow's own bomb threshold is 89.5 MP; 100 MP covers a 10000x10000 photo.
 DEFAULT_MAX_PIXELS = 100_000_000
-# The launcher's request size limit (Triton 2.51 has no flag for one), and the
-# default it uses: the same as Triton's --http-max-input-size in later releases.
-MAX_INPUT_BYTES_ENV = "TRITONSTACK_MAX_INPUT_BYTES"
-DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024
 
 Image.MAX_IMAGE_PIXELS = None  # our own limit applies, per model
 
@@ -101,13 +101,6 @@ def _autoserialize(script_path: Path) -> bytes:
     finally:
         sys.path.remove(str(script_path.parent))
     return serialized
-
-
-def latest_version_dir(model_dir: Path) -> Path:
-    versions = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
-    if not versions:
-        raise FileNotFoundError(f"{model_dir} has no numeric version folder")
-    return model_dir / str(max(versions))
 
 
 # --- load-time checks -----------------------------------------------------------

@@ -25,9 +25,10 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
+from tritonstack.backend_contract import REPOSITORY_ENV, latest_version_dir
+
 DEFAULT_MODEL_FILENAME = "model.onnx"
 DEFAULT_MAX_BATCH_SIZE = 4
-REPOSITORY_ENV = "TRITONSTACK_MODEL_REPOSITORY"  # see tritonstack/server.py
 # ONNX tensor element types -> Triton data types.
 ONNX_TO_TRITON = {
     "tensor(float)": "TYPE_FP32", "tensor(float16)": "TYPE_FP16", "tensor(double)": "TYPE_FP64",
@@ -92,7 +93,7 @@ class TritonPythonModel:
         root = os.environ.get(REPOSITORY_ENV)
         if not root or not (Path(root) / config["name"]).is_dir() or config.get("input"):
             return cfg
-        session = _session(model_path(_latest_version_dir(Path(root) / config["name"]), config), {})
+        session = _session(model_path(latest_version_dir(Path(root) / config["name"]), config), {})
         nodes = (*session.get_inputs(), *session.get_outputs())
         batched = all(node.shape and not isinstance(node.shape[0], int) for node in nodes)
         graph = graph_tensors(session)
@@ -164,13 +165,6 @@ class TritonPythonModel:
 def _session(path: Path, parameters: dict) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), sess_options=_session_options(parameters),
                                 providers=["CPUExecutionProvider"])
-
-
-def _latest_version_dir(model_dir: Path) -> Path:
-    versions = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
-    if not versions:
-        raise FileNotFoundError(f"{model_dir} has no numeric version folder")
-    return model_dir / str(max(versions))
 
 
 def _session_options(parameters) -> ort.SessionOptions:
