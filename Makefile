@@ -12,11 +12,15 @@ PYTEST_ARGS ?=
 
 .PHONY: install build demo serve test check clean loadtest loadtest-distributed benchmark soak
 
-$(INSTALLED): requirements.txt requirements-build.txt constraints.txt pyproject.toml
+# Every extra of pyproject.toml (client, serve, build, loadtest, test), each version
+# pinned in constraints.txt.
+$(INSTALLED): constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet pip==25.3
-	$(PY) -m pip install --quiet -r requirements.txt -r requirements-build.txt -c constraints.txt
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet pip==25.3 setuptools==84.2.1
+	$(PY) -m pip install --quiet --no-build-isolation -c constraints.txt -e ".[all]"
+	# The client extra's wheels, kept for tests that install it into a fresh venv offline.
+	$(PY) -m pip wheel --quiet -c constraints.txt -w $(VENV)/wheelhouse ".[client]" setuptools==84.2.1
+	rm -f $(VENV)/wheelhouse/tritonstack-*.whl
 	touch $@
 
 install: $(INSTALLED)
@@ -34,7 +38,7 @@ SERVE_HOST ?= 127.0.0.1
 SERVE_ARGS ?=
 
 serve: build
-	$(PY) -m tritonstack.server --model-repository $(MODEL_REPOSITORY) --host $(SERVE_HOST) \
+	$(PY) -m tritonstack.serve --model-repository $(MODEL_REPOSITORY) --host $(SERVE_HOST) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(SERVE_ARGS)
 
 test: build

@@ -25,8 +25,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from tritonstack import classifiers, pipelines
-from tritonstack.repository import FORMATS, PRESETS, BuildOptions, Preset, preset_named, write_repository
+from tritonstack.build import classifiers, presets
+from tritonstack.build.presets import FORMATS, PRESETS, BuildOptions, Preset, preset_named
+from tritonstack.build.repository import write_repository
 
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent / "model_repository"
 
@@ -50,7 +51,7 @@ def build(args: argparse.Namespace) -> int:
 
 def _presets(args: argparse.Namespace) -> tuple[Preset, ...]:
     if args.classifier_onnx:
-        preprocessing = pipelines.Preprocessing(
+        preprocessing = classifiers.Preprocessing(
             resize_shorter=args.resize_shorter or round(args.input_size / 0.875),
             crop=args.input_size, mean=args.mean, std=args.std,
         )
@@ -71,7 +72,7 @@ def list_presets(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    from tritonstack.check import check_repository
+    from tritonstack.build.check import check_repository
 
     problems = check_repository(args.repository)
     for problem in problems:
@@ -81,7 +82,7 @@ def check(args: argparse.Namespace) -> int:
 
 
 def parity(args: argparse.Namespace) -> int:
-    from tritonstack.parity import compare, format_report
+    from tritonstack.build.parity import compare, format_report
 
     report = compare(args.repository, args.preset)
     print(format_report(report))
@@ -112,7 +113,7 @@ def _add_build_parser(commands) -> None:
     parser.add_argument("presets", nargs="*", metavar="PRESET",
                         help=f"presets to build (default: all): {', '.join(p.name for p in PRESETS)}")
     parser.add_argument("--out", type=Path, default=DEFAULT_REPOSITORY, help="repository folder")
-    parser.add_argument("--device", choices=pipelines.DEVICES, default=defaults.device,
+    parser.add_argument("--device", choices=presets.DEVICES, default=defaults.device,
                         help="gpu: nvJPEG decoding (device=mixed, hw_decoder_load), resize and normalize on "
                              "the GPU, KIND_GPU instances; serializes on a machine without a GPU")
     parser.add_argument("--format", choices=FORMATS, default=defaults.format,
@@ -143,7 +144,7 @@ def _add_build_parser(commands) -> None:
     own.add_argument("--mean", type=_floats3, default=(123.675, 116.28, 103.53), metavar="R,G,B",
                      help="in 0..255 pixel units (default: torchvision's ImageNet mean)")
     own.add_argument("--std", type=_floats3, default=(58.395, 57.12, 57.375), metavar="R,G,B")
-    own.add_argument("--preprocessors", nargs="+", choices=("dali", "python"), default=("dali",),
+    own.add_argument("--preprocessors", nargs="+", choices=presets.PREPROCESSORS, default=("dali",),
                      help="which preprocessing models to build for it")
     parser.set_defaults(run=build)
 

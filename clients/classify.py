@@ -23,10 +23,11 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from tritonstack.client import DEFAULT_MODEL, DEFAULT_URLS, PROTOCOLS, SHM_MODES, admin_headers
-from tritonstack.images import image_files
-from tritonstack.retry import RetryPolicy, ServerUnavailableError
-from tritonstack.runner import FileResult, Progress, RunSettings, classify_files
+from tritonstack.client.protocol import DEFAULT_URLS, PROTOCOLS, SHM_MODES
+from tritonstack.contract import admin_headers, DEFAULT_MODEL
+from tritonstack.client.images import image_files
+from tritonstack.client.retry import RetryPolicy, ServerUnavailableError
+from tritonstack.client.runner import classify_files, FileResult, Progress, RunSettings
 
 FORMATS = ("table", "jsonl", "csv")
 

@@ -8,9 +8,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from tritonstack.client import DEFAULT_MODEL, ClassifierClient
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.contract import DEFAULT_MODEL
 from tritonstack.samples import PHOTOS, photo_bytes
-from tritonstack.server import TritonServer
+from tritonstack.serve.launcher import TritonServer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,10 +22,12 @@ from pathlib import Path
 
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.client import DEFAULT_MODEL, DEFAULT_URLS, PROTOCOLS, SHM_MODES, ClassifierClient, admin_headers
-from tritonstack.images import image_files
-from tritonstack.retry import RetryPolicy, ServerUnavailableError
-from tritonstack.runner import FileResult, Progress, RunSettings, classify_files
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.client.protocol import DEFAULT_URLS, PROTOCOLS, SHM_MODES
+from tritonstack.contract import admin_headers, DEFAULT_MODEL
+from tritonstack.client.images import image_files
+from tritonstack.client.retry import RetryPolicy, ServerUnavailableError
+from tritonstack.client.runner import classify_files, FileResult, Progress, RunSettings
 
 TOP_K = 5
 

@@ -9,7 +9,7 @@ import asyncio
 import time
 from collections import Counter
 
-from tritonstack.aio_client import AsyncClassifierClient
+from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.samples import PHOTOS, photo_bytes
 
 

@@ -7,7 +7,7 @@
 import argparse
 from pathlib import Path
 
-from tritonstack.client import ClassifierClient
+from tritonstack.client.classifier import ClassifierClient
 from tritonstack.samples import PHOTOS, photo_path
 
 parser = argparse.ArgumentParser(description=__doc__)

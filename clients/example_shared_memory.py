@@ -5,7 +5,7 @@ client and server share a machine.
 
     TRITONSTACK_ADMIN_KEY=... python clients/example_shared_memory.py --url 127.0.0.1:8000 [--protocol grpc]
 
-Registering a region is a restricted API on servers started by tritonstack.server:
+Registering a region is a restricted API on servers started by tritonstack.serve:
 the key comes from --admin-key or $TRITONSTACK_ADMIN_KEY.
 """
 
@@ -14,8 +14,9 @@ import argparse
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tritonstack.client import ClassifierClient, admin_headers
-from tritonstack.shm import PREFIX
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.contract import admin_headers
+from tritonstack.client.shm import PREFIX
 from tritonstack.samples import PHOTOS, photo_bytes
 
 parser = argparse.ArgumentParser(description=__doc__)

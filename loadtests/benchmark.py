@@ -9,7 +9,7 @@ dali_preprocess_images_per_s, pil_preprocess_images_per_s, dali_vs_pil_preproces
 dali_vs_pil_per_cpu_second, dali_vs_pil_ensemble, ensemble_overhead_ms_p50,
 p99_over_p50, http_vs_grpc, server_rss_mb, errors, versions, CPU model and cores.
 
-The load comes from asyncio clients (tritonstack.aio_client) in this process: one
+The load comes from asyncio clients (tritonstack.client.aio) in this process: one
 event loop keeps many single-image requests in flight at a small CPU cost, which
 matters when client and server share two cores. The share of a core the client
 used is written too (`client_cpu_share`). Every request is one image drawn from
@@ -42,10 +42,12 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 from nvidia.dali import Pipeline  # noqa: E402
 
 from loadtests.corpus import WeightedSampler, build_corpus  # noqa: E402
-from tritonstack.aio_client import AsyncClassifierClient  # noqa: E402
-from tritonstack.client import ClassifierClient, admin_headers, pad_batch  # noqa: E402
-from tritonstack.retry import RetryPolicy  # noqa: E402
-from tritonstack.server import TritonServer  # noqa: E402
+from tritonstack.client.aio import AsyncClassifierClient  # noqa: E402
+from tritonstack.client.classifier import ClassifierClient  # noqa: E402
+from loadtests.target import GivenServer, server_processes, target_server  # noqa: E402
+from tritonstack.client.retry import NO_RETRY  # noqa: E402
+from tritonstack.contract import pad_batch  # noqa: E402
+from tritonstack.serve.launcher import TritonServer  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CLASSIFIER = "efficientnet_lite0"
@@ -53,7 +55,6 @@ DALI_PREPROCESS = f"preprocess_dali_{CLASSIFIER}"
 PIL_PREPROCESS = f"preprocess_python_{CLASSIFIER}"
 DALI_ENSEMBLE = f"ensemble_dali_{CLASSIFIER}"
 PIL_ENSEMBLE = f"ensemble_python_{CLASSIFIER}"
-NO_RETRY = RetryPolicy(retries=0)
 REQUEST_TIMEOUT_S = 60.0
 
 
@@ -225,29 +226,6 @@ def saturate(url: str, protocol: str, model: str, images: list[bytes], settings:
     return phases[best], best, sum(phase.errors for phase in phases.values())
 
 
-@dataclass(frozen=True)
-class RunningServer:
-    """A server this benchmark did not start (e.g. the NGC container's): its
-    endpoints, and its process id when it runs on this host (for CPU and memory)."""
-
-    http_url: str
-    grpc_url: str
-    metrics_url: str
-    pid: int | None = None
-
-    def admin_headers(self, protocol: str) -> dict[str, str]:
-        return admin_headers(protocol)  # the key from $TRITONSTACK_ADMIN_KEY, if any
-
-
-def server_processes(server) -> list[psutil.Process]:
-    """tritonserver and its backend stubs; none when the process is unknown."""
-    pid = server.pid if isinstance(server, RunningServer) else server.process.pid
-    if pid is None:
-        return []
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
 def server_cpu_seconds(server) -> float:
     """CPU time of tritonserver and its backend stubs so far."""
     total = 0.0
@@ -353,7 +331,7 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def run(settings: Settings, repository: Path, log=print, server: TritonServer | RunningServer | None = None) -> dict:
+def run(settings: Settings, repository: Path, log=print, server: TritonServer | GivenServer | None = None) -> dict:
     """All measurements; on `server` if given (it must serve `repository`), else on
     a server started and stopped here."""
     images = [image.data for image in _weighted_sequence(400)]
@@ -365,7 +343,7 @@ def run(settings: Settings, repository: Path, log=print, server: TritonServer | 
     results["inprocess_images_per_s"], results["inprocess_best_setting"] = inprocess_images_per_s(
         repository, images, settings)
 
-    with contextlib.nullcontext(server) if server else TritonServer(repository) as server:
+    with contextlib.nullcontext(server) if server else target_server(repository) as server:
         results["versions"] = versions(server)
         log("DALI ensemble at saturation over gRPC...")
         grpc_phase, concurrency, saturation_errors = saturate(server.grpc_url, "grpc", DALI_ENSEMBLE, images, settings)
@@ -473,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     running.add_argument("--server-pid", type=int, help="tritonserver's process id on this host, for CPU and memory")
     args = parser.parse_args(argv)
     settings = SMOKE if args.smoke else QUICK if args.quick else FULL
-    server = RunningServer(args.url, args.grpc_url, args.metrics_url, args.server_pid) if args.url else None
+    # A given server is used as it is; else run() starts one after the in-process reference.
+    server = GivenServer(args.url, args.grpc_url or args.url, args.metrics_url, args.server_pid) if args.url else None
     started = time.monotonic()
     results = run(settings, args.model_repository.resolve(), log=lambda text: print(text, flush=True), server=server)
     results["benchmark_seconds"] = time.monotonic() - started

@@ -30,11 +30,11 @@ if __package__ in (None, ""):  # run as a script: make the project importable
 import numpy as np  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
-from nvidia.dali import Pipeline  # noqa: E402
+from nvidia.dali import Pipeline, fn, pipeline_def, types  # noqa: E402
 
-from tests import repo_factory as rf  # noqa: E402
-from tritonstack.model_config import ModelConfig, Tensor  # noqa: E402
-from tritonstack.server import TritonServer  # noqa: E402
+from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor  # noqa: E402
+from tritonstack.build.repository import write_model_folder  # noqa: E402
+from tritonstack.serve.launcher import TritonServer  # noqa: E402
 
 DALI_MODEL = "dali_identity"
 PYTHON_MODEL = "python_identity"
@@ -54,14 +54,22 @@ class TritonPythonModel:
 '''
 
 
-def write_models(repository: Path, serialized: bytes) -> None:
-    rf.write_model(repository, rf.identity_config(DALI_MODEL, max_batch_size=BATCH_SIZE),
-                   {"model.dali": serialized})
-    python = ModelConfig(
-        name=PYTHON_MODEL, backend="python", max_batch_size=BATCH_SIZE, instance_groups=rf.CPU,
-        inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,)),), outputs=(Tensor("DALI_OUTPUT_0", "UINT8", (-1,)),),
+@pipeline_def(output_dtype=types.UINT8, output_ndim=1)
+def identity_pipeline():
+    return fn.external_source(name="DALI_INPUT_0", dtype=types.UINT8, ndim=1)
+
+
+def identity_config(name: str, backend: str) -> ModelConfig:
+    return ModelConfig(
+        name=name, backend=backend, max_batch_size=BATCH_SIZE, instance_groups=(InstanceGroup(kind="KIND_CPU"),),
+        inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,), allow_ragged_batch=True),),
+        outputs=(Tensor("DALI_OUTPUT_0", "UINT8", (-1,)),),
     )
-    rf.write_model(repository, python, {"model.py": PYTHON_IDENTITY})
+
+
+def write_models(repository: Path, serialized: bytes) -> None:
+    write_model_folder(repository, identity_config(DALI_MODEL, "dali"), {"model.dali": serialized})
+    write_model_folder(repository, identity_config(PYTHON_MODEL, "python"), {"model.py": PYTHON_IDENTITY})
 
 
 def in_process_pipeline(serialized: bytes) -> Pipeline:
@@ -139,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("reports/dali_backend_overhead.json"))
     args = parser.parse_args(argv)
 
-    serialized = rf.serialized(rf.identity_pipeline, batch_size=BATCH_SIZE)
+    serialized = identity_pipeline(batch_size=BATCH_SIZE, num_threads=1, device_id=None).serialize()
     pipeline = in_process_pipeline(serialized)
     with tempfile.TemporaryDirectory(prefix="dali-overhead-") as repository:
         write_models(Path(repository), serialized)

@@ -1,23 +1,13 @@
-"""Locust users for a Triton image classifier: gRPC and HTTP, closed or open loop.
+"""The locustfile: Triton's command-line options and the run's hooks; the users
+themselves are in loadtests/users.py (GrpcUser, HttpUser).
 
     python -m locust -f loadtests/locustfile.py --headless -u 4 -t 30s \
         --host http://127.0.0.1:8000 --grpc-url 127.0.0.1:8001 --model ensemble_dali_efficientnet_lite0
 
 (`python -m loadtests.run` / `make loadtest` start a server, run this and write a report.)
 
-- `GrpcUser`: tritonclient.grpc, with gRPC set up for gevent.
-- `HttpUser`: Locust's FastHttpUser posting KServe v2 binary-tensor bodies (a JSON
-  header, its length in `Inference-Header-Content-Length`, then the raw bytes), built
-  and parsed by tritonclient.http's own encoder.
-Each request is one image drawn from a weighted corpus of real photos
-(loadtests/corpus.py) and is reported to Locust with its real outcome: a non-2xx
-answer or a response without the expected output is a failure.
-
-Closed loop (default): each user sends its next request when the previous answer
-arrives. Open loop (`--target-rps`, with loadtests/shape_constant_rate.py): each
-user sends on a fixed schedule whatever the answers do, and latency is measured
-from the scheduled send time, so a stalled server shows as latency instead of
-silently lowering the offered load (coordinated omission).
+Hooks: `--max-requests` bounds the run across workers; the final stats table is
+written at quit; the process exits before gRPC's teardown can hang under gevent.
 """
 
 from __future__ import annotations
@@ -27,37 +17,19 @@ import csv
 import logging
 import os
 import sys
-import time
 
 import gevent
-import gevent.pool
-import grpc.experimental.gevent
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
-from locust import User, events, task
-from locust.contrib.fasthttp import FastHttpUser
-from locust.exception import StopUser
+from locust import events
 from locust.runners import STATE_STOPPED, STATE_STOPPING, WorkerRunner
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
-from locust.user.task import LOCUST_STATE_STOPPING
-from tritonclient.utils import InferenceServerException
 
-from loadtests.corpus import WeightedSampler, build_corpus
-from tritonstack.client import DEFAULT_MODEL, ClassifierClient, pad_batch
-from tritonstack.retry import RetryPolicy
+# The users Locust runs: found here because they are imported here.
+from loadtests.users import GrpcUser, HttpUser  # noqa: F401
+from tritonstack.contract import DEFAULT_MODEL
 
-# gRPC's C core must cooperate with gevent's loop (Locust monkey-patched the
-# standard library on import); this must run before any channel exists.
-grpc.experimental.gevent.init_gevent()
-
-REQUEST_TYPE_GRPC = "grpc"
-REQUEST_TYPE_HTTP = "http"
 # How often the request-count bound is checked: at ~200 requests/s a run overshoots
 # --max-requests by about this many seconds of requests.
 CHECK_INTERVAL_S = 0.05
-# A load test counts every failure as it happens: no retries.
-NO_RETRY = RetryPolicy(retries=0)
-REQUEST_TIMEOUT_S = 30.0
 
 
 @events.init_command_line_parser.add_listener
@@ -132,151 +104,3 @@ def _is_worker(environment) -> bool:
     return isinstance(environment.runner, WorkerRunner)
 
 
-class TritonUser(User):
-    """What both protocols share: the image draw, closed or open loop, reporting."""
-
-    abstract = True
-    request_type = ""
-
-    def on_start(self):
-        options = self.environment.parsed_options
-        self.model = options.model
-        self.top_k = options.top_k
-        # Each user its own seed: users draw different sequences of the same mix.
-        self.sampler = WeightedSampler(build_corpus(), seed=options.corpus_seed * 7919 + id(self))
-        self.pool = gevent.pool.Pool(options.max_in_flight)
-        self.connect()
-
-    def on_stop(self):
-        self.pool.join(timeout=5)
-        self.pool.kill()
-        self.close()
-
-    @task
-    def infer(self):
-        options = self.environment.parsed_options
-        if options.target_rps > 0:
-            self.open_loop(options.target_rps / options.open_loop_users)
-        else:
-            self.send(time.perf_counter())
-
-    def open_loop(self, user_rps: float):
-        """Send at fixed intervals until the user is stopped; never wait for answers.
-        Requests in flight at the stop get `--stop-timeout` to finish (on_stop)."""
-        interval = 1.0 / user_rps
-        scheduled = time.perf_counter() + interval * (os.getpid() % 97 + id(self) % 89) / 186
-        while self._state != LOCUST_STATE_STOPPING:  # a graceful stop ends the schedule
-            delay = scheduled - time.perf_counter()
-            if delay > 0:
-                gevent.sleep(delay)
-            if self.pool.full():
-                self.report(scheduled, 0, RuntimeError(
-                    f"open loop: {self.pool.size} requests already in flight; the server is not keeping up"))
-            else:
-                self.pool.spawn(self.send, scheduled)
-            scheduled += interval
-
-    def send(self, started: float):
-        raise NotImplementedError
-
-    def report(self, started: float, length: int, exception: Exception | None, name: str | None = None):
-        self.environment.events.request.fire(
-            request_type=self.request_type,
-            name=name or self.model,
-            response_time=(time.perf_counter() - started) * 1000,
-            response_length=length,
-            exception=exception,
-            context={},
-        )
-
-    def connect(self):
-        raise NotImplementedError
-
-    def close(self):
-        raise NotImplementedError
-
-
-class GrpcUser(TritonUser):
-    request_type = REQUEST_TYPE_GRPC
-
-    def connect(self):
-        try:
-            self.client = ClassifierClient(self.environment.parsed_options.grpc_url, "grpc", self.model,
-                                           retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S)
-        except (InferenceServerException, ConnectionError) as error:
-            self.report(time.perf_counter(), 0, error, name="connect")
-            raise StopUser() from error
-
-    def send(self, started: float):
-        image = self.sampler.draw()
-        try:
-            top = self.client.classify([image.data], top_k=self.top_k)
-        except InferenceServerException as error:
-            self.report(started, 0, error)
-            return
-        self.report(started, len(image.data), None if len(top) == 1 else ValueError(f"{len(top)} answers for 1 image"))
-
-    def close(self):
-        client = getattr(self, "client", None)
-        if client is not None:
-            # An open channel keeps gRPC's threads alive: the process would not exit.
-            client.close()
-
-
-class HttpUser(TritonUser, FastHttpUser):
-    request_type = REQUEST_TYPE_HTTP
-    abstract = False
-    network_timeout = REQUEST_TIMEOUT_S
-
-    def connect(self):
-        with self.client.get(f"/v2/models/{self.model}", name="metadata", catch_response=True) as response:
-            if response.status_code != 200:
-                response.failure(f"model {self.model!r}: HTTP {response.status_code} {response.text}")
-                raise StopUser()
-            metadata = response.json()
-        self.input_name = metadata["inputs"][0]["name"]
-        self.output_name = metadata["outputs"][0]["name"]
-
-    def send(self, started: float):
-        image = self.sampler.draw()
-        body, header_length = self.binary_request(image.data)
-        with self.client.post(
-            f"/v2/models/{self.model}/infer",
-            data=body,
-            headers={
-                "Content-Type": "application/octet-stream",
-                "Inference-Header-Content-Length": str(header_length),
-            },
-            name=self.model,
-            catch_response=True,
-        ) as response:
-            # Latency from the scheduled send (open loop) or the call (closed loop).
-            response.request_meta["response_time"] = (time.perf_counter() - started) * 1000
-            response.request_meta["request_type"] = self.request_type
-            if response.status_code == 200:
-                self.check(response)
-            # Any other status is already a failure (4xx included).
-
-    def binary_request(self, image: bytes) -> tuple[bytes, int]:
-        batch = pad_batch([image])
-        tensor = httpclient.InferInput(self.input_name, list(batch.shape), "UINT8")
-        tensor.set_data_from_numpy(batch, binary_data=True)
-        output = httpclient.InferRequestedOutput(self.output_name, binary_data=True, class_count=self.top_k)
-        body, json_size = httpclient.InferenceServerClient.generate_request_body([tensor], outputs=[output])
-        return body, json_size
-
-    def check(self, response):
-        header = response.headers.get("Inference-Header-Content-Length")
-        try:
-            result = httpclient.InferenceServerClient.parse_response_body(
-                response.content, header_length=int(header) if header else None
-            )
-            top = result.as_numpy(self.output_name)
-        except Exception as error:  # a malformed answer is the server's failure
-            response.failure(f"unreadable response: {error}")
-            return
-        if top is None or top.shape != (1, self.top_k):
-            response.failure(f"expected {self.output_name} of shape (1, {self.top_k})")
-
-    def close(self):
-        pass

@@ -14,7 +14,6 @@ unless told otherwise.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import subprocess
 import sys
 import time
@@ -23,9 +22,10 @@ from pathlib import Path
 import psutil
 
 from loadtests.report import GeneratorCpu, RunSummary, write_report
-from tritonstack import metrics
-from tritonstack.client import DEFAULT_MODEL
-from tritonstack.server import LOOPBACK, TritonServer, free_port
+from loadtests.target import target_server
+from loadtests import metrics
+from tritonstack.contract import DEFAULT_MODEL
+from tritonstack.serve.network import free_port, LOOPBACK
 
 LOADTESTS = Path(__file__).resolve().parent
 PROJECT_ROOT = LOADTESTS.parent
@@ -172,24 +172,15 @@ def run_locust(args, http_url: str, grpc_url: str, prefix: Path) -> tuple[int, l
             process.wait()
 
 
-@contextlib.contextmanager
-def target_server(args):
-    """(http_url, grpc_url, metrics_url) of the server to load: given, or started here."""
-    if args.url:
-        yield args.url, args.grpc_url, args.metrics_url
-        return
-    with TritonServer(args.model_repository) as server:
-        yield server.http_url, server.grpc_url, server.metrics_url
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out or PROJECT_ROOT / "reports" / time.strftime("loadtest-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     prefix = out / "locust"
-    with target_server(args) as (http_url, grpc_url, metrics_url):
+    with target_server(args.model_repository, args.url, args.grpc_url, args.metrics_url) as target:
+        metrics_url = target.metrics_url
         before = metrics.scrape(metrics_url) if metrics_url else None
-        exit_code, generator_cpu = run_locust(args, http_url, grpc_url, prefix)
+        exit_code, generator_cpu = run_locust(args, target.http_url, target.grpc_url, prefix)
         server = metrics.breakdown(before, metrics.scrape(metrics_url)) if metrics_url else []
     settings = {
         "model": args.model, "protocol": args.user, "shape": args.shape,

@@ -30,15 +30,16 @@ import numpy as np
 import psutil
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.client import DEFAULT_MODEL, PROTOCOLS, ClassifierClient
-from tritonstack.retry import RetryPolicy, describe_error
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.client.protocol import PROTOCOLS
+from tritonstack.contract import DEFAULT_MODEL
+from tritonstack.client.retry import NO_RETRY, describe_error
 from tritonstack.samples import PHOTOS, photo_bytes
-from tritonstack.server import TritonServer
-from tritonstack.supervision import server_stubs
+from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.supervision import server_stubs
 
 MAX_GROWTH_PCT = 5.0
 CLIENT_ERRORS = {"StatusCode.UNKNOWN", "StatusCode.INVALID_ARGUMENT"}
-NO_RETRY = RetryPolicy(retries=0)  # count every failure; retries would hide them
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tritonstack.repository import write_repository
-from tritonstack.server import TritonServer
+from tritonstack.build.repository import write_repository
+from tritonstack.serve.launcher import TritonServer
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"

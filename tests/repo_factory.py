@@ -5,17 +5,18 @@ model-control mode so models load (or fail to load) one by one."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
-from google.protobuf import text_format
 import tritonclient.http as httpclient
 from nvidia.dali import fn, pipeline_def, types
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.model_config import CONFIG_FILENAME, InstanceGroup, ModelConfig, Tensor
+from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor
+from tritonstack.build.repository import write_model_folder
 
 VERSION = "1"
 CPU = (InstanceGroup(count=1, kind="KIND_CPU"),)
@@ -89,18 +90,9 @@ def add_graph(dtype=TensorProto.FLOAT, width: int | str = 4, batch: str | int = 
 def write_model(repository: Path, config: ModelConfig, files: dict[str, bytes | str],
                 default_model_filename: str | None = None) -> str:
     """config.pbtxt plus `files` (names relative to the version folder)."""
-    model_dir = repository / config.name
-    (model_dir / VERSION).mkdir(parents=True, exist_ok=True)
-    message = config.to_proto()
     if default_model_filename:
-        message.default_model_filename = default_model_filename
-    (model_dir / CONFIG_FILENAME).write_text(text_format.MessageToString(message))
-    for name, content in files.items():
-        path = model_dir / VERSION / name
-        if isinstance(content, str):
-            path.write_text(content)
-        else:
-            path.write_bytes(content)
+        config = replace(config, default_model_filename=default_model_filename)
+    write_model_folder(repository, config, files, VERSION)
     return config.name
 
 

@@ -17,7 +17,8 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.client import DEFAULT_MODEL, pad_batch, parse_classification
+from tritonstack.client.protocol import parse_classification
+from tritonstack.contract import DEFAULT_MODEL, pad_batch
 from tritonstack.samples import PHOTOS, photo_bytes
 
 CAT = PHOTOS["chelsea.png"]

@@ -13,13 +13,17 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from build_pipelines import main
 from tests.conftest import MODEL_REPOSITORY, PROJECT_ROOT
-from tritonstack import dali_proto, pipelines
-from tritonstack.check import check_repository
-from tritonstack.client import ClassifierClient, pad_batch
-from tritonstack.model_config import read_config
-from tritonstack.repository import PRESETS, warmup_sample
+from tritonstack import dali_proto
+from tritonstack.contract import PREPROCESS_INPUT
+from tritonstack.build import pipelines
+from tritonstack.build.check import check_repository
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.contract import pad_batch
+from tritonstack.build.model_config import read_config
+from tritonstack.build.presets import PRESETS
+from tritonstack.samples import sample_jpeg
 from tritonstack.samples import photo_bytes
-from tritonstack.server import TritonServer
+from tritonstack.serve.launcher import TritonServer
 
 LITE0 = "efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"
@@ -42,7 +46,7 @@ def run_pipeline(serialized, image):
     pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=1, num_threads=1,
                                     device_id=None, prefetch_queue_depth=1)
     pipeline.build()
-    pipeline.feed_input(pipelines.INPUT_NAME, list(pad_batch([image])))
+    pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch([image])))
     return np.asarray(pipeline.run()[0].as_tensor())
 
 
@@ -78,7 +82,7 @@ def test_warmup_is_a_real_jpeg_of_the_declared_size(model_repository):
         config = read_config(model_repository / name)
         (tensor,) = config.model_warmup[0].inputs.values()
         sample = (model_repository / name / "warmup" / tensor.input_data_file).read_bytes()
-        assert sample == warmup_sample() and list(tensor.dims) == [len(sample)]
+        assert sample == sample_jpeg() and list(tensor.dims) == [len(sample)]
         assert Image.open(io.BytesIO(sample)).format == "JPEG"
 
 

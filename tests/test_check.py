@@ -12,8 +12,9 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from tests.conftest import PROJECT_ROOT
 from tests.test_build import build
-from tritonstack.check import check_repository
-from tritonstack.model_config import CONFIG_FILENAME, read_config
+from tritonstack.build.check import check_repository
+from tritonstack.build.model_config import read_config
+from tritonstack.contract import CONFIG_FILENAME
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"
@@ -105,7 +106,7 @@ def test_dims_disagree_along_the_chain(repo):
 def test_type_disagrees_with_the_onnx_graph(repo):
     edit(repo, CLASSIFIER, lambda config: setattr(config.input[0], "data_type", pb.TYPE_FP16))
     problems = [str(p) for p in check_repository(repo)]
-    assert f"{CLASSIFIER}: input.data_type 'input': config says FP16, the graph FP32; set data_type: TYPE_FP32" in problems
+    assert f"{CLASSIFIER}: input.data_type 'input': config says TYPE_FP16, the graph TYPE_FP32; set data_type: TYPE_FP32" in problems
     assert any("step[1].input_map 'preprocessed_image'" in p for p in problems)
 
 
@@ -124,7 +125,7 @@ def test_dali_input_not_an_external_source(repo):
 
 def test_dali_output_count(repo):
     edit(repo, PREPROCESS, lambda config: config.output.add(name="DALI_OUTPUT_1", data_type=pb.TYPE_FP32, dims=[1]))
-    assert "config has 2 outputs, the pipeline 1" in only_problem(repo)
+    assert "config has 2 outputs, the pipeline has 1" in only_problem(repo)
 
 
 def test_dali_output_type_and_rank(repo):
@@ -133,16 +134,17 @@ def test_dali_output_type_and_rank(repo):
         del config.output[0].dims[2]
     edit(repo, PREPROCESS, damage)
     problems = [str(p) for p in check_repository(repo) if p.model == PREPROCESS]
-    assert f"{PREPROCESS}: output.data_type 'DALI_OUTPUT_0': config says UINT8, the pipeline gives FP32; " \
-           "set data_type: TYPE_FP32" in problems
-    assert any("output.dims 'DALI_OUTPUT_0': config has rank 2" in p for p in problems)
+    assert f"{PREPROCESS}: output.data_type 'DALI_OUTPUT_0': data type mismatch: config says TYPE_UINT8, " \
+           "the pipeline's output 0 gives TYPE_FP32; set data_type: TYPE_FP32" in problems
+    assert any("output.dims 'DALI_OUTPUT_0': rank mismatch: config dims [3, 224] (rank 2)" in p for p in problems)
 
 
 def test_gpu_pipeline_on_cpu_instances(tmp_path, model_repository):
     out = tmp_path / "gpu"
     build(out, "dali_efficientnet_lite0", "--device", "gpu")
     edit(out, PREPROCESS, lambda config: setattr(config.instance_group[0], "kind", pb.ModelInstanceGroup.KIND_CPU))
-    assert "instance_group: KIND_CPU instances cannot run GPU operators image(mixed)" in only_problem(out)
+    assert "instance_group: KIND_CPU instances cannot run GPU operators image (decoders__Image, device='mixed')" \
+        in only_problem(out)
 
 
 def test_label_file_line_count(repo):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tritonstack.client import ClassifierClient
+from tritonstack.client.classifier import ClassifierClient
 from tritonstack.samples import PHOTOS, photo_bytes
 
 CAT = PHOTOS["chelsea.png"]

@@ -16,7 +16,7 @@ import pytest
 
 from clients import classify
 from tritonstack.samples import PHOTOS, photo_path
-from tritonstack.server import free_port
+from tritonstack.serve.network import free_port
 
 GOOD = ["chelsea.png", "coffee.png", "rocket.jpg"]
 

@@ -13,12 +13,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.aio_client import AsyncClassifierClient
-from tritonstack.client import ClassifierClient
-from tritonstack.retry import NO_RETRY, RetryPolicy, ServerUnavailableError, describe_error, is_retryable
+from tritonstack.client.aio import AsyncClassifierClient
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.client.retry import describe_error, is_retryable, NO_RETRY, RetryPolicy, ServerUnavailableError
 from tritonstack.samples import PHOTOS, photo_bytes
-from tritonstack.server import free_port
-from tritonstack.shm import PREFIX
+from tritonstack.serve.network import free_port
+from tritonstack.client.shm import PREFIX
 
 NAMES = ["coffee.png", "chelsea.png", "rocket.jpg"]
 MODES = [(protocol, use_async, shm) for protocol in ("http", "grpc") for use_async in (False, True)

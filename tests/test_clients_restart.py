@@ -17,9 +17,10 @@ import pytest
 import tritonclient.http as httpclient
 from PIL import Image
 
-from tritonstack.client import DEFAULT_MODEL
+from tritonstack.contract import DEFAULT_MODEL
 from tritonstack.samples import photo_path
-from tritonstack.server import TritonServer, free_port
+from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.network import free_port
 
 CLASSIFY = Path(__file__).resolve().parent.parent / "clients" / "classify.py"
 IMAGES = 400

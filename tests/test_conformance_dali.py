@@ -13,9 +13,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
-from tritonstack.model_config import DynamicBatching, Tensor
+from tritonstack.build.model_config import DynamicBatching, Tensor
 from tritonstack.samples import photo_bytes
-from tritonstack.server import TritonServer
+from tritonstack.serve.launcher import TritonServer
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +255,7 @@ def test_gpu_operator_on_cpu_instance_fails_the_load(repository, http):
                             outputs=(Tensor("IMAGE", "UINT8", (-1, -1, 3)),))
     name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.gpu_decode_pipeline)})
     message = rf.load_error(http, name)
-    assert "decoders__Image (device='mixed')" in message and "KIND_CPU" in message, message
+    assert "decoders__Image, device='mixed'" in message and "KIND_CPU" in message, message
 
 
 def test_serializing_dali_version_differing_is_logged(repository, http, triton):

@@ -10,8 +10,8 @@ from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
-from tritonstack.model_config import DynamicBatching, ModelConfig, Tensor
-from tritonstack.server import TritonServer
+from tritonstack.build.model_config import DynamicBatching, ModelConfig, Tensor
+from tritonstack.serve.launcher import TritonServer
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,12 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
-from loadtests.soak import NO_RETRY, MixedLoad
-from tritonstack.client import ClassifierClient
+from loadtests.soak import MixedLoad
+from tritonstack.client.retry import NO_RETRY
+from tritonstack.client.classifier import ClassifierClient
 from tritonstack.samples import photo_bytes
-from tritonstack.server import TritonServer
-from tritonstack.supervision import server_stubs
+from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.supervision import server_stubs
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"

@@ -5,7 +5,8 @@ import numpy as np
 import onnxruntime as ort
 from nvidia.dali import Pipeline
 
-from tritonstack.client import ClassifierClient, pad_batch
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.contract import pad_batch
 from tritonstack.samples import PHOTOS, photo_bytes
 
 

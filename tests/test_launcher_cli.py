@@ -13,7 +13,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.server import ADMIN_HEADER, ADMIN_KEY_ENV, free_port
+from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV
+from tritonstack.serve.network import free_port
 
 
 def wait_ready(cli: subprocess.Popen, client: httpclient.InferenceServerClient, timeout_s: float = 180) -> None:
@@ -30,7 +31,7 @@ def wait_ready(cli: subprocess.Popen, client: httpclient.InferenceServerClient, 
 
 def test_cli_serves_locked_down_and_stops_on_sigterm(model_repository, tmp_path):
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    command = [sys.executable, "-m", "tritonstack.server", "--model-repository", str(model_repository),
+    command = [sys.executable, "-m", "tritonstack.serve", "--model-repository", str(model_repository),
                "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)]
     env = dict(os.environ, **{ADMIN_KEY_ENV: "cli-test-key"})
     with open(tmp_path / "cli.log", "w") as log:

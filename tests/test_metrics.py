@@ -5,9 +5,9 @@ import time
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from tritonstack import metrics
-from tritonstack.client import ClassifierClient
-from tritonstack.retry import RetryPolicy
+from loadtests import metrics
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.client.retry import RetryPolicy
 from tritonstack.samples import photo_bytes
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"

@@ -6,8 +6,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from build_pipelines import main
-from tritonstack.client import ClassifierClient
-from tritonstack.parity import MAX_ABS_LEVELS, MEAN_ABS_LEVELS, compare, parity_images
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.build.parity import compare, parity_images
 from tritonstack.samples import PHOTOS, photo_bytes
 
 
@@ -17,8 +17,9 @@ def test_dali_and_pillow_agree_on_photos_and_variants(model_repository, preset):
     assert len(report.images) == len(parity_images()) >= 13
     assert report.top1_agreement == 1.0, [r for r in report.images if r.top1_dali != r.top1_pillow]
     assert report.top5_agreement == 1.0
-    assert report.max_abs_levels <= MAX_ABS_LEVELS
-    assert report.mean_abs_levels <= MEAN_ABS_LEVELS
+    # Independent bounds, in 0..255 levels: one level of rounding, almost never.
+    assert report.max_abs_levels <= 1.0
+    assert report.mean_abs_levels <= 0.01
 
 
 def test_parity_command_prints_and_writes_the_figures(model_repository, tmp_path, capsys):

@@ -12,10 +12,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.client import DEFAULT_MODEL, ClassifierClient
-from tritonstack.retry import is_retryable
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.contract import DEFAULT_MODEL
+from tritonstack.client.retry import is_retryable
 from tritonstack.samples import photo_bytes
-from tritonstack.server import ADMIN_HEADER, ADMIN_KEY_ENV, ServerStartError, TritonServer, is_loopback
+from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV
+from tritonstack.serve.launcher import ServerStartError, TritonServer
+from tritonstack.serve.network import is_loopback
 
 # One read-only client call per restricted API (same names in both tritonclients).
 RESTRICTED_CALLS = {
@@ -88,7 +91,7 @@ def test_binding_all_interfaces_is_warned_about(tmp_path, caplog):
     # A repository that fails at model load: tritonserver exits before it
     # opens any endpoint, so nothing is exposed while we check the warning.
     (tmp_path / "empty_model").mkdir()
-    with caplog.at_level(logging.WARNING, logger="tritonstack.server"):
+    with caplog.at_level(logging.WARNING, logger="tritonstack.serve"):
         with pytest.raises(ServerStartError):
             TritonServer(tmp_path, host="0.0.0.0", startup_timeout_s=60).start()
     assert "reachable from other machines" in caplog.text

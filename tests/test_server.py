@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from tritonstack.server import ServerStartError, TritonServer
+from tritonstack.serve.launcher import ServerStartError, TritonServer
 
 
 def group_processes(pgid):

@@ -1,7 +1,8 @@
 """Read a serialized DALI pipeline (`model.dali`) without building it, so that a
 GPU pipeline can be inspected on a machine without a GPU. The one reader of
 `model.dali`: the `dali` backend (load checks, auto-complete) and
-`build_pipelines.py check` both use it.
+`build_pipelines.py check` both use it, through tritonstack.rules. It needs
+neither DALI nor a GPU.
 
 `model.dali` is DALI's `PipelineDef` protobuf (dali/pipeline/proto/dali.proto);
 its Python module is not shipped in the wheel, so the few fields needed are read
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nvidia.dali import types
+from tritonstack.contract import DALI_TO_TRITON
 
 _OP, _PIPE_OUTPUT = 5, 7
 _OP_NAME, _OP_INPUT, _OP_OUTPUT, _OP_ARG = 1, 2, 3, 4
@@ -94,8 +95,7 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
 def _triton_dtype(value: int | None) -> str | None:
     if value is None:
         return None
-    name = types.DALIDataType(value).name  # UINT8, FLOAT, FLOAT16, INT64, BOOL, ...
-    return "TYPE_" + {"FLOAT": "FP32", "FLOAT16": "FP16", "FLOAT64": "FP64"}.get(name, name)
+    return DALI_TO_TRITON.get(value, f"TYPE_INVALID({value})")
 
 
 def _first(fields, number: int) -> bytes:

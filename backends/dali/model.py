@@ -38,19 +38,21 @@ import triton_python_backend_utils as pb_utils
 from nvidia.dali import Pipeline
 from PIL import Image, UnidentifiedImageError
 
-from tritonstack.backend_contract import (
+from tritonstack.contract import (
+    DALI_MODEL_FILENAME,
+    DALI_SCRIPT_FILENAME,
+    DALI_VERSION_FILENAME,
     DEFAULT_MAX_INPUT_BYTES,
     MAX_INPUT_BYTES_ENV,
     REPOSITORY_ENV,
+    TRITON_TO_NUMPY,
     latest_version_dir,
 )
-# The one reader of model.dali, shared with build_pipelines.py check.
-from tritonstack.dali_proto import PipelineSpec, Port, parse_pipeline
+# The one reader of model.dali and the one set of load rules, shared with
+# build_pipelines.py check.
+from tritonstack.dali_proto import parse_pipeline
+from tritonstack.rules import dali_problems, raise_problems
 
-DEFAULT_MODEL_FILENAME = "model.dali"
-AUTOSERIALIZE_FILENAME = "dali.py"
-# Written next to model.dali by build_pipelines.py; the C++ backend ignores it.
-VERSION_FILENAME = "model.dali.version"
 # Pillow's own bomb threshold is 89.5 MP; 100 MP covers a 10000x10000 photo.
 DEFAULT_MAX_PIXELS = 100_000_000
 
@@ -70,9 +72,9 @@ class InputError(Exception):
 def load_serialized(version_dir: Path, config: dict) -> bytes:
     """model.dali (or default_model_filename), else dali.py's @autoserialize
     pipeline, serialized now by the serving DALI."""
-    filename = config.get("default_model_filename") or DEFAULT_MODEL_FILENAME
+    filename = config.get("default_model_filename") or DALI_MODEL_FILENAME
     serialized_path = version_dir / filename
-    script_path = version_dir / AUTOSERIALIZE_FILENAME
+    script_path = version_dir / DALI_SCRIPT_FILENAME
     if serialized_path.is_file():
         return serialized_path.read_bytes()
     if script_path.is_file():
@@ -93,7 +95,7 @@ def _autoserialize(script_path: Path) -> bytes:
         spec.loader.exec_module(module)
         # A temporary file, not the version folder: the repository may be read-only.
         with tempfile.TemporaryDirectory(prefix="dali-autoserialize-") as workdir:
-            target = Path(workdir) / DEFAULT_MODEL_FILENAME
+            target = Path(workdir) / DALI_MODEL_FILENAME
             invoke_autoserialize(module, str(target))
             serialized = target.read_bytes()
     except Exception as error:
@@ -105,57 +107,8 @@ def _autoserialize(script_path: Path) -> bytes:
 
 # --- load-time checks -----------------------------------------------------------
 
-def validate(config: dict, spec: PipelineSpec) -> None:
-    """Names both ways, then per tensor data type and rank; outputs by position."""
-    model = config.get("name")
-    config_inputs = {tensor["name"]: tensor for tensor in config.get("input", [])}
-    pipeline_inputs = {port.name: port for port in spec.inputs}
-    for name in config_inputs.keys() - pipeline_inputs.keys():
-        raise ValueError(f"model '{model}': config input '{name}' is not an external source "
-                         f"of the pipeline (its external sources: {sorted(pipeline_inputs)})")
-    for name in pipeline_inputs.keys() - config_inputs.keys():
-        raise ValueError(f"model '{model}': pipeline external source '{name}' has no config "
-                         f"input (config inputs: {sorted(config_inputs)}); auto-complete adds it "
-                         f"when the server's environment has {REPOSITORY_ENV}, as tritonstack.server sets")
-    config_outputs = config.get("output", [])
-    if len(config_outputs) != len(spec.outputs):
-        raise ValueError(
-            f"model '{model}': config has {len(config_outputs)} outputs "
-            f"{[t['name'] for t in config_outputs]}, the pipeline has {len(spec.outputs)}; "
-            "outputs map by position (auto-complete adds an output only when the pipeline "
-            "declares its output_dtype and output_ndim)"
-        )
-    pairs = [(config_inputs[p.name], p, "input") for p in spec.inputs]
-    pairs += [(tensor, port, "output") for tensor, port in zip(config_outputs, spec.outputs)]
-    for tensor, port, kind in pairs:
-        _check_tensor(model, kind, tensor, port)
-
-
-def _check_tensor(model: str, kind: str, tensor: dict, port: Port) -> None:
-    where = f"model '{model}' {kind} '{tensor['name']}'"
-    if port.dtype and tensor["data_type"] != port.dtype:
-        raise ValueError(f"{where}: data type mismatch: config {tensor['data_type']}, "
-                         f"pipeline '{port.name}' {port.dtype}")
-    rank = len(tensor.get("dims", []))
-    if port.ndim is not None and rank != port.ndim:
-        raise ValueError(f"{where}: rank mismatch: config dims {tensor.get('dims')} "
-                         f"(rank {rank}), pipeline '{port.name}' ndim {port.ndim}")
-
-
-def check_devices(spec: PipelineSpec, instance_kind: str) -> None:
-    """No silent CPU substitution: GPU work on a CPU instance is a load error."""
-    if instance_kind == "GPU":
-        return
-    gpu_ops = [f"{op.name} (device='{op.device}')" for op in spec.operators if op.device != "cpu"]
-    if gpu_ops:
-        raise ValueError(
-            f"pipeline has GPU operators {gpu_ops} but the model instance is KIND_CPU "
-            "(no GPU here): serialize a CPU pipeline or serve it on a GPU with KIND_GPU"
-        )
-
-
 def warn_on_version_skew(version_dir: Path) -> None:
-    stamp = version_dir / VERSION_FILENAME
+    stamp = version_dir / DALI_VERSION_FILENAME
     if stamp.is_file():
         built_with = stamp.read_text().strip()
         if built_with != nvidia.dali.__version__:
@@ -201,8 +154,7 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self._serialized = load_serialized(version_dir, config)
         spec = parse_pipeline(self._serialized)
-        validate(config, spec)
-        check_devices(spec, args["model_instance_kind"])
+        raise_problems(dali_problems(config, spec, args["model_instance_kind"]))
         warn_on_version_skew(version_dir)
         parameters = config.get("parameters", {})
         self._device_id = int(args["model_instance_device_id"]) if args["model_instance_kind"] == "GPU" else None
@@ -212,12 +164,12 @@ class TritonPythonModel:
         self._max_pixels = _int_parameter(parameters, "max_pixels") or DEFAULT_MAX_PIXELS
         self._max_input_bytes = (_int_parameter(parameters, "max_input_bytes")
                                  or int(os.environ.get(MAX_INPUT_BYTES_ENV) or DEFAULT_MAX_INPUT_BYTES))
-        self._itemsizes = {tensor["name"]: np.dtype(pb_utils.triton_string_to_numpy(tensor["data_type"])).itemsize
+        self._itemsizes = {tensor["name"]: np.dtype(TRITON_TO_NUMPY[tensor["data_type"]]).itemsize
                            for tensor in config["input"]}
         self._input_names = [port.name for port in spec.inputs]
         self._decoded_inputs = [name for name in self._input_names if name in spec.decoded_inputs]
         self._outputs = [
-            (tensor["name"], pb_utils.triton_string_to_numpy(tensor["data_type"]))
+            (tensor["name"], TRITON_TO_NUMPY[tensor["data_type"]])
             for tensor in config["output"]
         ]
         self._pipeline = self._build_pipeline()

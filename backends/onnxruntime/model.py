@@ -25,18 +25,11 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-from tritonstack.backend_contract import REPOSITORY_ENV, latest_version_dir
+from tritonstack.contract import ONNX_MODEL_FILENAME, REPOSITORY_ENV, latest_version_dir, onnx_type
+# The load rules shared with build_pipelines.py check.
+from tritonstack.rules import GraphTensor, onnx_problems, raise_problems
 
-DEFAULT_MODEL_FILENAME = "model.onnx"
 DEFAULT_MAX_BATCH_SIZE = 4
-# ONNX tensor element types -> Triton data types.
-ONNX_TO_TRITON = {
-    "tensor(float)": "TYPE_FP32", "tensor(float16)": "TYPE_FP16", "tensor(double)": "TYPE_FP64",
-    "tensor(bfloat16)": "TYPE_BF16", "tensor(int8)": "TYPE_INT8", "tensor(int16)": "TYPE_INT16",
-    "tensor(int32)": "TYPE_INT32", "tensor(int64)": "TYPE_INT64", "tensor(uint8)": "TYPE_UINT8",
-    "tensor(uint16)": "TYPE_UINT16", "tensor(uint32)": "TYPE_UINT32",
-    "tensor(uint64)": "TYPE_UINT64", "tensor(bool)": "TYPE_BOOL", "tensor(string)": "TYPE_STRING",
-}
 
 
 class RunError(Exception):
@@ -44,43 +37,19 @@ class RunError(Exception):
 
 
 def model_path(version_dir: Path, config: dict) -> Path:
-    path = version_dir / (config.get("default_model_filename") or DEFAULT_MODEL_FILENAME)
+    path = version_dir / (config.get("default_model_filename") or ONNX_MODEL_FILENAME)
     if not path.is_file():
         raise FileNotFoundError(f"model '{config.get('name')}': no ONNX model at {path}")
     return path
 
 
-def graph_tensors(session: ort.InferenceSession) -> dict[str, tuple[str, list[int]]]:
-    """{name: (Triton type, shape with -1 for a dynamic axis)} for inputs and outputs."""
-    return {
-        node.name: (ONNX_TO_TRITON.get(node.type, node.type),
-                    [dim if isinstance(dim, int) and dim >= 0 else -1 for dim in node.shape])
-        for node in (*session.get_inputs(), *session.get_outputs())
-    }
-
-
-def validate(config: dict, session: ort.InferenceSession) -> None:
-    graph = graph_tensors(session)
-    batched = int(config.get("max_batch_size", 0)) > 0
-    for kind, tensors in (("input", config.get("input", [])), ("output", config.get("output", []))):
-        for tensor in tensors:
-            _check_tensor(config.get("name"), kind, tensor, graph, batched)
-
-
-def _check_tensor(model, kind, tensor, graph, batched) -> None:
-    where = f"model '{model}' {kind} '{tensor['name']}'"
-    if tensor["name"] not in graph:
-        raise ValueError(f"{where} is not in the ONNX graph (graph tensors: {sorted(graph)})")
-    dtype, shape = graph[tensor["name"]]
-    if tensor["data_type"] != dtype:
-        raise ValueError(f"{where}: data type mismatch: config {tensor['data_type']}, ONNX graph {dtype}")
-    dims = ([-1] if batched else []) + [int(d) for d in tensor.get("dims", [])]
-    compatible = len(dims) == len(shape) and all(
-        c == g or c == -1 or g == -1 for c, g in zip(dims, shape)
-    )
-    if not compatible:
-        shown = f"[batch] + {tensor.get('dims')}" if batched else str(tensor.get("dims"))
-        raise ValueError(f"{where}: shape mismatch: config {shown}, ONNX graph {shape}")
+def graph_tensors(nodes) -> list[GraphTensor]:
+    """ONNX Runtime's view of graph inputs or outputs, with -1 for a dynamic axis."""
+    return [
+        GraphTensor(node.name, onnx_type(node.type),
+                    tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in node.shape))
+        for node in nodes
+    ]
 
 
 class TritonPythonModel:
@@ -96,15 +65,13 @@ class TritonPythonModel:
         session = _session(model_path(latest_version_dir(Path(root) / config["name"]), config), {})
         nodes = (*session.get_inputs(), *session.get_outputs())
         batched = all(node.shape and not isinstance(node.shape[0], int) for node in nodes)
-        graph = graph_tensors(session)
-        for node in session.get_inputs():
-            dtype, shape = graph[node.name]
-            cfg.add_input({"name": node.name, "data_type": dtype, "dims": shape[1:] if batched else shape})
+        for tensor in graph_tensors(session.get_inputs()):
+            cfg.add_input({"name": tensor.name, "data_type": tensor.data_type,
+                           "dims": list(tensor.shape[1:] if batched else tensor.shape)})
         if not config.get("output"):
-            for node in session.get_outputs():
-                dtype, shape = graph[node.name]
-                cfg.add_output({"name": node.name, "data_type": dtype,
-                                "dims": shape[1:] if batched else shape})
+            for tensor in graph_tensors(session.get_outputs()):
+                cfg.add_output({"name": tensor.name, "data_type": tensor.data_type,
+                                "dims": list(tensor.shape[1:] if batched else tensor.shape)})
         if batched and int(config.get("max_batch_size", 0)) == 0:
             cfg.set_max_batch_size(DEFAULT_MAX_BATCH_SIZE)
         if batched and not config.get("dynamic_batching"):
@@ -115,7 +82,8 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self._session = _session(model_path(version_dir, config), config.get("parameters", {}))
-        validate(config, self._session)
+        raise_problems(onnx_problems(config, graph_tensors(self._session.get_inputs()),
+                                     graph_tensors(self._session.get_outputs())))
         self._input_names = [tensor["name"] for tensor in config["input"]]
         self._output_names = [tensor["name"] for tensor in config["output"]]
         self._batched = int(config.get("max_batch_size", 0)) > 0

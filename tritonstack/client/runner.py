@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from tritonstack.aio_client import AsyncClassifierClient
-from tritonstack.client import DEFAULT_MODEL, ClassifierClient, Prediction
-from tritonstack.retry import RetryPolicy, describe_error
+from tritonstack.client.aio import AsyncClassifierClient
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.client.protocol import Prediction
+from tritonstack.client.retry import RetryPolicy, describe_error
+from tritonstack.contract import DEFAULT_MODEL
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class RunSettings:
     use_async: bool = False
     timeout_s: float | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    headers: dict[str, str] | None = None  # e.g. tritonstack.client.admin_headers() for shared memory
+    headers: dict[str, str] | None = None  # e.g. tritonstack.contract.admin_headers() for shared memory
 
     def client_options(self) -> dict:
         return {"timeout_s": self.timeout_s, "retry": self.retry, "shm": self.shm, "headers": self.headers}

@@ -7,33 +7,24 @@ The server binds 127.0.0.1 unless told otherwise, runs in its own process group
 (tritonserver and the Python backend stubs it spawns), and is stopped with SIGINT
 then, after a grace period, SIGKILL of the whole group: no orphan is left behind.
 
-Locked down by default: the model-repository (model control), shared-memory,
-statistics, trace and logging APIs answer only requests carrying the admin key
-header (`server.admin_headers(protocol)`); inference, health and metadata stay
-open. The key comes from $TRITONSTACK_ADMIN_KEY, else a random one per server.
-`restricted_apis=()` opens everything (tests that drive model control may prefer
-to send the header instead).
+The restricted APIs need the admin key (tritonstack.serve.security;
+`server.admin_headers(protocol)`); `restricted_apis=()` opens everything.
 
 Models load in explicit model-control mode (all of them, `--load-model=*`) so that
-a supervisor can reload a model whose Python backend stub died: Triton 2.51 never
-restarts such a stub by itself (see tritonstack/supervision.py).
+the stub supervisor (tritonstack.serve.supervision) can reload a model whose Python
+backend stub died: Triton 2.51 never restarts such a stub by itself.
 
-From the command line (`make serve`), it runs in the foreground until Ctrl-C:
-
-    python -m tritonstack.server --model-repository model_repository --http-port 8000
+The command line is `python -m tritonstack.serve` (tritonstack/serve/__main__.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import ipaddress
+import functools
 import logging
 import os
 import re
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -42,46 +33,22 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 
-from tritonstack.backend_contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV
-from tritonstack.supervision import StubSupervisor
-from tritonstack.triton_install import TritonInstall
+from tritonstack.contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV, admin_headers
+from tritonstack.serve.install import TritonInstall
+from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
+from tritonstack.serve import security
+from tritonstack.serve.security import RESTRICTED_APIS
+from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions
+from tritonstack.serve.supervision import StubSupervisor, reload_model
 
-LOGGER = logging.getLogger("tritonstack.server")
-LOOPBACK = "127.0.0.1"
-# The admin key for the restricted APIs; a random one per server when unset.
-ADMIN_KEY_ENV = "TRITONSTACK_ADMIN_KEY"
-ADMIN_HEADER = "tritonstack-admin-key"
-# Triton's gRPC frontend expects restricted-protocol metadata under this prefix.
-GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
-# Everything that changes the server or reveals more than inference needs.
-RESTRICTED_APIS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
-
-
-SHM_DIR = Path("/dev/shm")
+LOGGER = logging.getLogger("tritonstack.serve")
 _ERROR_LINE = re.compile(r"E\d{4} |error: ")
-_KEY = re.compile(r"[A-Za-z0-9._~-]+")
 # Logged on every machine without a GPU; not the reason for a failure.
 _HARMLESS = ("CudaDriverHelper has not been initialized",)
 
 
-def admin_headers(protocol: str, key: str | None = None) -> dict[str, str]:
-    """The header that opens the restricted APIs, with the key given or
-    $TRITONSTACK_ADMIN_KEY; no header without a key. gRPC carries it as metadata
-    under Triton's restricted-protocol prefix."""
-    key = key or os.environ.get(ADMIN_KEY_ENV)
-    if not key:
-        return {}
-    return {(ADMIN_HEADER if protocol == "http" else GRPC_HEADER_PREFIX + ADMIN_HEADER): key}
-
-
 class ServerStartError(RuntimeError):
     pass
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 class TritonServer:
@@ -111,10 +78,7 @@ class TritonServer:
         self.stop_grace_s = stop_grace_s
         self.install = install or TritonInstall.from_pytriton()
         self.restricted_apis = tuple(restricted_apis)
-        self.admin_key = admin_key or os.environ.get(ADMIN_KEY_ENV) or secrets.token_urlsafe(24)
-        if not _KEY.fullmatch(self.admin_key):
-            # Triton parses the flag as <apis>:<header>=<key>.
-            raise ValueError(f"the admin key (${ADMIN_KEY_ENV}) may hold only letters, digits and . _ ~ -")
+        self.admin_key = security.admin_key(admin_key)
         self.max_input_bytes = max_input_bytes
         self.supervise = supervise
         self.process: subprocess.Popen | None = None
@@ -132,6 +96,11 @@ class TritonServer:
     @property
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        """tritonserver's process id while it runs."""
+        return self.process.pid if self.process is not None else None
 
     @property
     def log_path(self) -> Path:
@@ -152,12 +121,7 @@ class TritonServer:
         return not any(arg.startswith("--model-control-mode") for arg in self.extra_args)
 
     def security_args(self) -> list[str]:
-        args = []
-        if self.restricted_apis:
-            apis = ",".join(self.restricted_apis)
-            # Same key for both; Triton prefixes the gRPC metadata name itself.
-            args.append(f"--http-restricted-api={apis}:{ADMIN_HEADER}={self.admin_key}")
-            args.append(f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={self.admin_key}")
+        args = security.restriction_flags(self.restricted_apis, self.admin_key)
         if self.install.supports("--http-max-input-size"):
             args.append(f"--http-max-input-size={self.max_input_bytes}")
         return args
@@ -204,7 +168,8 @@ class TritonServer:
             self.stop()
             raise
         if self.supervise:
-            self.supervisor = StubSupervisor(self)
+            reload = functools.partial(reload_model, self.http_url, self.admin_headers("http"))
+            self.supervisor = StubSupervisor(self.process.pid, reload if self.explicit_model_control else None)
             self.supervisor.start()
         return self
 
@@ -275,45 +240,6 @@ class TritonServer:
         self.stop()
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: assume it may be reachable from elsewhere
-        return False
-
-
-def remove_orphaned_stub_regions(min_age_s: float = 10.0) -> list[Path]:
-    """Delete the Python backend's shared-memory regions that no process maps.
-
-    Each stub's region (`/dev/shm/triton_<backend>_backend_shm_region_<uuid>`) is
-    unlinked by a clean shutdown, but a stub or server that was killed leaves it
-    behind, and /dev/shm is memory. A region still mapped by any live process
-    (another server on this machine) is kept, and so is a very young one (a server
-    starting right now may not have mapped it yet)."""
-    regions = list(SHM_DIR.glob("triton_*_backend_shm_region_*"))
-    if not regions:
-        return []
-    mapped = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            mapped.update(line.split()[-1] for line in maps.read_text().splitlines() if str(SHM_DIR) in line)
-        except OSError:  # the process ended meanwhile, or is not ours to read
-            continue
-    removed = []
-    for region in regions:
-        try:
-            if str(region) not in mapped and time.time() - region.stat().st_mtime > min_age_s:
-                region.unlink()
-                removed.append(region)
-        except FileNotFoundError:
-            continue
-    if removed:
-        LOGGER.info("removed %d orphaned backend shared-memory region(s)", len(removed))
-    return removed
-
-
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -321,56 +247,3 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run tritonserver on a model repository until Ctrl-C.")
-    parser.add_argument("--model-repository", default="model_repository")
-    parser.add_argument("--host", default=LOOPBACK, help="address to bind (default: loopback only)")
-    parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--grpc-port", type=int, default=8001)
-    parser.add_argument("--metrics-port", type=int, default=8002)
-    parser.add_argument("--open-apis", action="store_true",
-                        help="do not restrict model control, shared memory, statistics, trace, logging "
-                             f"(default: they need the header {ADMIN_HEADER}: ${ADMIN_KEY_ENV})")
-    parser.add_argument("--max-input-bytes", type=int, default=DEFAULT_MAX_INPUT_BYTES,
-                        help="largest request accepted, in bytes")
-    parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-
-    server = TritonServer(
-        args.model_repository,
-        host=args.host,
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
-        metrics_port=args.metrics_port,
-        extra_args=tuple(args.extra),
-        restricted_apis=() if args.open_apis else RESTRICTED_APIS,
-        max_input_bytes=args.max_input_bytes,
-    )
-    if not args.open_apis and ADMIN_KEY_ENV not in os.environ:
-        LOGGER.info("admin APIs need header %s; set $%s to choose its value", ADMIN_HEADER, ADMIN_KEY_ENV)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        server.start()
-        with open(server.log_path, errors="replace") as log:
-            print(log.read(), end="", flush=True)
-            LOGGER.info("ready: HTTP %s, gRPC %s, metrics %s (Ctrl-C to stop)",
-                        server.http_url, server.grpc_url, server.metrics_url)
-            while server.process.poll() is None:
-                print(log.read(), end="", flush=True)  # follow the server's log
-                time.sleep(0.5)
-        LOGGER.error("tritonserver exited with code %s:\n%s", server.process.returncode, server.log_tail())
-        return 1
-    except KeyboardInterrupt:
-        LOGGER.info("stopping")
-        return 0
-    finally:
-        server.stop()
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

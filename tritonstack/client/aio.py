@@ -1,4 +1,4 @@
-"""The asyncio twin of tritonstack.client.ClassifierClient, over
+"""The asyncio twin of tritonstack.client.classifier.ClassifierClient, over
 tritonclient.http.aio or tritonclient.grpc.aio: many requests in flight from one
 event loop.
 
@@ -20,51 +20,19 @@ import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.client import (
-    DEFAULT_MODEL,
-    DEFAULT_TIMEOUT_S,
-    ModelInfo,
-    Prediction,
-    batch_rows,
-    build_request,
-    check_transport,
-    output_nbytes,
-    parse_classification,
-    top_predictions,
-    worth_splitting,
-)
-from tritonstack.retry import (
-    RetryPolicy,
-    ServerUnavailableError,
-    is_lost_region,
-    is_retryable,
-    unavailable_message,
-)
-from tritonstack.shm import RequestRegions, SharedMemoryRegion
+from tritonstack.client.protocol import (DEFAULT_TIMEOUT_S, ClientBase, ModelInfo, Prediction, batch_rows,
+                                         build_request, labels_from, output_nbytes, parse_classification,
+                                         region_steps, top_predictions, worth_splitting)
+from tritonstack.client.retry import is_lost_region
+from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
 
 
-class AsyncClassifierClient:
-    """Connects and checks readiness in `async with` (or `await client.connect()`)."""
+class AsyncClassifierClient(ClientBase):
+    """Connects and checks readiness in `async with` (or `await client.connect()`);
+    arguments: see ClientBase."""
 
-    def __init__(
-        self,
-        url: str,
-        protocol: str = "http",
-        model: str = DEFAULT_MODEL,
-        *,
-        timeout_s: float | None = None,
-        retry: RetryPolicy = RetryPolicy(),
-        shm: str = "none",
-        headers: dict[str, str] | None = None,
-    ):
-        check_transport(protocol, shm)
-        self.url, self.protocol, self.model = url, protocol, model
-        self.timeout_s = timeout_s
-        self.retry = retry
-        self.headers = headers
-        self.shm = shm
-        self.info: ModelInfo | None = None
-        self._labels: list[str] | None = None
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self._labels_lock = asyncio.Lock()
         self._free_regions: list[RequestRegions] = []
         self._all_regions: list[RequestRegions] = []
@@ -73,10 +41,8 @@ class AsyncClassifierClient:
     async def connect(self) -> "AsyncClassifierClient":
         if self.protocol == "http":
             self._client = http_aio.InferenceServerClient(self.url, conn_timeout=self.timeout_s or DEFAULT_TIMEOUT_S)
-            self._infer_options = {}
         else:
             self._client = grpc_aio.InferenceServerClient(self.url)
-            self._infer_options = {"client_timeout": self.timeout_s}
         try:
             await self.wait_ready()
             self.info = ModelInfo.from_server(*await self.retry.acall(self._fetch_model_info))
@@ -88,35 +54,22 @@ class AsyncClassifierClient:
     async def wait_ready(self) -> None:
         try:
             await self.retry.acall(self._check_ready)
-        except ServerUnavailableError:  # it answered, but is not ready: that message is the clear one
-            raise
         except Exception as error:
-            if is_retryable(error):
-                raise ServerUnavailableError(unavailable_message(self.url, self.protocol, error)) from error
-            raise
-
-    def _headers(self) -> dict[str, str] | None:
-        """See ClassifierClient._headers."""
-        return dict(self.headers) if self.headers else None
+            raise self._unreachable(error) from error
 
     async def _check_ready(self) -> None:
-        if not await self._client.is_server_ready(headers=self._headers()):
-            raise ServerUnavailableError(f"Triton at {self.url} is not ready")
-        if not await self._client.is_model_ready(self.model, headers=self._headers()):
-            raise ServerUnavailableError(f"model {self.model!r} is not ready at {self.url}")
+        self._not_ready(await self._client.is_server_ready(headers=self._headers()),
+                        await self._client.is_model_ready(self.model, headers=self._headers()))
 
     async def _fetch_model_info(self) -> tuple[dict, dict]:
-        as_json = {"as_json": True} if self.protocol == "grpc" else {}
-        return (
-            await self._client.get_model_metadata(self.model, headers=self._headers(), **as_json),
-            await self._client.get_model_config(self.model, headers=self._headers(), **as_json),
-        )
+        return (await self._client.get_model_metadata(self.model, **self._metadata_options()),
+                await self._client.get_model_config(self.model, **self._metadata_options()))
 
     async def classify(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction]]:
         return [top for chunk in self.info.chunks(images) for top in await self._classify_chunk(chunk, top_k)]
 
     async def classify_each(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction] | Exception]:
-        """One outcome per image; see tritonstack.client.outcome_per_image."""
+        """One outcome per image; see tritonstack.client.classifier.outcome_per_image."""
         outcomes = []
         for chunk in self.info.chunks(images):
             try:
@@ -142,10 +95,7 @@ class AsyncClassifierClient:
         async with self._labels_lock:  # one request, however many tasks ask at once
             if self._labels is None:
                 everything = (await self._infer_classification([image], self.info.num_classes))[0]
-                labels = [""] * self.info.num_classes
-                for prediction in everything:
-                    labels[prediction.index] = prediction.label
-                self._labels = labels
+                self._labels = labels_from(everything, self.info.num_classes)
         return self._labels
 
     async def _classify_chunk(self, images: list[bytes], top_k: int) -> list[list[Prediction]]:
@@ -208,16 +158,15 @@ class AsyncClassifierClient:
 
     async def _fit(self, region: SharedMemoryRegion, byte_size: int) -> None:
         """See ClassifierClient._fit."""
-        if region.fits(byte_size) and region.registered:
-            return
-        if region.registered or region.fits(byte_size):
+        unregister, allocate, register = region_steps(region, byte_size)
+        if unregister:
             await self._unregister(region)
-        if not region.fits(byte_size):
+        if allocate:
             region.allocate(byte_size)
-        await self._client.register_system_shared_memory(
-            region.name, region.key, region.byte_size, headers=self._headers()
-        )
-        region.registered = True
+        if register:
+            await self._client.register_system_shared_memory(region.name, region.key, region.byte_size,
+                                                             headers=self._headers())
+            region.registered = True
 
     async def _unregister(self, region: SharedMemoryRegion) -> None:
         try:

@@ -19,14 +19,11 @@ success; the client-side failure count (Locust) is the one to trust.
 
 from __future__ import annotations
 
-import re
 import urllib.request
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-# name{label="value",...} number
-_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+from prometheus_client.parser import text_string_to_metric_families
 
 SUCCESS = "nv_inference_request_success"
 FAILURE = "nv_inference_request_failure"
@@ -48,13 +45,13 @@ Snapshot = dict[str, dict[str, float]]
 def parse(text: str) -> Snapshot:
     """Prometheus text exposition -> per-model totals of Triton's inference counters."""
     snapshot: Snapshot = defaultdict(lambda: defaultdict(float))
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if not match or match["name"] not in _COUNTERS:
+    for family in text_string_to_metric_families(text):
+        if family.name not in _COUNTERS:
             continue
-        labels = dict(_LABEL.findall(match["labels"] or ""))
-        if "model" in labels:
-            snapshot[labels["model"]][match["name"]] += float(match["value"])
+        # The parser names a counter's samples <family>_total: count by family.
+        for sample in family.samples:
+            if "model" in sample.labels:
+                snapshot[sample.labels["model"]][family.name] += sample.value
     return {model: dict(counters) for model, counters in snapshot.items()}
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytriton
 
-PROJECT_BACKENDS = Path(__file__).resolve().parent.parent / "backends"
+# backends/ beside the package, in the project checkout.
+PROJECT_BACKENDS = Path(__file__).resolve().parents[2] / "backends"
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,6 +1,6 @@
 """DALI preprocessing pipelines, as the DALI backend serves them.
 
-The pipeline itself is defined in tritonstack/dali_model.py (also the `dali.py`
+The pipeline itself is defined in tritonstack/build/dali_model.py (also the `dali.py`
 model file). Tensor names are the contract with Triton: the external source's name
 is the model's input name; outputs are matched by position.
 """
@@ -8,35 +8,16 @@ is the model's input name; outputs are matched by position.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import nvidia.dali
 from nvidia.dali._utils import dali_trace
 
-from tritonstack import dali_model
-from tritonstack.dali_model import INPUT_NAME, OUTPUT_NAME, classification_pipeline  # noqa: F401
+from tritonstack.build import dali_model
+from tritonstack.build.classifiers import Preprocessing
+from tritonstack.build.dali_model import classification_pipeline
 
-DEVICES = ("cpu", "gpu")
 DALI_VERSION = nvidia.dali.__version__
-
-
-@dataclass(frozen=True)
-class Preprocessing:
-    """The transform a classifier was trained with, in 0..255 RGB pixel units."""
-
-    resize_shorter: int
-    crop: int
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-
-    def __post_init__(self):
-        if self.resize_shorter < self.crop:
-            raise ValueError(
-                f"resize_shorter ({self.resize_shorter}) must be at least the crop "
-                f"({self.crop}): the center crop would reach outside the resized image"
-            )
-        if len(self.mean) != 3 or len(self.std) != 3 or 0 in self.std:
-            raise ValueError(f"mean and std need 3 values (R,G,B), std non-zero: {self.mean}, {self.std}")
 
 
 def serialize_pipeline(

@@ -15,15 +15,12 @@ leaves the committed files untouched.
 
 from __future__ import annotations
 
-import io
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from tritonstack import classifiers, pillow_model, pipelines
-from tritonstack.classifiers import Classifier
-from tritonstack.model_config import (
-    CONFIG_FILENAME,
+from tritonstack.build import classifiers, pillow_model, pipelines
+from tritonstack.build.classifiers import Classifier
+from tritonstack.build.model_config import (
     DynamicBatching,
     EnsembleStep,
     InstanceGroup,
@@ -32,79 +29,25 @@ from tritonstack.model_config import (
     Warmup,
     WarmupInput,
 )
-from tritonstack.samples import photo_path
-
-ENSEMBLE_INPUT = "INPUT"
-ENSEMBLE_OUTPUT = "OUTPUT"
-LABELS_FILENAME = "labels.txt"
-VERSION = "1"
-PREPROCESSORS = ("dali", "python")
-FORMATS = ("model.dali", "dali.py")
-DALI_VERSION_SUFFIX = ".version"  # model.dali.version: the DALI that serialized it
-WARMUP_DIR = "warmup"
-WARMUP_SAMPLE = "sample.jpg"
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    max_batch_size: int = 32
-    num_threads: int = 2  # DALI CPU threads; raise to the serving machine's cores
-    # ONNX Runtime threads per classifier instance; fixed like num_threads so the
-    # committed repository is the same everywhere (README, Performance).
-    intra_op_threads: int = 2
-    instances: int = 1
-    max_queue_delay_us: int = 0
-    device: str = "cpu"  # "gpu": nvJPEG decoding, GPU resize/normalize, KIND_GPU
-    format: str = "model.dali"  # or "dali.py": serialized by the DALI backend at load
-
-    def __post_init__(self):
-        if self.device not in pipelines.DEVICES:
-            raise ValueError(f"device must be one of {pipelines.DEVICES}, not {self.device!r}")
-        if self.format not in FORMATS:
-            raise ValueError(f"format must be one of {FORMATS}, not {self.format!r}")
-        for name in ("max_batch_size", "num_threads", "intra_op_threads", "instances"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
-        if self.max_queue_delay_us < 0:
-            raise ValueError(f"max_queue_delay_us must be >= 0, not {self.max_queue_delay_us}")
-
-    @property
-    def instance_kind(self) -> str:
-        return "KIND_GPU" if self.device == "gpu" else "KIND_CPU"
-
-
-@dataclass(frozen=True)
-class Preset:
-    """One ensemble: a preprocessing model chained to a classifier."""
-
-    classifier: Classifier
-    preprocessor: str = "dali"
-
-    @property
-    def name(self) -> str:
-        return f"{self.preprocessor}_{self.classifier.name}"
-
-    @property
-    def preprocessing_name(self) -> str:
-        return f"preprocess_{self.name}"
-
-    @property
-    def ensemble_name(self) -> str:
-        return f"ensemble_{self.name}"
-
-
-PRESETS = (
-    Preset(classifiers.EFFICIENTNET_LITE0, "dali"),
-    Preset(classifiers.EFFICIENTNET_LITE0, "python"),
-    Preset(classifiers.EFFICIENTNET_LITE2, "dali"),
+from tritonstack.build.presets import PRESETS, BuildOptions, Preset
+from tritonstack.contract import (
+    CONFIG_FILENAME,
+    DALI_MODEL_FILENAME,
+    DALI_SCRIPT_FILENAME,
+    DALI_VERSION_FILENAME,
+    ENSEMBLE_INPUT,
+    ENSEMBLE_OUTPUT,
+    LABELS_FILENAME,
+    ONNX_MODEL_FILENAME,
+    PREPROCESS_INPUT,
+    PREPROCESS_OUTPUT,
+    PYTHON_MODEL_FILENAME,
+    WARMUP_DIR,
 )
+from tritonstack.samples import sample_jpeg
 
-
-def preset_named(name: str) -> Preset:
-    for preset in PRESETS:
-        if name in (preset.name, preset.ensemble_name):
-            return preset
-    raise KeyError(f"no preset {name!r}; presets: {', '.join(p.name for p in PRESETS)}")
+VERSION = "1"
+WARMUP_SAMPLE = "sample.jpg"
 
 
 def _batching(options: BuildOptions) -> DynamicBatching:
@@ -113,48 +56,44 @@ def _batching(options: BuildOptions) -> DynamicBatching:
 
 def _preprocessed(classifier: Classifier) -> Tensor:
     crop = classifier.preprocessing.crop
-    return Tensor(pipelines.OUTPUT_NAME, "FP32", (3, crop, crop))
+    return Tensor(PREPROCESS_OUTPUT, "FP32", (3, crop, crop))
 
 
 def _sample_warmup(sample: bytes) -> tuple[Warmup, ...]:
     """A real JPEG: random bytes cannot be decoded, and would fail the model's load."""
-    tensor = WarmupInput(pipelines.INPUT_NAME, "UINT8", (len(sample),), data_file=WARMUP_SAMPLE)
+    tensor = WarmupInput(PREPROCESS_INPUT, "UINT8", (len(sample),), data_file=WARMUP_SAMPLE)
     return (Warmup(name="sample_jpeg", batch_size=1, inputs=(tensor,)),)
 
 
-def dali_config(preset: Preset, options: BuildOptions, sample: bytes) -> ModelConfig:
+def _preprocessing_config(preset: Preset, options: BuildOptions, sample: bytes, backend: str, kind: str,
+                          parameters: dict[str, str]) -> ModelConfig:
     return ModelConfig(
         name=preset.preprocessing_name,
-        backend="dali",
+        backend=backend,
         max_batch_size=options.max_batch_size,
-        inputs=(Tensor(pipelines.INPUT_NAME, "UINT8", (-1,), allow_ragged_batch=True),),
+        inputs=(Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),),
         outputs=(_preprocessed(preset.classifier),),
         dynamic_batching=_batching(options),
-        instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
-        parameters={"num_threads": str(options.num_threads)},
+        instance_groups=(InstanceGroup(count=options.instances, kind=kind),),
+        parameters=parameters,
         warmup=_sample_warmup(sample),
     )
+
+
+def dali_config(preset: Preset, options: BuildOptions, sample: bytes) -> ModelConfig:
+    return _preprocessing_config(preset, options, sample, "dali", options.instance_kind,
+                                 {"num_threads": str(options.num_threads)})
 
 
 def python_config(preset: Preset, options: BuildOptions, sample: bytes) -> ModelConfig:
     preprocessing = preset.classifier.preprocessing
-    return ModelConfig(
-        name=preset.preprocessing_name,
-        backend="python",
-        max_batch_size=options.max_batch_size,
-        inputs=(Tensor(pillow_model.INPUT_NAME, "UINT8", (-1,), allow_ragged_batch=True),),
-        outputs=(_preprocessed(preset.classifier),),
-        dynamic_batching=_batching(options),
-        # Pillow runs on the CPU whatever the device of the rest.
-        instance_groups=(InstanceGroup(count=options.instances, kind="KIND_CPU"),),
-        parameters={
-            "resize_shorter": str(preprocessing.resize_shorter),
-            "crop": str(preprocessing.crop),
-            "mean": ",".join(f"{value:g}" for value in preprocessing.mean),
-            "std": ",".join(f"{value:g}" for value in preprocessing.std),
-        },
-        warmup=_sample_warmup(sample),
-    )
+    # Pillow runs on the CPU whatever the device of the rest.
+    return _preprocessing_config(preset, options, sample, "python", "KIND_CPU", {
+        "resize_shorter": str(preprocessing.resize_shorter),
+        "crop": str(preprocessing.crop),
+        "mean": ",".join(f"{value:g}" for value in preprocessing.mean),
+        "std": ",".join(f"{value:g}" for value in preprocessing.std),
+    })
 
 
 def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelConfig:
@@ -190,8 +129,8 @@ def ensemble_config(preset: Preset, options: BuildOptions) -> ModelConfig:
         steps=(
             EnsembleStep(
                 model_name=preset.preprocessing_name,
-                input_map={pipelines.INPUT_NAME: ENSEMBLE_INPUT},
-                output_map={pipelines.OUTPUT_NAME: preprocessed},
+                input_map={PREPROCESS_INPUT: ENSEMBLE_INPUT},
+                output_map={PREPROCESS_OUTPUT: preprocessed},
             ),
             EnsembleStep(
                 model_name=classifier.name,
@@ -202,17 +141,6 @@ def ensemble_config(preset: Preset, options: BuildOptions) -> ModelConfig:
     )
 
 
-def warmup_sample() -> bytes:
-    """A real photo (scikit-image's chelsea) as JPEG: the same bytes on every
-    machine with the pinned Pillow, so the committed file does not drift."""
-    from PIL import Image
-
-    encoded = io.BytesIO()
-    with Image.open(photo_path("chelsea.png")) as photo:
-        photo.convert("RGB").save(encoded, format="JPEG", quality=90)
-    return encoded.getvalue()
-
-
 def write_repository(
     repository: Path,
     presets: tuple[Preset, ...] = PRESETS,
@@ -221,7 +149,7 @@ def write_repository(
     """Write every model of every preset; return the files that changed."""
     repository = Path(repository)
     changed: list[Path] = []
-    sample = warmup_sample()
+    sample = sample_jpeg()
     written_classifiers = set()
     for preset in presets:
         changed += _write_preprocessing(repository / preset.preprocessing_name, preset, options, sample)
@@ -235,22 +163,34 @@ def write_repository(
     return changed
 
 
+def write_model_folder(repository: Path, config: ModelConfig, files: dict[str, bytes | str],
+                       version: str = VERSION) -> Path:
+    """One model of any kind: its config.pbtxt, and `files` (names relative to the
+    version folder, text or bytes). For repositories that are not presets."""
+    model_dir = Path(repository) / config.name
+    _write_model(model_dir, config)
+    (model_dir / version).mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        _write_if_changed(model_dir / version / name, content.encode() if isinstance(content, str) else content)
+    return model_dir
+
+
 def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions, sample: bytes) -> list[Path]:
     preprocessing = preset.classifier.preprocessing
     changed = _write_if_changed(model_dir / WARMUP_DIR / WARMUP_SAMPLE, sample)
     version_dir = model_dir / VERSION
     if preset.preprocessor == "python":
         changed += _write_model(model_dir, python_config(preset, options, sample))
-        return changed + _write_if_changed(version_dir / "model.py", Path(pillow_model.__file__).read_bytes())
+        return changed + _write_if_changed(version_dir / PYTHON_MODEL_FILENAME, Path(pillow_model.__file__).read_bytes())
     changed += _write_model(model_dir, dali_config(preset, options, sample))
-    if options.format == "dali.py":
+    if options.format == DALI_SCRIPT_FILENAME:
         files = pipelines.dali_py_files(preprocessing, options.max_batch_size, options.num_threads, options.device)
-        stale = ("model.dali", "model.dali" + DALI_VERSION_SUFFIX)
+        stale = (DALI_MODEL_FILENAME, DALI_VERSION_FILENAME)
     else:
         serialized = pipelines.serialize_pipeline(
             preprocessing, options.max_batch_size, options.num_threads, options.device
         )
-        files = {"model.dali": serialized, "model.dali" + DALI_VERSION_SUFFIX: f"{pipelines.DALI_VERSION}\n".encode()}
+        files = {DALI_MODEL_FILENAME: serialized, DALI_VERSION_FILENAME: f"{pipelines.DALI_VERSION}\n".encode()}
         stale = tuple(pipelines.dali_py_files(preprocessing, 1, 1))
     for name in stale:  # the other format's files, from an earlier build
         (version_dir / name).unlink(missing_ok=True)
@@ -262,7 +202,7 @@ def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions,
 def _write_classifier(model_dir: Path, classifier: Classifier, options: BuildOptions) -> list[Path]:
     changed = _write_model(model_dir, classifier_config(classifier, options))
     changed += _write_labels(model_dir, classifier)
-    return changed + _export_if_stale(classifier, model_dir / VERSION / "model.onnx")
+    return changed + _export_if_stale(classifier, model_dir / VERSION / ONNX_MODEL_FILENAME)
 
 
 def _write_labels(model_dir: Path, classifier: Classifier) -> list[Path]:

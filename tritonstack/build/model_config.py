@@ -1,9 +1,12 @@
-"""Typed Triton model configurations, rendered to protobuf text.
+"""Typed Triton model configurations: the one generator and the one parser of
+config.pbtxt.
 
 A config is built from the small dataclasses below, converted to Triton's own
 `ModelConfig` protobuf message (shipped with tritonclient) and printed with
 protobuf's text format. Nothing here is a string template: a misspelt field fails
-when the message is built, not when the server loads the model.
+when the message is built, not when the server loads the model. `read_config`
+parses a config.pbtxt back into that message, and `config_dict` gives the JSON form
+Triton hands a backend, which the shared load rules (tritonstack.rules) take.
 """
 
 from __future__ import annotations
@@ -11,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-CONFIG_FILENAME = "config.pbtxt"
+from tritonstack.contract import CONFIG_FILENAME
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,7 @@ class ModelConfig:
     parameters: dict[str, str] = field(default_factory=dict)
     steps: tuple[EnsembleStep, ...] = ()
     warmup: tuple[Warmup, ...] = ()
+    default_model_filename: str | None = None
 
     def to_proto(self) -> pb.ModelConfig:
         message = pb.ModelConfig(
@@ -145,6 +149,8 @@ class ModelConfig:
         )
         if self.backend:
             message.backend = self.backend
+        if self.default_model_filename:
+            message.default_model_filename = self.default_model_filename
         if self.platform:
             message.platform = self.platform
         if self.dynamic_batching:
@@ -159,9 +165,26 @@ class ModelConfig:
         return text_format.MessageToString(self.to_proto())
 
 
+class ConfigError(ValueError):
+    """A config.pbtxt that is not valid protobuf text of Triton's ModelConfig."""
+
+
+def parse_config(text: str) -> pb.ModelConfig:
+    try:
+        return text_format.Parse(text, pb.ModelConfig())
+    except text_format.ParseError as error:
+        raise ConfigError(str(error)) from error
+
+
 def read_config(model_dir: Path) -> pb.ModelConfig:
     """Parse a model folder's config.pbtxt into Triton's ModelConfig message."""
-    return text_format.Parse((Path(model_dir) / CONFIG_FILENAME).read_text(), pb.ModelConfig())
+    return parse_config((Path(model_dir) / CONFIG_FILENAME).read_text())
+
+
+def config_dict(config: pb.ModelConfig) -> dict:
+    """Triton's JSON form of a config, as a backend receives it (fields left at
+    their default are absent, as when a config.pbtxt does not state them)."""
+    return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
 def _data_type(name: str) -> int:

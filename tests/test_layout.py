@@ -1,0 +1,160 @@
+"""The package's rooms stay apart: build/, serve/ and client/ never import each
+other, nothing imports in a circle, the backends use only the shared modules, and
+the client installs and runs without the server stack."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+from tritonstack.samples import photo_path
+
+PACKAGE = PROJECT_ROOT / "tritonstack"
+ROOMS = ("tritonstack.build", "tritonstack.serve", "tritonstack.client")
+SHARED = ("tritonstack.contract", "tritonstack.dali_proto", "tritonstack.rules", "tritonstack.samples")
+# What a client user must not have to install (or pay for at import).
+SERVER_STACK = ("nvidia.dali", "pytriton", "psutil", "torch", "onnxruntime", "onnx", "tritonstack.serve",
+                "tritonstack.build", "skimage")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PROJECT_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The project modules a file imports, at any depth of the file (lazy imports
+    inside functions count too): `from a.b import c` is a.b.c when that is a module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name in known}
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {name: imported_modules(path, set(files)) - {name} for name, path in files.items()}
+
+
+def room_of(module: str) -> str | None:
+    return next((room for room in ROOMS if module == room or module.startswith(room + ".")), None)
+
+
+def test_rooms_never_import_each_other():
+    crossings = [
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if room_of(module) and room_of(target) and room_of(module) != room_of(target)
+    ]
+    assert crossings == []
+
+
+def test_shared_modules_import_no_room():
+    graph = import_graph()
+    wrong = [f"{module} imports {target}" for module in SHARED for target in graph[module] if room_of(target)]
+    assert wrong == []
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    state: dict[str, str] = {}  # "visiting" or "done"
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = "visiting"
+        for target in sorted(graph[module]):
+            if state.get(target) == "visiting":
+                return path + [module, target]
+            if target not in state and (cycle := visit(target, path + [module])):
+                return cycle
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            cycle = visit(module, [])
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle(monkeypatch):
+    # The check above must be able to fail: feed it a two-module circle.
+    monkeypatch.setattr(sys.modules[__name__], "import_graph", lambda: {"a": {"b"}, "b": {"a"}})
+    with pytest.raises(AssertionError, match="a -> b -> a"):
+        test_no_import_cycle()
+
+
+@pytest.mark.parametrize("backend", ["dali", "onnxruntime"])
+def test_backends_use_only_the_shared_modules(backend):
+    path = PROJECT_ROOT / "backends" / backend / "model.py"
+    known = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    used = imported_modules(path, known)
+    assert used and used <= set(SHARED) | {"tritonstack"}, used
+
+
+def test_copied_model_files_import_nothing_of_the_project():
+    # They are copied verbatim into version folders and serve in the NGC container.
+    known = {module_name(p) for p in PACKAGE.rglob("*.py")} | {"tritonstack"}
+    for name in ("pillow_model.py", "dali_model.py"):
+        assert imported_modules(PACKAGE / "build" / name, known) == set(), name
+
+
+def test_copied_model_files_use_the_contract_tensor_names():
+    from tritonstack import contract
+    from tritonstack.build import dali_model, pillow_model
+
+    for module in (dali_model, pillow_model):
+        assert (module.INPUT_NAME, module.OUTPUT_NAME) == (contract.PREPROCESS_INPUT, contract.PREPROCESS_OUTPUT)
+
+
+def test_importing_the_client_loads_no_server_stack():
+    code = ("import json, sys\n"
+            "import tritonstack.client, tritonstack.client.classifier, tritonstack.client.aio\n"
+            "import tritonstack.client.runner, tritonstack.client.shm, tritonstack.client.images\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                       text=True, cwd=PROJECT_ROOT).stdout)
+    heavy = [name for name in loaded if any(name == m or name.startswith(m + ".") for m in SERVER_STACK)]
+    assert heavy == []
+    assert "tritonstack.client.classifier" in loaded  # the probe did import the client
+
+
+def wheelhouse() -> Path:
+    """Wheels of the client extra, saved by `make install` (no network in tests)."""
+    return Path(sys.prefix) / "wheelhouse"
+
+
+@pytest.mark.timeout(600)
+def test_client_extra_installs_alone_and_classifies(tmp_path, server):
+    if not any(wheelhouse().glob("tritonclient-*.whl")):
+        pytest.fail(f"no client wheels in {wheelhouse()}: run `make install`")
+    env_dir = tmp_path / "client-venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PIP_CONSTRAINT")}
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheelhouse()),
+                    "-c", str(PROJECT_ROOT / "constraints.txt"), f"{PROJECT_ROOT}[client]"],
+                   check=True, env=env, cwd=tmp_path, timeout=540)
+    installed = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], check=True,
+                               capture_output=True, text=True, env=env).stdout
+    names = {package["name"].lower() for package in json.loads(installed)}
+    assert not names & {"nvidia-pytriton", "nvidia-dali-cuda120", "onnxruntime", "torch", "psutil"}, names
+
+    result = subprocess.run(
+        [str(python), str(PROJECT_ROOT / "clients" / "classify.py"), "--url", server.http_url,
+         "--format", "jsonl", str(photo_path("coffee.png"))],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    assert json.loads(line)["top"][0]["label"] == "espresso", line

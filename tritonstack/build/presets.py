@@ -1,0 +1,76 @@
+"""What can be built: the presets (a preprocessing model chained to a classifier,
+served as one ensemble) and the options every model of a build shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tritonstack import contract
+from tritonstack.build import classifiers
+from tritonstack.build.classifiers import Classifier
+
+DEVICES = ("cpu", "gpu")
+FORMATS = (contract.DALI_MODEL_FILENAME, contract.DALI_SCRIPT_FILENAME)
+PREPROCESSORS = ("dali", "python")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    max_batch_size: int = 32
+    num_threads: int = 2  # DALI CPU threads; raise to the serving machine's cores
+    # ONNX Runtime threads per classifier instance; fixed like num_threads so the
+    # committed repository is the same everywhere (README, Performance).
+    intra_op_threads: int = 2
+    instances: int = 1
+    max_queue_delay_us: int = 0
+    device: str = "cpu"  # "gpu": nvJPEG decoding, GPU resize/normalize, KIND_GPU
+    format: str = "model.dali"  # or "dali.py": serialized by the DALI backend at load
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, not {self.device!r}")
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}, not {self.format!r}")
+        for name in ("max_batch_size", "num_threads", "intra_op_threads", "instances"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.max_queue_delay_us < 0:
+            raise ValueError(f"max_queue_delay_us must be >= 0, not {self.max_queue_delay_us}")
+
+    @property
+    def instance_kind(self) -> str:
+        return "KIND_GPU" if self.device == "gpu" else "KIND_CPU"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One ensemble: a preprocessing model chained to a classifier."""
+
+    classifier: Classifier
+    preprocessor: str = "dali"
+
+    @property
+    def name(self) -> str:
+        return f"{self.preprocessor}_{self.classifier.name}"
+
+    @property
+    def preprocessing_name(self) -> str:
+        return contract.preprocessing_name(self.name)
+
+    @property
+    def ensemble_name(self) -> str:
+        return contract.ensemble_name(self.name)
+
+
+PRESETS = (
+    Preset(classifiers.EFFICIENTNET_LITE0, "dali"),
+    Preset(classifiers.EFFICIENTNET_LITE0, "python"),
+    Preset(classifiers.EFFICIENTNET_LITE2, "dali"),
+)
+
+
+def preset_named(name: str) -> Preset:
+    for preset in PRESETS:
+        if name in (preset.name, preset.ensemble_name):
+            return preset
+    raise KeyError(f"no preset {name!r}; presets: {', '.join(p.name for p in PRESETS)}")

@@ -1,0 +1,193 @@
+"""Classify encoded images with a Triton classification model, over HTTP or gRPC.
+
+    with ClassifierClient("127.0.0.1:8000", protocol="http") as client:
+        for top in client.classify([open("cat.jpg", "rb").read()], top_k=5):
+            print(top[0].label, top[0].score)
+
+The request and answer formats are in tritonstack.client.protocol; longer lists
+are sent in several requests of at most max_batch_size images. The asyncio twin
+is tritonstack.client.aio.
+
+A client checks that the server and the model are ready before anything else,
+retries (tritonstack.client.retry) only when the server cannot answer, and bounds
+each request by `timeout_s`. The sync HTTP client is not thread-safe: use one
+ClassifierClient per thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tritonstack.client.protocol import (
+    DEFAULT_TIMEOUT_S,
+    ClientBase,
+    ModelInfo,
+    Prediction,
+    batch_rows,
+    build_request,
+    labels_from,
+    output_nbytes,
+    parse_classification,
+    region_steps,
+    top_predictions,
+    worth_splitting,
+)
+from tritonstack.client.retry import is_lost_region
+from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
+
+
+def outcome_per_image(classify_chunk, images: list[bytes]) -> list:
+    """classify_chunk(images) for all, or, when the server rejects the request,
+    image by image: one broken file fails alone. Retryable failures (no server)
+    and timeouts are not split: they would fail again for every image."""
+    try:
+        return list(classify_chunk(images))
+    except Exception as error:
+        if not worth_splitting(error, len(images)):
+            return [error] * len(images)
+    outcomes = []
+    for image in images:
+        try:
+            outcomes.extend(classify_chunk([image]))
+        except Exception as error:
+            outcomes.append(error)
+    return outcomes
+
+
+class ClassifierClient(ClientBase):
+    """Connects and checks readiness when made; arguments: see ClientBase."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._regions = RequestRegions() if self.shm == "system" else None
+        if self.protocol == "http":
+            limit = self.timeout_s or DEFAULT_TIMEOUT_S
+            self._client = httpclient.InferenceServerClient(self.url, connection_timeout=limit, network_timeout=limit)
+        else:
+            self._client = grpcclient.InferenceServerClient(self.url)
+        try:
+            self.wait_ready()
+            self.info = ModelInfo.from_server(*self.retry.call(self._fetch_model_info))
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_ready(self) -> None:
+        """Raise ServerUnavailableError, with a message saying what to do, unless
+        the server and the model are ready (within the retry policy)."""
+        try:
+            self.retry.call(self._check_ready)
+        except Exception as error:
+            raise self._unreachable(error) from error
+
+    def _check_ready(self) -> None:
+        self._not_ready(self._client.is_server_ready(headers=self._headers()),
+                        self._client.is_model_ready(self.model, headers=self._headers()))
+
+    def _fetch_model_info(self) -> tuple[dict, dict]:
+        return (self._client.get_model_metadata(self.model, **self._metadata_options()),
+                self._client.get_model_config(self.model, **self._metadata_options()))
+
+    def classify(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction]]:
+        return [top for chunk in self.info.chunks(images) for top in self._classify_chunk(chunk, top_k)]
+
+    def classify_each(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction] | Exception]:
+        """One outcome per image, predictions or the error for that image alone."""
+        return [
+            outcome
+            for chunk in self.info.chunks(images)
+            for outcome in outcome_per_image(lambda part: self._classify_chunk(part, top_k), chunk)
+        ]
+
+    def probabilities(self, images: Sequence[bytes]) -> np.ndarray:
+        parts = [self._probabilities_chunk(chunk) for chunk in self.info.chunks(images)]
+        return np.concatenate(parts) if parts else np.empty((0, *self.info.output_shape), np.float32)
+
+    def labels(self, image: bytes) -> list[str]:
+        """The model's labels, by index. Triton tells them only in classification
+        results: one request for all classes of one image gives them all."""
+        if self._labels is None:
+            everything = self._infer_classification([image], self.info.num_classes)[0]
+            self._labels = labels_from(everything, self.info.num_classes)
+        return self._labels
+
+    def _classify_chunk(self, images: list[bytes], top_k: int) -> list[list[Prediction]]:
+        if self._regions is None:
+            return self._infer_classification(images, top_k)
+        return top_predictions(self._probabilities_chunk(images), top_k, self.labels(images[0]))
+
+    def _infer_classification(self, images: list[bytes], class_count: int) -> list[list[Prediction]]:
+        inputs, outputs = build_request(self.protocol, self.info, self.info.encode(images), class_count)
+        result = self.retry.call(lambda: self._infer(inputs, outputs))
+        return [parse_classification(row) for row in batch_rows(self.info, result.as_numpy(self.info.output_name))]
+
+    def _probabilities_chunk(self, images: list[bytes]) -> np.ndarray:
+        tensor = self.info.encode(images)
+        if self._regions is None:
+            inputs, outputs = build_request(self.protocol, self.info, tensor, class_count=0)
+            result = self.retry.call(lambda: self._infer(inputs, outputs))
+            return batch_rows(self.info, result.as_numpy(self.info.output_name))
+        return self.retry.call(lambda: self._shared_memory_attempt(tensor), on_retry=self._lost_server)
+
+    def _shared_memory_attempt(self, tensor: np.ndarray) -> np.ndarray:
+        try:
+            return self._infer_in_shared_memory(tensor)
+        except InferenceServerException as error:
+            if not is_lost_region(error):
+                raise
+        self._regions.forget_registration()  # a restarted server: register once more
+        return self._infer_in_shared_memory(tensor)
+
+    def _infer(self, inputs, outputs):
+        return self._client.infer(self.model, inputs, outputs=outputs, headers=self._headers(), **self._infer_options)
+
+    def _infer_in_shared_memory(self, tensor: np.ndarray) -> np.ndarray:
+        regions = self._regions
+        self._fit(regions.input, tensor.nbytes)
+        self._fit(regions.output, output_nbytes(self.info, tensor))
+        regions.input.write(tensor)
+        self._infer(*build_request(self.protocol, self.info, tensor, 0, regions))
+        shape = self.info.output_batch_shape(tensor.shape[0])
+        return batch_rows(self.info, regions.output.read(self.info.output_datatype, shape))
+
+    def _fit(self, region: SharedMemoryRegion, byte_size: int) -> None:
+        """Make the region big enough and registered with this server."""
+        unregister, allocate, register = region_steps(region, byte_size)
+        if unregister:
+            self._unregister(region)
+        if allocate:
+            region.allocate(byte_size)
+        if register:
+            self._client.register_system_shared_memory(region.name, region.key, region.byte_size,
+                                                       headers=self._headers())
+            region.registered = True
+
+    def _unregister(self, region: SharedMemoryRegion) -> None:
+        try:
+            self._client.unregister_system_shared_memory(region.name, headers=self._headers())
+        except Exception:  # the server is gone or never knew it: nothing left to release there
+            pass
+        region.registered = False
+
+    def _lost_server(self, error: BaseException) -> None:
+        self._regions.forget_registration()
+
+    def close(self) -> None:
+        """Unregister and destroy the shared-memory regions (always), then disconnect."""
+        if self._regions is not None:
+            for region in self._regions:
+                if region.registered:
+                    self._unregister(region)
+            self._regions.destroy()
+        self._client.close()
+
+    def __enter__(self) -> "ClassifierClient":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

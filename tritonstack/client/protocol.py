@@ -1,0 +1,226 @@
+"""What a classification request and its answer look like, for both protocols:
+the one module the sync client (tritonstack.client.classifier) and the asyncio
+client (tritonstack.client.aio) share.
+
+Images travel as encoded bytes (the server decodes them): one row per image,
+zero-padded to the longest (tritonstack.contract.pad_batch), as binary tensor data
+or in system shared memory. Input and output names, data types and max_batch_size
+come from the model's metadata and config; the ranking comes from Triton's
+classification extension ("score:index:label").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import triton_to_np_dtype
+
+from tritonstack.client.retry import RetryPolicy, ServerUnavailableError, is_retryable, is_timeout, unavailable_message
+from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
+from tritonstack.contract import DEFAULT_MODEL, pad_batch
+
+PROTOCOLS = ("http", "grpc")
+DEFAULT_URLS = {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}  # `make serve`
+SHM_MODES = ("none", "system")
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    index: int
+    score: float
+
+
+def labels_from(predictions: list[Prediction], num_classes: int) -> list[str]:
+    """The model's labels by index, from one classification of all its classes:
+    Triton tells labels only in classification results."""
+    labels = [""] * num_classes
+    for prediction in predictions:
+        labels[prediction.index] = prediction.label
+    return labels
+
+
+def parse_classification(entries) -> list[Prediction]:
+    """Triton's classification strings, "score:index:label", best first."""
+    predictions = []
+    for entry in entries:
+        text = entry.decode() if isinstance(entry, bytes) else str(entry)
+        score, index, label = text.split(":", 2)
+        predictions.append(Prediction(label=label, index=int(index), score=float(score)))
+    return predictions
+
+
+def top_predictions(probabilities: np.ndarray, top_k: int, labels: Sequence[str]) -> list[list[Prediction]]:
+    """What the classification extension computes, done here for outputs that come
+    back in shared memory (Triton cannot classify into a region)."""
+    ranked = np.argsort(-probabilities, axis=1, kind="stable")[:, :top_k]
+    return [
+        [Prediction(label=labels[i], index=int(i), score=float(row[i])) for i in order]
+        for row, order in zip(probabilities, ranked)
+    ]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a client needs to know about a model, from the server."""
+
+    name: str
+    input_name: str
+    input_datatype: str
+    output_name: str
+    output_datatype: str
+    output_shape: tuple[int, ...]  # per image
+    max_batch_size: int  # 0: the model takes one image per request, without a batch axis
+
+    @classmethod
+    def from_server(cls, metadata: dict, config: dict) -> "ModelInfo":
+        """From get_model_metadata / get_model_config as JSON (gRPC: as_json=True)."""
+        config = config.get("config", config)
+        (model_input,) = metadata["inputs"]
+        model_output = metadata["outputs"][0]
+        batched = int(config.get("max_batch_size", 0)) > 0
+        output_shape = tuple(int(d) for d in model_output["shape"])[1 if batched else 0 :]
+        info = cls(
+            name=metadata["name"],
+            input_name=model_input["name"],
+            input_datatype=model_input["datatype"],
+            output_name=model_output["name"],
+            output_datatype=model_output["datatype"],
+            output_shape=output_shape,
+            max_batch_size=int(config.get("max_batch_size", 0)),
+        )
+        if info.input_datatype != "UINT8":
+            raise ValueError(
+                f"model {info.name!r} takes {info.input_datatype} input {info.input_name!r}, "
+                "not encoded image bytes (UINT8)"
+            )
+        return info
+
+    @property
+    def num_classes(self) -> int:
+        return math.prod(self.output_shape)
+
+    def chunks(self, images: Sequence[bytes]) -> Iterator[list[bytes]]:
+        """The images split into requests the model accepts."""
+        size = max(self.max_batch_size, 1)
+        for start in range(0, len(images), size):
+            yield list(images[start : start + size])
+
+    def encode(self, images: list[bytes]) -> np.ndarray:
+        """The input tensor: rows of encoded bytes, or one row without batch axis."""
+        if not images or any(len(image) == 0 for image in images):
+            raise ValueError("empty image: nothing to classify")
+        batch = pad_batch(images)
+        return batch if self.max_batch_size else batch[0]
+
+    def output_batch_shape(self, batch_size: int) -> list[int]:
+        return [batch_size, *self.output_shape] if self.max_batch_size else list(self.output_shape)
+
+
+def build_request(
+    protocol: str,
+    info: ModelInfo,
+    tensor: np.ndarray,
+    class_count: int,
+    regions: RequestRegions | None = None,
+):
+    """Inputs and requested outputs for one inference, for either protocol."""
+    api = httpclient if protocol == "http" else grpcclient
+    model_input = api.InferInput(info.input_name, list(tensor.shape), info.input_datatype)
+    binary = {"binary_data": True} if protocol == "http" else {}
+    if regions is None:
+        model_input.set_data_from_numpy(tensor, **binary)
+        output = api.InferRequestedOutput(info.output_name, class_count=class_count, **binary)
+    else:
+        model_input.set_shared_memory(regions.input.name, tensor.nbytes)
+        output = api.InferRequestedOutput(info.output_name, **binary)
+        output.set_shared_memory(regions.output.name, output_nbytes(info, tensor))
+    return [model_input], [output]
+
+
+def output_nbytes(info: ModelInfo, tensor: np.ndarray) -> int:
+    batch_size = tensor.shape[0] if info.max_batch_size else 1
+    itemsize = np.dtype(triton_to_np_dtype(info.output_datatype)).itemsize
+    return math.prod(info.output_batch_shape(batch_size)) * itemsize
+
+
+def batch_rows(info: ModelInfo, output: np.ndarray) -> np.ndarray:
+    """Outputs with a batch axis, whether or not the model has one."""
+    return output if info.max_batch_size else output[None]
+
+
+def worth_splitting(error: BaseException, batch_size: int) -> bool:
+    """Whether a failed request of several images should be retried image by image."""
+    return batch_size > 1 and not (is_retryable(error) or is_timeout(error))
+
+
+def check_transport(protocol: str, shm: str) -> None:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+    if shm not in SHM_MODES:
+        raise ValueError(f"shm must be one of {SHM_MODES}, not {shm!r}")
+
+
+class ClientBase:
+    """What the sync and the asyncio client are given, checked once, and what
+    they do alike; each subclass talks to the server in its own way."""
+
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "http",
+        model: str = DEFAULT_MODEL,
+        *,
+        timeout_s: float | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        shm: str = "none",
+        headers: dict[str, str] | None = None,
+    ):
+        check_transport(protocol, shm)
+        self.url, self.protocol, self.model = url, protocol, model
+        self.timeout_s = timeout_s
+        self.retry = retry
+        self.shm = shm
+        self.headers = headers
+        self.info: ModelInfo | None = None
+        self._labels: list[str] | None = None
+        # Per-call keyword arguments of tritonclient's infer.
+        self._infer_options = {} if protocol == "http" else {"client_timeout": timeout_s}
+
+    def _headers(self) -> dict[str, str] | None:
+        # A fresh copy per call: tritonclient's HTTP infer adds its
+        # Inference-Header-Content-Length to the dict it is given, which would
+        # then corrupt the next request without binary data.
+        return dict(self.headers) if self.headers else None
+
+    def _metadata_options(self) -> dict:
+        return {"headers": self._headers(), **({"as_json": True} if self.protocol == "grpc" else {})}
+
+    def _not_ready(self, server_ready: bool, model_ready: bool) -> None:
+        if not server_ready:
+            raise ServerUnavailableError(f"Triton at {self.url} is not ready")
+        if not model_ready:
+            raise ServerUnavailableError(f"model {self.model!r} is not ready at {self.url}")
+
+    def _unreachable(self, error: Exception) -> Exception:
+        """What wait_ready raises for `error`: a clear ServerUnavailableError when
+        no server answers (a server that answered "not ready" said so already)."""
+        if is_retryable(error) and not isinstance(error, ServerUnavailableError):
+            return ServerUnavailableError(unavailable_message(self.url, self.protocol, error))
+        return error
+
+
+def region_steps(region: SharedMemoryRegion, byte_size: int) -> tuple[bool, bool, bool]:
+    """(unregister, allocate, register): what makes `region` big enough and
+    registered with the server, for a request of `byte_size` bytes."""
+    if region.fits(byte_size) and region.registered:
+        return False, False, False
+    # Too small, or maybe stale on a restarted server: unregister first.
+    unregister = region.registered or region.fits(byte_size)
+    return unregister, not region.fits(byte_size), True

@@ -1,0 +1,168 @@
+"""The load-time rules of our backends, in one place: a model's config against its
+DALI pipeline or its ONNX graph.
+
+The `dali` and `onnxruntime` backends apply them when Triton loads a model (and
+refuse the model with the problems' text); `build_pipelines.py check` applies the
+same functions offline. Change a rule here and both change.
+
+Configs are Triton's JSON form of config.pbtxt, as a backend receives it
+(`data_type: "TYPE_FP32"`, `dims: [3, 224, 224]`); the checker converts its parsed
+protobuf to that form (`config_dict`). Each rule returns Problems; none raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tritonstack.dali_proto import PipelineSpec, Port
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a model: where, what, and what to do."""
+
+    model: str
+    field: str  # the config field, e.g. "input", "output.data_type", "instance_group"
+    tensor: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        where = f"{self.field} {self.tensor!r}" if self.tensor else self.field
+        return f"{self.model}: {where}: {self.message}; {self.fix}"
+
+
+class LoadError(ValueError):
+    """A model the backend refuses to load: every problem, one per line."""
+
+    def __init__(self, problems: list[Problem]):
+        super().__init__("\n".join(str(problem) for problem in problems))
+        self.problems = problems
+
+
+def raise_problems(problems: list[Problem]) -> None:
+    if problems:
+        raise LoadError(problems)
+
+
+def dims_of(tensor: dict) -> list[int]:
+    # Triton's JSON gives ints; protobuf's JSON gives int64 as strings.
+    return [int(d) for d in tensor.get("dims", [])]
+
+
+def is_batched(config: dict) -> bool:
+    return int(config.get("max_batch_size", 0)) > 0
+
+
+# --- DALI: config vs pipeline --------------------------------------------------------------
+
+def dali_problems(config: dict, spec: PipelineSpec, instance_kind: str = "KIND_CPU") -> list[Problem]:
+    """Inputs are the pipeline's external sources, by name both ways; outputs map by
+    position, as many as the pipeline's; types and ranks agree where the pipeline
+    declares them; a CPU instance has no GPU operator."""
+    model = config.get("name", "")
+    problems = _dali_names(model, config, spec)
+    config_inputs = {tensor["name"]: tensor for tensor in config.get("input", [])}
+    pairs = [(config_inputs[port.name], port, "input", f"external source '{port.name}'")
+             for port in spec.inputs if port.name in config_inputs]
+    pairs += [(tensor, port, "output", f"output {index}")
+              for index, (tensor, port) in enumerate(zip(config.get("output", []), spec.outputs))]
+    for tensor, port, kind, source in pairs:
+        problems += _dali_tensor(model, kind, tensor, port, source)
+    return problems + gpu_operators_on_cpu(model, spec, instance_kind)
+
+
+def _dali_names(model: str, config: dict, spec: PipelineSpec) -> list[Problem]:
+    config_inputs = [tensor["name"] for tensor in config.get("input", [])]
+    sources = list(spec.input_names)
+    problems = [
+        Problem(model, "input", name, "no external source of the pipeline has this name",
+                f"rename it to one of {', '.join(sources) or 'none'}")
+        for name in config_inputs if name not in sources
+    ]
+    problems += [
+        Problem(model, "input", name, "the pipeline's external source has no config input",
+                f"add an input named {name!r} (config inputs: {', '.join(config_inputs) or 'none'})")
+        for name in sources if name not in config_inputs
+    ]
+    outputs = config.get("output", [])
+    if len(outputs) != len(spec.outputs):
+        problems.append(Problem(
+            model, "output", ",".join(t["name"] for t in outputs),
+            f"config has {len(outputs)} outputs, the pipeline has {len(spec.outputs)}",
+            "declare one config output per pipeline output, in order (outputs map by position)"))
+    return problems
+
+
+def _dali_tensor(model: str, kind: str, tensor: dict, port: Port, source: str) -> list[Problem]:
+    problems = []
+    if port.dtype and tensor.get("data_type") and tensor["data_type"] != port.dtype:
+        problems.append(Problem(model, f"{kind}.data_type", tensor["name"],
+                                f"data type mismatch: config says {tensor['data_type']}, "
+                                f"the pipeline's {source} gives {port.dtype}",
+                                f"set data_type: {port.dtype}"))
+    dims = dims_of(tensor)
+    if port.ndim is not None and "dims" in tensor and len(dims) != port.ndim:
+        problems.append(Problem(model, f"{kind}.dims", tensor["name"],
+                                f"rank mismatch: config dims {dims} (rank {len(dims)}), "
+                                f"the pipeline's {source} has ndim {port.ndim}",
+                                f"give dims {port.ndim} values (-1 where they vary)"))
+    return problems
+
+
+def gpu_operators_on_cpu(model: str, spec: PipelineSpec, instance_kind: str) -> list[Problem]:
+    """No silent CPU substitution: GPU work on a CPU instance is a load error."""
+    if instance_kind.removeprefix("KIND_") != "CPU" or not spec.gpu_operators:
+        return []
+    operators = ", ".join(f"{op.display_name} ({op.name}, device='{op.device}')"
+                          for op in spec.operators if op.device != "cpu")
+    return [Problem(model, "instance_group", "", f"KIND_CPU instances cannot run GPU operators {operators}",
+                    "serve it with KIND_GPU on a GPU, or build a CPU pipeline (--device cpu)")]
+
+
+# --- ONNX: config vs graph -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GraphTensor:
+    """An input or output of an ONNX graph: Triton's type, shape with -1 where dynamic."""
+
+    name: str
+    data_type: str
+    shape: tuple[int, ...]
+
+
+def onnx_problems(config: dict, inputs: list[GraphTensor], outputs: list[GraphTensor]) -> list[Problem]:
+    """Config tensors map by name to the graph's; types equal; shapes compatible
+    (the config's dims after a batch axis when batching, -1 matching anything)."""
+    model = config.get("name", "")
+    problems = []
+    for kind, tensors, graph in (("input", config.get("input", []), inputs),
+                                 ("output", config.get("output", []), outputs)):
+        by_name = {tensor.name: tensor for tensor in graph}
+        for tensor in tensors:
+            found = by_name.get(tensor["name"])
+            if found is None:
+                problems.append(Problem(model, kind, tensor["name"], "is not in the ONNX graph",
+                                        f"use one of the graph's {kind}s: {', '.join(by_name)}"))
+            else:
+                problems += _onnx_tensor(model, kind, tensor, found, is_batched(config))
+    return problems
+
+
+def _onnx_tensor(model: str, kind: str, tensor: dict, graph: GraphTensor, batched: bool) -> list[Problem]:
+    problems = []
+    if tensor.get("data_type") and tensor["data_type"] != graph.data_type:
+        problems.append(Problem(model, f"{kind}.data_type", tensor["name"],
+                                f"config says {tensor['data_type']}, the graph {graph.data_type}",
+                                f"set data_type: {graph.data_type}"))
+    if "dims" not in tensor:
+        return problems
+    dims = ([-1] if batched else []) + dims_of(tensor)
+    compatible = len(dims) == len(graph.shape) and all(
+        c == g or -1 in (c, g) for c, g in zip(dims, graph.shape))
+    if not compatible:
+        shown = f"[batch] + {dims[1:]}" if batched else str(dims)
+        problems.append(Problem(model, f"{kind}.dims", tensor["name"],
+                                f"shape mismatch: config {shown}, the graph {list(graph.shape)}",
+                                "make dims the graph's shape without its batch axis"))
+    return problems

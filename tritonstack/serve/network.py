@@ -1,0 +1,24 @@
+"""Addresses the launcher binds: loopback unless told otherwise, ports chosen free."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: assume it may be reachable from elsewhere
+        return False
