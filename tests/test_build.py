@@ -7,7 +7,9 @@ import subprocess
 import sys
 
 import numpy as np
+import tritonclient.http as httpclient
 import pytest
+from google.protobuf import text_format
 from nvidia.dali import Pipeline
 from tritonclient.grpc import model_config_pb2 as pb
 
@@ -96,7 +98,36 @@ def test_gpu_variant_serializes_here_with_gpu_operators(tmp_path, model_reposito
     spec = dali_proto.parse_pipeline(serialized)
     assert spec.gpu_operators == ("image(mixed)", "resize(gpu)", "crop_mirror_normalize(gpu)")
     assert spec.outputs[0].device == "gpu" and b"hw_decoder_load" in serialized
+    (tensorrt,) = read_config(out / LITE0).optimization.execution_accelerators.gpu_execution_accelerator
+    assert (tensorrt.name, tensorrt.parameters["precision_mode"]) == ("tensorrt", "FP16")
+    assert not read_config(MODEL_REPOSITORY / LITE0).HasField("optimization")  # the CPU variant asks for none
     assert check_repository(out) == []
+
+
+def test_cpu_backend_loads_a_classifier_that_asks_for_tensorrt(tmp_path, model_repository):
+    # The GPU variant's classifier config, served on KIND_CPU by our onnxruntime
+    # backend: the accelerator block is accepted and ignored, results unchanged.
+    out = tmp_path / "gpu"
+    build(out, "dali_efficientnet_lite0", "--device", "gpu")
+    config = read_config(out / LITE0)
+    config.instance_group[0].kind = pb.ModelInstanceGroup.KIND_CPU
+    repository = tmp_path / "served"
+    shutil.copytree(MODEL_REPOSITORY / LITE0, repository / LITE0)
+    (repository / LITE0 / "config.pbtxt").write_text(text_format.MessageToString(config))
+    with TritonServer(repository) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        served = client.get_model_config(LITE0)
+        assert served["optimization"]["execution_accelerators"]["gpu_execution_accelerator"][0]["name"] == "tensorrt"
+        image = np.zeros((1, 3, 224, 224), np.float32)
+        request = httpclient.InferInput("input", list(image.shape), "FP32")
+        request.set_data_from_numpy(image)
+        probabilities = client.infer(LITE0, [request]).as_numpy("probabilities")
+        client.close()
+    import onnxruntime as ort
+
+    reference = ort.InferenceSession(str(repository / LITE0 / "1" / "model.onnx"),
+                                     providers=["CPUExecutionProvider"]).run(None, {"input": image})[0]
+    np.testing.assert_allclose(probabilities, reference, atol=1e-5)
 
 
 def test_dali_py_format_autoserializes_to_the_same_pipeline(tmp_path, model_repository):

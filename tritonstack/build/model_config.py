@@ -121,6 +121,23 @@ class Warmup:
 
 
 @dataclass(frozen=True)
+class Accelerator:
+    """An execution accelerator of the ONNX Runtime backend, e.g. TensorRT on a GPU."""
+
+    name: str  # "tensorrt", "openvino", ...
+    parameters: dict[str, str] = field(default_factory=dict)
+
+    def to_proto(self) -> pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator:
+        return pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator(
+            name=self.name, parameters=self.parameters)
+
+
+# TensorRT through ONNX Runtime in FP16, the documented starting point for the
+# onnxruntime backend on NVIDIA GPUs (engines are built at load, then cached).
+TENSORRT_FP16 = Accelerator("tensorrt", {"precision_mode": "FP16", "max_workspace_size_bytes": str(1 << 30)})
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A model's config.pbtxt. Give `backend` for a model, `platform="ensemble"`
     with `steps` for an ensemble."""
@@ -137,6 +154,7 @@ class ModelConfig:
     steps: tuple[EnsembleStep, ...] = ()
     warmup: tuple[Warmup, ...] = ()
     default_model_filename: str | None = None
+    gpu_accelerators: tuple[Accelerator, ...] = ()
 
     def to_proto(self) -> pb.ModelConfig:
         message = pb.ModelConfig(
@@ -159,6 +177,9 @@ class ModelConfig:
             message.parameters[key].string_value = value
         if self.steps:
             message.ensemble_scheduling.step.extend(step.to_proto() for step in self.steps)
+        if self.gpu_accelerators:
+            message.optimization.execution_accelerators.gpu_execution_accelerator.extend(
+                accelerator.to_proto() for accelerator in self.gpu_accelerators)
         return message
 
     def to_pbtxt(self) -> str:

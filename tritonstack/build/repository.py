@@ -23,6 +23,7 @@ from tritonstack.build.classifiers import Classifier
 from tritonstack.build.model_config import (
     DynamicBatching,
     EnsembleStep,
+    TENSORRT_FP16,
     InstanceGroup,
     ModelConfig,
     Tensor,
@@ -110,6 +111,9 @@ def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelCon
         dynamic_batching=_batching(options),
         instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
         parameters={"intra_op_thread_count": str(options.intra_op_threads)},
+        # Only the GPU variant: the C++ backend builds TensorRT engines from it on
+        # KIND_GPU; our CPU backend ignores it (untested on a GPU here).
+        gpu_accelerators=(TENSORRT_FP16,) if options.device == "gpu" else (),
         warmup=(Warmup(name="zeros", batch_size=1,
                        inputs=(WarmupInput(classifier.input_name, "FP32", image, zero_data=True),)),),
     )
