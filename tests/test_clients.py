@@ -36,7 +36,8 @@ def our_registered_regions(server, protocol: str) -> list[str]:
     else:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         status = client.get_system_shared_memory_status(headers=headers, as_json=True).get("regions", {}).values()
-    return [region["name"] for region in status if region["name"].startswith(PREFIX)]
+    # Only this process's regions: other tests' clients share the session server.
+    return [region["name"] for region in status if region["name"].startswith(f"{PREFIX}_{os.getpid()}_")]
 
 
 def our_dev_shm_files() -> list[str]:
@@ -117,6 +118,28 @@ def test_a_broken_image_fails_alone_and_regions_are_still_released(server, proto
     assert str(outcomes[1].status()) in {"400", "StatusCode.UNKNOWN"}
     assert not is_retryable(outcomes[1])
     assert our_registered_regions(server, protocol) == []
+    assert our_dev_shm_files() == []
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_close_releases_a_region_whose_registration_state_was_lost(server, use_async):
+    """A registration cut short (a timeout, a cancelled task) may have reached the
+    server while the client still thinks the region unregistered."""
+
+    def forget_after_one_request(client):
+        result = client.classify([photo_bytes("coffee.png")], top_k=1)
+        for regions in getattr(client, "_all_regions", None) or [client._regions]:
+            regions.forget_registration()
+        return result
+
+    async def forget_async(client):
+        result = await client.classify([photo_bytes("coffee.png")], top_k=1)
+        client._forget_registrations()
+        return result
+
+    tops = run_mode(server, "grpc", use_async, "system", forget_async if use_async else forget_after_one_request)
+    assert tops[0][0].label == "espresso"
+    assert our_registered_regions(server, "grpc") == []
     assert our_dev_shm_files() == []
 
 

@@ -179,7 +179,9 @@ class AsyncClassifierClient(ClientBase):
         """Unregister and destroy every shared-memory region (always), then disconnect."""
         for regions in self._all_regions:
             for region in regions:
-                if region.registered:
+                # Also when `registered` is False: a registration cut short (a
+                # timeout, a cancelled task) may have reached the server.
+                if region.allocated:
                     await self._unregister(region)
             regions.destroy()
         self._all_regions.clear()

@@ -181,7 +181,9 @@ class ClassifierClient(ClientBase):
         """Unregister and destroy the shared-memory regions (always), then disconnect."""
         if self._regions is not None:
             for region in self._regions:
-                if region.registered:
+                # Also when `registered` is False: a registration cut short (a
+                # timeout, a cancelled task) may have reached the server.
+                if region.allocated:
                     self._unregister(region)
             self._regions.destroy()
         self._client.close()

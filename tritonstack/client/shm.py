@@ -31,6 +31,10 @@ class SharedMemoryRegion:
         self.registered = False
         self._handle = None
 
+    @property
+    def allocated(self) -> bool:
+        return self._handle is not None
+
     def fits(self, byte_size: int) -> bool:
         return self._handle is not None and byte_size <= self.byte_size
 
