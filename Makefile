@@ -5,6 +5,15 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
 MODEL_REPOSITORY ?= model_repository
+# Only `make build` writes, and only into MODEL_REPOSITORY. Serving targets never
+# build: an unbuilt repository is refused in one line ("run `make build`"). The two
+# setup commands, demo and test, build first when they serve the project's own.
+PROJECT_REPOSITORY := model_repository
+ifeq ($(MODEL_REPOSITORY),$(PROJECT_REPOSITORY))
+SETUP := build
+else
+SETUP := $(INSTALLED)
+endif
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
@@ -29,7 +38,7 @@ install: $(INSTALLED)
 build: $(INSTALLED)
 	$(PY) build_pipelines.py build --out $(MODEL_REPOSITORY)
 
-demo: build
+demo: $(SETUP)
 	$(PY) clients/demo.py --model-repository $(MODEL_REPOSITORY)
 
 # Loopback unless SERVE_HOST says otherwise (not HOST: shells set that to the hostname); admin APIs need $$TRITONSTACK_ADMIN_KEY in the
@@ -37,11 +46,11 @@ demo: build
 SERVE_HOST ?= 127.0.0.1
 SERVE_ARGS ?=
 
-serve: build
+serve: $(INSTALLED)
 	$(PY) -m tritonstack.serve --model-repository $(MODEL_REPOSITORY) --host $(SERVE_HOST) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(SERVE_ARGS)
 
-test: build
+test: $(SETUP)
 	$(PY) build_pipelines.py check $(MODEL_REPOSITORY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -51,21 +60,21 @@ LOADTEST_ARGS ?=
 LOADTEST_WORKERS ?= 2
 BENCHMARK_ARGS ?= --quick
 
-loadtest: build
-	$(PY) -m loadtests.run $(LOADTEST_ARGS)
+loadtest: $(INSTALLED)
+	$(PY) -m loadtests.run --model-repository $(MODEL_REPOSITORY) $(LOADTEST_ARGS)
 
-loadtest-distributed: build
-	$(PY) -m loadtests.run --workers $(LOADTEST_WORKERS) $(LOADTEST_ARGS)
+loadtest-distributed: $(INSTALLED)
+	$(PY) -m loadtests.run --model-repository $(MODEL_REPOSITORY) --workers $(LOADTEST_WORKERS) $(LOADTEST_ARGS)
 
-benchmark: build
-	$(PY) loadtests/benchmark.py $(BENCHMARK_ARGS) --out reports/benchmark.json
+benchmark: $(INSTALLED)
+	$(PY) loadtests/benchmark.py --model-repository $(MODEL_REPOSITORY) $(BENCHMARK_ARGS) --out reports/benchmark.json
 
 # Soak: mixed good/bad images over HTTP and gRPC for DURATION seconds on a server
 # of its own (loopback); fails on a failed valid request or >5% RSS growth.
 DURATION ?= 600
 SOAK_ARGS ?=
 
-soak: build
+soak: $(INSTALLED)
 	$(PY) -m loadtests.soak --duration $(DURATION) --model-repository $(MODEL_REPOSITORY) \
 		--out reports/soak.json $(SOAK_ARGS)
 

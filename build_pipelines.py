@@ -73,7 +73,16 @@ def list_presets(args: argparse.Namespace) -> int:
 
 def check(args: argparse.Namespace) -> int:
     from tritonstack.build.check import check_repository
+    from tritonstack.rules import unbuilt_message, unbuilt_models
 
+    # Exit 2, as the launcher: nothing to check yet.
+    if not Path(args.repository).is_dir():
+        print(f"error: {args.repository}: no such model repository folder")
+        return 2
+    unbuilt = unbuilt_models(args.repository)
+    if unbuilt:
+        print(f"error: {unbuilt_message(args.repository, unbuilt)}")
+        return 2
     problems = check_repository(args.repository)
     for problem in problems:
         print(f"error: {problem}")

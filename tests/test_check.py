@@ -176,3 +176,13 @@ def test_warmup_size_disagrees_with_dims(repo):
 def test_folder_without_config(repo):
     (repo / "leftover").mkdir()
     assert only_problem(repo).startswith("leftover: config.pbtxt: missing")
+
+
+def test_unbuilt_or_missing_repository_exits_2_in_one_line(model_repository, tmp_path):
+    from tests.test_launcher_cli import fresh_clone_repository
+
+    unbuilt = run_check(fresh_clone_repository(model_repository, tmp_path / "clone"))
+    assert unbuilt.returncode == 2
+    assert len(unbuilt.stdout.splitlines()) == 1 and "run `make build`" in unbuilt.stdout
+    missing = run_check(tmp_path / "nonexistent")
+    assert missing.returncode == 2 and "no such model repository folder" in missing.stdout

@@ -39,11 +39,8 @@ from tritonstack.contract import (
     onnx_type,
     version_dirs,
 )
-from tritonstack.rules import Problem
+from tritonstack.rules import BUILD_FIX, Problem
 from tritonstack.samples import sample_jpeg
-
-# Say this, not a traceback, for a fresh clone: model.onnx files are build outputs.
-BUILD_FIX = "run `make build` (or build_pipelines.py build): model.onnx is a build output"
 
 
 def type_name(data_type: int) -> str:

@@ -13,7 +13,7 @@ import signal
 import time
 
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, DEFAULT_MAX_INPUT_BYTES
-from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.launcher import TritonServer, UnservableRepository
 from tritonstack.serve.network import LOOPBACK
 from tritonstack.serve.security import RESTRICTED_APIS
 
@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         restricted_apis=() if args.open_apis else RESTRICTED_APIS,
         max_input_bytes=args.max_input_bytes,
     )
+    try:
+        server.check_repository()  # before anything else is said: one line, exit 2
+    except UnservableRepository as error:
+        LOGGER.error("error: %s", error)
+        return 2
     if not args.open_apis and ADMIN_KEY_ENV not in os.environ:
         LOGGER.info("admin APIs need header %s; set $%s to choose its value", ADMIN_HEADER, ADMIN_KEY_ENV)
     signal.signal(signal.SIGTERM, _interrupt)

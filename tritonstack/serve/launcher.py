@@ -6,6 +6,12 @@
 The server binds 127.0.0.1 unless told otherwise, runs in its own process group
 (tritonserver and the Python backend stubs it spawns), and is stopped with SIGINT
 then, after a grace period, SIGKILL of the whole group: no orphan is left behind.
+A launcher that is itself killed (SIGKILL, the OOM killer, a CI timeout) cannot do
+that: the kernel does it instead, since tritonserver is started with
+PR_SET_PDEATHSIG=SIGKILL (`die_with_launcher`), and the Python backend stubs leave
+when their server is gone (tests/test_server.py shows both). The signal follows the
+*thread* that started the server: start it from a thread that outlives it (the
+main thread, as every caller here does).
 
 The restricted APIs need the admin key (tritonstack.serve.security;
 `server.admin_headers(protocol)`); `restricted_apis=()` opens everything.
@@ -19,6 +25,8 @@ The command line is `python -m tritonstack.serve` (tritonstack/serve/__main__.py
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import logging
 import os
@@ -34,6 +42,7 @@ from collections import deque
 from pathlib import Path
 
 from tritonstack.contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV, admin_headers
+from tritonstack.rules import unbuilt_message, unbuilt_models
 from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
 from tritonstack.serve import security
@@ -49,6 +58,10 @@ _HARMLESS = ("CudaDriverHelper has not been initialized",)
 
 class ServerStartError(RuntimeError):
     pass
+
+
+class UnservableRepository(ServerStartError):
+    """The repository is missing or not built: said in one line, no server started."""
 
 
 class TritonServer:
@@ -144,7 +157,15 @@ class TritonServer:
             *self.extra_args,
         ]
 
+    def check_repository(self) -> None:
+        if not self.model_repository.is_dir():
+            raise UnservableRepository(f"{self.model_repository}: no such model repository folder")
+        unbuilt = unbuilt_models(self.model_repository)
+        if unbuilt:
+            raise UnservableRepository(unbuilt_message(self.model_repository, unbuilt))
+
     def start(self) -> "TritonServer":
+        self.check_repository()
         if not is_loopback(self.host):
             LOGGER.warning("tritonserver binds %s: reachable from other machines", self.host)
         if not self.restricted_apis:
@@ -154,6 +175,9 @@ class TritonServer:
         env = self.install.environment()
         env[REPOSITORY_ENV] = str(self.model_repository)
         env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
+        # The stubs import the repository's own Python (model.py, dali.py and its
+        # neighbours): no __pycache__ may land in the user's folders.
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 self.command(backends),
@@ -161,6 +185,7 @@ class TritonServer:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # its own process group, stubs included
+                preexec_fn=die_with_launcher(os.getpid()),
             )
         try:
             self.wait_ready()
@@ -238,6 +263,24 @@ class TritonServer:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+
+# prctl(2) option numbers from <linux/prctl.h>; libc is loaded here, before any
+# fork, so that the child only calls into it.
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def die_with_launcher(launcher_pid: int):
+    """A preexec_fn: the child gets SIGKILL when the launcher (the thread that
+    forked it) dies. If the launcher died already, between fork and prctl, the
+    child exits at once instead of serving unowned."""
+
+    def set_parent_death_signal() -> None:
+        if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != launcher_pid:
+            os._exit(70)
+
+    return set_parent_death_signal
 
 
 def _kill_group(pgid: int) -> None:
