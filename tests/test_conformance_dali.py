@@ -127,7 +127,7 @@ def test_mismatched_config_fails_the_load_naming_tensor_and_values(model, reposi
 
 def test_partial_config_is_auto_completed(repository, http):
     # Only the backend: names, types, dims, max_batch_size and batching come from the pipeline.
-    name = rf.write_model(repository, rf.dali_config("partial", max_batch_size=0),
+    name = rf.write_model(repository, rf.dali_config("partial", max_batch_size=None),
                           {"model.dali": rf.serialized(rf.two_in_two_out_pipeline, batch_size=6)})
     http.load_model(name)
     config = http.get_model_config(name)

@@ -8,7 +8,7 @@ neither DALI nor a GPU.
 its Python module is not shipped in the wheel, so the few fields needed are read
 from the protobuf wire format (the C++ backend reads the same fields through
 DALI's C API):
-PipelineDef.op = 5, pipe_outputs = 7; OpDef.name = 1, input = 2, output = 3,
+PipelineDef.max_batch_size = 2, op = 5, pipe_outputs = 7; OpDef.name = 1, input = 2, output = 3,
 arg = 4; InputOutput.name = 1, device = 2, dtype = 5, ndim = 6;
 Argument.name = 1, ints = 4, strings = 5.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from tritonstack.contract import DALI_TO_TRITON
 
-_OP, _PIPE_OUTPUT = 5, 7
+_BATCH_SIZE, _OP, _PIPE_OUTPUT = 2, 5, 7
 _OP_NAME, _OP_INPUT, _OP_OUTPUT, _OP_ARG = 1, 2, 3, 4
 _IO_NAME, _IO_DEVICE, _IO_DTYPE, _IO_NDIM = 1, 2, 5, 6
 _ARG_NAME, _ARG_INTS, _ARG_STRINGS = 1, 4, 5
@@ -55,6 +55,7 @@ class PipelineSpec:
     outputs: tuple[Port, ...]
     operators: tuple[Operator, ...]
     decoded_inputs: frozenset[str]  # external sources that feed an image decoder
+    max_batch_size: int | None = None  # the batch size it was serialized with
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -89,7 +90,8 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
     if not outputs:
         raise ValueError("no pipeline outputs found")
     sources = {port.name for port in inputs}
-    return PipelineSpec(tuple(inputs), outputs, tuple(operators), frozenset(decoded & sources))
+    return PipelineSpec(tuple(inputs), outputs, tuple(operators), frozenset(decoded & sources),
+                        _int(pipeline, _BATCH_SIZE))
 
 
 def _triton_dtype(value: int | None) -> str | None:

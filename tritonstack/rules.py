@@ -113,6 +113,87 @@ def _dali_tensor(model: str, kind: str, tensor: dict, port: Port, source: str) -
     return problems
 
 
+# --- DALI: auto-complete, as the C++ backend merges ------------------------------------------
+#
+# triton-inference-server/dali_backend, src/config_tools/config_tools.cc
+# (AutofillConfig, AutofillInputsConfig, AutofillOutputsConfig, AutofillIOConfig,
+# MatchShapes) and src/dali_model.h (ReadMBSFromPBtxt, Batched); checked by its
+# qa/L0_autoconfig (full_autoconfig: only `backend`; partial_autoconfig: some fields;
+# no_config_file.dali: no config.pbtxt at all):
+# - every pipeline input gets a config input (found by name, else appended): name,
+#   data_type from the external source's dtype, dims [-1]*ndim, whatever the config
+#   left out; what it states is kept (and checked at load, dali_problems);
+# - an input the config did not list gets allow_ragged_batch: true (Triton's JSON
+#   always carries the field for a listed one, false unless stated, so the C++
+#   backend's "if absent" adds it only to appended inputs);
+# - config outputs map by position: each is filled from the pipeline output at its
+#   index (its name kept if stated), and missing ones are appended with the
+#   pipeline's names;
+# - dims the config states merge with the pipeline's: -1 takes the other's value;
+# - max_batch_size: a config.pbtxt that states `max_batch_size: 0` is unbatched;
+#   otherwise a missing or zero value becomes the pipeline's batch size.
+# Where the pipeline does not declare a type or rank (output_dtype/output_ndim in
+# pipeline_def), the C++ backend fills TYPE_INVALID and Triton refuses the model with a
+# generic message; ours refuses it naming the tensor and what to declare.
+
+_MISSING_TYPES = ("", "TYPE_INVALID")
+_STATED_MAX_BATCH_SIZE = re.compile(r"^\s*max_batch_size\s*:\s*(-?\d+)", re.MULTILINE)
+
+
+def stated_max_batch_size(config_text: str | None) -> int | None:
+    """max_batch_size as config.pbtxt states it; None when it does not (or there is
+    no config.pbtxt): Triton's JSON says 0 either way (dali_model.h ReadMBSFromPBtxt)."""
+    found = _STATED_MAX_BATCH_SIZE.search(config_text or "")
+    return int(found.group(1)) if found else None
+
+
+def dali_autocomplete(config: dict, spec: PipelineSpec, pipeline_max_batch_size: int,
+                      stated_batch_size: int | None) -> tuple[dict, list[Problem]]:
+    """The config as the C++ DALI backend completes it from the pipeline, and the
+    problems that leave a field it cannot fill."""
+    merged = {**config, "input": [dict(t) for t in config.get("input", [])],
+              "output": [dict(t) for t in config.get("output", [])]}
+    model = config.get("name", "")
+    problems = []
+    listed = {tensor.get("name"): tensor for tensor in merged["input"]}
+    for port in sorted(spec.inputs, key=lambda port: port.name):
+        tensor = listed.get(port.name)
+        if tensor is None:
+            tensor = {"name": port.name, "allow_ragged_batch": True}
+            merged["input"].append(tensor)
+        problems += _fill_tensor(model, "input", tensor, port, f"external source '{port.name}'")
+    for index, port in enumerate(spec.outputs):
+        if index == len(merged["output"]):
+            merged["output"].append({"name": port.name})
+        problems += _fill_tensor(model, "output", merged["output"][index], port, f"output {index}")
+    if stated_batch_size != 0 and int(merged.get("max_batch_size", 0)) <= 0:
+        merged["max_batch_size"] = pipeline_max_batch_size
+    if is_batched(merged) and not ({"dynamic_batching", "sequence_batching"} & merged.keys()):
+        merged["dynamic_batching"] = {}
+    return merged, problems
+
+
+def _fill_tensor(model: str, kind: str, tensor: dict, port: Port, source: str) -> list[Problem]:
+    problems = []
+    if tensor.get("data_type", "") in _MISSING_TYPES:
+        if port.dtype:
+            tensor["data_type"] = port.dtype
+        else:
+            problems.append(Problem(model, f"{kind}.data_type", tensor["name"],
+                                    f"not in the config, and the pipeline's {source} declares no type",
+                                    "set data_type in the config (or output_dtype in pipeline_def)"))
+    if port.ndim is None:
+        if not dims_of(tensor):
+            problems.append(Problem(model, f"{kind}.dims", tensor["name"],
+                                    f"not in the config, and the pipeline's {source} declares no rank",
+                                    "set dims in the config (or output_ndim in pipeline_def)"))
+    elif not dims_of(tensor):
+        tensor["dims"] = [-1] * port.ndim
+    elif len(dims_of(tensor)) == port.ndim:
+        tensor["dims"] = dims_of(tensor)  # MatchShapes: the pipeline's dims are all -1
+    return problems
+
+
 def gpu_operators_on_cpu(model: str, spec: PipelineSpec, instance_kind: str) -> list[Problem]:
     """No silent CPU substitution: GPU work on a CPU instance is a load error."""
     if instance_kind.removeprefix("KIND_") != "CPU" or not spec.gpu_operators:

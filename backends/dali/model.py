@@ -7,8 +7,12 @@ so that one model repository serves with either:
 - config inputs match the pipeline's external sources by name (checked both ways),
   outputs match by position; a data type, rank or count mismatch fails the load
   with a message naming the tensor, the config value and the pipeline value;
-- a partial config is auto-completed from the pipeline (names, types, dims,
-  max_batch_size, dynamic_batching);
+- a partial config, or none at all (a `<name>.dali` folder), is auto-completed
+  from the pipeline as the C++ backend merges it (tritonstack.rules.dali_autocomplete:
+  names, types, dims, allow_ragged_batch, max_batch_size, dynamic_batching);
+- a dali.py written for a GPU machine (`device_id=0`) with only CPU operators is
+  serialized with `device_id=None` for KIND_CPU instances, as it runs on them in
+  the NGC container;
 - `max_batch_size` from the config overrides the serialized batch size, and
   `parameters { key: "num_threads" }` overrides the serialized thread count;
 - a pipeline error answers TRITONSERVER_ERROR_UNKNOWN (HTTP 400, gRPC UNKNOWN)
@@ -29,7 +33,6 @@ import io
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +42,7 @@ from nvidia.dali import Pipeline
 from PIL import Image, UnidentifiedImageError
 
 from tritonstack.contract import (
+    CONFIG_FILENAME,
     DALI_MODEL_FILENAME,
     DALI_SCRIPT_FILENAME,
     DALI_VERSION_FILENAME,
@@ -51,7 +55,7 @@ from tritonstack.contract import (
 # The one reader of model.dali and the one set of load rules, shared with
 # build_pipelines.py check.
 from tritonstack.dali_proto import parse_pipeline
-from tritonstack.rules import dali_problems, raise_problems
+from tritonstack.rules import dali_autocomplete, dali_problems, raise_problems, stated_max_batch_size
 
 # Pillow's own bomb threshold is 89.5 MP; 100 MP covers a 10000x10000 photo.
 DEFAULT_MAX_PIXELS = 100_000_000
@@ -69,35 +73,40 @@ class InputError(Exception):
 
 # --- where the pipeline comes from ------------------------------------------------
 
-def load_serialized(version_dir: Path, config: dict) -> bytes:
+def load_serialized(version_dir: Path, config: dict, cpu_only: bool = True) -> bytes:
     """model.dali (or default_model_filename), else dali.py's @autoserialize
-    pipeline, serialized now by the serving DALI."""
+    pipeline, serialized now by the serving DALI (with device_id=None when it will
+    run on CPU instances only)."""
     filename = config.get("default_model_filename") or DALI_MODEL_FILENAME
     serialized_path = version_dir / filename
     script_path = version_dir / DALI_SCRIPT_FILENAME
     if serialized_path.is_file():
         return serialized_path.read_bytes()
     if script_path.is_file():
-        return _autoserialize(script_path)
+        return _autoserialize(script_path, cpu_only)
     raise FileNotFoundError(
         f"no DALI pipeline for model '{config.get('name')}': looked for "
         f"{serialized_path} (default_model_filename) and {script_path} (@autoserialize)"
     )
 
 
-def _autoserialize(script_path: Path) -> bytes:
-    from nvidia.dali._utils.autoserialize import invoke_autoserialize
+def _autoserialize(script_path: Path, cpu_only: bool) -> bytes:
+    """As nvidia.dali._utils.autoserialize.invoke_autoserialize (what the C++
+    backend runs), but on CPU instances the pipeline is built with device_id=None:
+    DALI refuses any device id where there is no CUDA, even for CPU operators. GPU
+    operators still serialize, and are refused by the load rules."""
+    from nvidia.dali._utils.autoserialize import _discover_autoserialize
 
     spec = importlib.util.spec_from_file_location(f"_dali_model_{abs(hash(script_path))}", script_path)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(script_path.parent))  # dali.py may import its neighbours
     try:
         spec.loader.exec_module(module)
-        # A temporary file, not the version folder: the repository may be read-only.
-        with tempfile.TemporaryDirectory(prefix="dali-autoserialize-") as workdir:
-            target = Path(workdir) / DALI_MODEL_FILENAME
-            invoke_autoserialize(module, str(target))
-            serialized = target.read_bytes()
+        functions = _discover_autoserialize(module, visited=[])
+        if len(functions) != 1:
+            raise RuntimeError(f"precisely one @autoserialize function must exist, found {len(functions)}")
+        pipeline = functions[0](device_id=None) if cpu_only else functions[0]()
+        serialized = pipeline.serialize()  # in memory: the repository is never written
     except Exception as error:
         raise RuntimeError(f"{script_path}: @autoserialize failed: {error}") from error
     finally:
@@ -123,36 +132,32 @@ def warn_on_version_skew(version_dir: Path) -> None:
 class TritonPythonModel:
     @staticmethod
     def auto_complete_config(auto_complete_model_config):
-        """Fill what the config leaves out from the pipeline. Triton does not tell
-        auto-complete where the model lives: the launcher exports the repository
-        root. Triton refuses `allow_ragged_batch` here, so auto-completed inputs
-        batch only requests of equal shapes (write it in the config to merge
-        ragged requests, as our build does)."""
+        """Fill what the config leaves out from the pipeline, as the C++ backend
+        does. Triton does not tell auto-complete where the model lives: the
+        launcher exports the repository root."""
         cfg = auto_complete_model_config
         config = cfg.as_dict()
         root = os.environ.get(REPOSITORY_ENV)
-        if not root or not (Path(root) / config["name"]).is_dir():
+        model_dir = Path(root or "") / config["name"]
+        if not root or not model_dir.is_dir():
             return cfg
-        version_dir = latest_version_dir(Path(root) / config["name"])
-        spec = parse_pipeline(load_serialized(version_dir, config))
-        lists_tensors = bool(config.get("input") or config.get("output"))
-        known = {tensor["name"] for tensor in config.get("input", [])}
-        for port in spec.inputs:
-            if port.name not in known and port.dtype and port.ndim is not None:
-                cfg.add_input({"name": port.name, "data_type": port.dtype, "dims": [-1] * port.ndim})
-        for port in spec.outputs[len(config.get("output", [])):]:
-            if port.dtype and port.ndim is not None:
-                cfg.add_output({"name": port.name, "data_type": port.dtype, "dims": [-1] * port.ndim})
-        if not lists_tensors and int(config.get("max_batch_size", 0)) == 0:
-            cfg.set_max_batch_size(_serialized_batch_size(version_dir, config))
-        if cfg.as_dict().get("max_batch_size", 0) > 0 and not config.get("dynamic_batching"):
-            cfg.set_dynamic_batching()
+        serialized = load_serialized(latest_version_dir(model_dir), config)
+        config_path = model_dir / CONFIG_FILENAME
+        stated = stated_max_batch_size(config_path.read_text() if config_path.is_file() else None)
+        spec = parse_pipeline(serialized)
+        merged, problems = dali_autocomplete(config, spec, spec.max_batch_size or 1, stated)
+        raise_problems(problems)
+        # pb_utils' add_input/add_output refuse allow_ragged_batch, but the dict that
+        # as_dict() returns is the one the stub hands back to Triton, which accepts
+        # every ModelConfig field from it (tests/test_foreign_repositories.py).
+        config.clear()
+        config.update(merged)
         return cfg
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self._serialized = load_serialized(version_dir, config)
+        self._serialized = load_serialized(version_dir, config, cpu_only=args["model_instance_kind"] == "CPU")
         spec = parse_pipeline(self._serialized)
         raise_problems(dali_problems(config, spec, args["model_instance_kind"]))
         warn_on_version_skew(version_dir)
@@ -306,12 +311,6 @@ def _rows(output, start: int, end: int, batched: bool) -> np.ndarray:
 def _int_parameter(parameters: dict, key: str) -> int | None:
     value = parameters.get(key, {}).get("string_value")
     return int(value) if value else None
-
-
-def _serialized_batch_size(version_dir: Path, config: dict) -> int:
-    pipeline = Pipeline.deserialize(serialized_pipeline=load_serialized(version_dir, config),
-                                    device_id=None)
-    return int(pipeline.max_batch_size)
 
 
 def _explain(error: RuntimeError) -> str:

@@ -30,6 +30,7 @@ from tritonstack import dali_proto, rules
 from tritonstack.build.model_config import ConfigError, config_dict, read_config
 from tritonstack.contract import (
     CONFIG_FILENAME,
+    DALI_FOLDER_SUFFIX,
     DALI_MODEL_FILENAME,
     DALI_TO_TRITON,
     MODEL_FILES,
@@ -74,6 +75,8 @@ def check_repository(repository: Path) -> list[Problem]:
 
 def _read_config(model_dir: Path) -> tuple[pb.ModelConfig | None, list[Problem]]:
     if not (model_dir / CONFIG_FILENAME).exists():
+        if model_dir.name.endswith(DALI_FOLDER_SUFFIX):  # the dali backend completes it at load
+            return None, []
         return None, [Problem(model_dir.name, CONFIG_FILENAME, "", "missing (the server refuses to start "
                               "with a model folder without one)", "build the model or remove the folder")]
     try:
@@ -178,8 +181,11 @@ def _check_dali(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
         spec, failure = _observed(model_dir.name, spec, config, serialized_path.read_bytes())
         if failure:
             return [failure]
-    as_dict = config_dict(config)
-    problems = [problem for kind in sorted(kinds) for problem in rules.dali_problems(as_dict, spec, kind)]
+    # Complete the config as the backend will (the C++ backend's merge); the
+    # batch size it would fill does not change any problem.
+    stated = rules.stated_max_batch_size((model_dir / CONFIG_FILENAME).read_text())
+    as_dict, problems = rules.dali_autocomplete(config_dict(config), spec, 0, stated)
+    problems += [problem for kind in sorted(kinds) for problem in rules.dali_problems(as_dict, spec, kind)]
     return list(dict.fromkeys(problems))  # one line per problem, whatever the instance groups
 
 

@@ -147,7 +147,9 @@ class ModelConfig:
     outputs: tuple[Tensor, ...]
     backend: str | None = None
     platform: str | None = None
-    max_batch_size: int = 0
+    # 0: unbatched, written out (backends that auto-complete, like the C++ DALI
+    # backend, read an absent max_batch_size as "fill it in"); None: not stated.
+    max_batch_size: int | None = 0
     dynamic_batching: DynamicBatching | None = None
     instance_groups: tuple[InstanceGroup, ...] = ()
     parameters: dict[str, str] = field(default_factory=dict)
@@ -159,7 +161,7 @@ class ModelConfig:
     def to_proto(self) -> pb.ModelConfig:
         message = pb.ModelConfig(
             name=self.name,
-            max_batch_size=self.max_batch_size,
+            max_batch_size=self.max_batch_size or 0,
             input=[tensor.to_input() for tensor in self.inputs],
             output=[tensor.to_output() for tensor in self.outputs],
             instance_group=[group.to_proto() for group in self.instance_groups],
@@ -183,7 +185,11 @@ class ModelConfig:
         return message
 
     def to_pbtxt(self) -> str:
-        return text_format.MessageToString(self.to_proto())
+        text = text_format.MessageToString(self.to_proto())
+        if self.max_batch_size == 0:  # protobuf text leaves a zero out
+            name, _, rest = text.partition("\n")
+            text = f"{name}\nmax_batch_size: 0\n{rest}" if self.name else f"max_batch_size: 0\n{text}"
+        return text
 
 
 class ConfigError(ValueError):
