@@ -233,6 +233,66 @@ def onnx_problems(config: dict, inputs: list[GraphTensor], outputs: list[GraphTe
     return problems
 
 
+# --- ONNX: auto-complete, as the C++ backend does ------------------------------------------
+#
+# triton-inference-server/onnxruntime_backend, src/onnxruntime.cc: AutoCompleteConfig,
+# AutoCompleteMaxBatch, AutoCompleteIO. Unlike the DALI backend it merges lists, not
+# tensors: a config listing both inputs and outputs is left as it is; an empty input
+# (or output) list is filled with every graph input (output): name, type, dims
+# without the batch axis. Batching: every graph input and output has a dynamic first
+# axis; then a max_batch_size of 0 becomes the backend's default-max-batch-size (4)
+# and a dynamic batcher is added when above 1; a graph that cannot batch refuses a
+# non-zero max_batch_size. A listed tensor missing its type or dims is not completed:
+# Triton refuses it ("must specify 'data_type'"); ours names the graph's value.
+
+DEFAULT_ONNX_MAX_BATCH_SIZE = 4
+
+
+def onnx_autocomplete(config: dict, inputs: list[GraphTensor], outputs: list[GraphTensor],
+                      default_max_batch_size: int = DEFAULT_ONNX_MAX_BATCH_SIZE) -> tuple[dict, list[Problem]]:
+    model = config.get("name", "")
+    listed_inputs, listed_outputs = config.get("input", []), config.get("output", [])
+    if listed_inputs and listed_outputs:
+        return dict(config), _unfilled(model, config, inputs, outputs)
+    merged = dict(config)
+    batchable = all(tensor.shape and tensor.shape[0] == -1 for tensor in (*inputs, *outputs))
+    max_batch_size = int(config.get("max_batch_size", 0))
+    if batchable:
+        if max_batch_size == 0:
+            merged["max_batch_size"] = max_batch_size = default_max_batch_size
+        if max_batch_size > 1 and not ({"dynamic_batching", "sequence_batching"} & merged.keys()):
+            merged["dynamic_batching"] = {}
+    elif max_batch_size != 0:
+        return dict(config), [Problem(model, "max_batch_size", "", f"is {max_batch_size}, but the graph cannot batch "
+                                "(not every input and output has a dynamic first axis)",
+                                "set max_batch_size: 0")]
+    skip = 1 if max_batch_size > 0 else 0
+    for key, listed, graph in (("input", listed_inputs, inputs), ("output", listed_outputs, outputs)):
+        if not listed:
+            merged[key] = [{"name": t.name, "data_type": t.data_type, "dims": list(t.shape[skip:]) or [1]}
+                           for t in graph]
+    return merged, []
+
+
+def _unfilled(model: str, config: dict, inputs: list[GraphTensor], outputs: list[GraphTensor]) -> list[Problem]:
+    """What Triton would refuse in a config the backend leaves as it is."""
+    problems = []
+    skip = 1 if is_batched(config) else 0
+    for kind, graph in (("input", inputs), ("output", outputs)):
+        by_name = {tensor.name: tensor for tensor in graph}
+        for tensor in config.get(kind, []):
+            found = by_name.get(tensor.get("name"))
+            if tensor.get("data_type", "") in _MISSING_TYPES:
+                problems.append(Problem(model, f"{kind}.data_type", tensor["name"], "not in the config (the "
+                                        "onnxruntime backend completes only a config that lists no "
+                                        f"{kind}s)", f"set data_type: {found.data_type if found else '?'}"))
+            if not dims_of(tensor):
+                problems.append(Problem(model, f"{kind}.dims", tensor["name"], "not in the config (the "
+                                        "onnxruntime backend completes only a config that lists no "
+                                        f"{kind}s)", f"set dims: {list(found.shape[skip:]) if found else '?'}"))
+    return problems
+
+
 def _onnx_tensor(model: str, kind: str, tensor: dict, graph: GraphTensor, batched: bool) -> list[Problem]:
     problems = []
     if tensor.get("data_type") and tensor["data_type"] != graph.data_type:

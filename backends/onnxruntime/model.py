@@ -4,9 +4,10 @@ It keeps the contract of the C++ backend (triton-inference-server/onnxruntime_ba
 - the model is `<version>/model.onnx` (or `default_model_filename`);
 - config tensors map by name to the graph's inputs and outputs; a name, data type
   or shape that the graph contradicts fails the load, naming tensor and values;
-- a partial config is auto-completed from the graph: names, data types, dims; a
-  dynamic first axis on every input and output means batching, with the config's
-  `max_batch_size` or 4 (the C++ backend's default-max-batch-size) and
+- a config without inputs or without outputs is auto-completed from the graph as
+  the C++ backend does (tritonstack.rules.onnx_autocomplete): names, data types,
+  dims; a dynamic first axis on every input and output means batching, with the
+  config's `max_batch_size` or 4 (the C++ backend's default-max-batch-size) and
   `dynamic_batching`;
 - `parameters` `intra_op_thread_count` and `inter_op_thread_count` size ONNX
   Runtime's thread pools;
@@ -27,9 +28,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonstack.contract import ONNX_MODEL_FILENAME, REPOSITORY_ENV, latest_version_dir, onnx_type
 # The load rules shared with build_pipelines.py check.
-from tritonstack.rules import GraphTensor, onnx_problems, raise_problems
-
-DEFAULT_MAX_BATCH_SIZE = 4
+from tritonstack.rules import GraphTensor, onnx_autocomplete, onnx_problems, raise_problems
 
 
 class RunError(Exception):
@@ -60,22 +59,14 @@ class TritonPythonModel:
         cfg = auto_complete_model_config
         config = cfg.as_dict()
         root = os.environ.get(REPOSITORY_ENV)
-        if not root or not (Path(root) / config["name"]).is_dir() or config.get("input"):
+        if not root or not (Path(root) / config["name"]).is_dir():
             return cfg
         session = _session(model_path(latest_version_dir(Path(root) / config["name"]), config), {})
-        nodes = (*session.get_inputs(), *session.get_outputs())
-        batched = all(node.shape and not isinstance(node.shape[0], int) for node in nodes)
-        for tensor in graph_tensors(session.get_inputs()):
-            cfg.add_input({"name": tensor.name, "data_type": tensor.data_type,
-                           "dims": list(tensor.shape[1:] if batched else tensor.shape)})
-        if not config.get("output"):
-            for tensor in graph_tensors(session.get_outputs()):
-                cfg.add_output({"name": tensor.name, "data_type": tensor.data_type,
-                                "dims": list(tensor.shape[1:] if batched else tensor.shape)})
-        if batched and int(config.get("max_batch_size", 0)) == 0:
-            cfg.set_max_batch_size(DEFAULT_MAX_BATCH_SIZE)
-        if batched and not config.get("dynamic_batching"):
-            cfg.set_dynamic_batching()
+        merged, problems = onnx_autocomplete(config, graph_tensors(session.get_inputs()),
+                                             graph_tensors(session.get_outputs()))
+        raise_problems(problems)
+        config.clear()  # the dict the stub hands back to Triton (see backends/dali)
+        config.update(merged)
         return cfg
 
     def initialize(self, args):

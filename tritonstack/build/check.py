@@ -223,7 +223,9 @@ def _check_onnx(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
     graph = onnx.load(str(path), load_external_data=False).graph
     initializers = {t.name for t in graph.initializer}
     inputs = [_graph_tensor(t) for t in graph.input if t.name not in initializers]
-    return rules.onnx_problems(config_dict(config), inputs, [_graph_tensor(t) for t in graph.output])
+    outputs = [_graph_tensor(t) for t in graph.output]
+    as_dict, problems = rules.onnx_autocomplete(config_dict(config), inputs, outputs)  # as the backend will
+    return problems + rules.onnx_problems(as_dict, inputs, outputs)
 
 
 def _graph_tensor(value_info) -> rules.GraphTensor:
