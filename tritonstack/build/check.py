@@ -27,6 +27,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tritonstack import dali_proto, rules
+from tritonstack.decode_budget import BudgetError, DecodeBudget
 from tritonstack.build.model_config import ConfigError, config_dict, read_config
 from tritonstack.contract import (
     CONFIG_FILENAME,
@@ -64,6 +65,8 @@ def check_repository(repository: Path) -> list[Problem]:
         problems += _check_files(model_dir, config)
         problems += _check_labels(model_dir, config)
         problems += _check_warmup(model_dir, config)
+        if config.backend in ("dali", "python"):
+            problems += _check_decode_budget(model_dir, config)
         if config.backend == "dali":
             problems += _check_dali(model_dir, config)
         elif config.backend == "onnxruntime":
@@ -147,6 +150,28 @@ def _check_warmup(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
                 problems.append(Problem(model_dir.name, field, name,
                                         f"warmup/{tensor.input_data_file} is not a decodable image: the model "
                                         "would fail its warmup and not load", "use a real encoded JPEG or PNG"))
+    return problems
+
+
+def _check_decode_budget(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
+    """The budget the backend will apply (tritonstack.decode_budget): valid, and
+    not refusing the model's own warmup images."""
+    fix = "set max_pixels <= max_request_pixels <= max_batch_pixels, positive integers (or leave them out)"
+    try:
+        budget = DecodeBudget.from_parameters(config_dict(config).get("parameters", {}))
+    except ValueError as error:
+        return [Problem(model_dir.name, "parameters", "", f"decode budget: {error}", fix)]
+    problems = [Problem(model_dir.name, "parameters", "", f"decode budget: {problem}", fix)
+                for problem in budget.problems()]
+    for warmup in config.model_warmup:
+        for name, tensor in warmup.inputs.items():
+            path = model_dir / WARMUP_DIR / tensor.input_data_file
+            if tensor.input_data_file and tensor.data_type == pb.TYPE_UINT8 and path.is_file():
+                try:
+                    budget.request_pixels([path.read_bytes()], name)
+                except BudgetError as error:
+                    problems.append(Problem(model_dir.name, f"model_warmup[{warmup.name}].inputs", name, str(error),
+                                            "raise the budget or use a smaller warmup image"))
     return problems
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tritonstack import decode_budget
 from tritonstack.build import classifiers, pillow_model, pipelines
 from tritonstack.build.classifiers import Classifier
 from tritonstack.build.model_config import (
@@ -185,7 +186,11 @@ def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions,
     version_dir = model_dir / VERSION
     if preset.preprocessor == "python":
         changed += _write_model(model_dir, python_config(preset, options, sample))
-        return changed + _write_if_changed(version_dir / PYTHON_MODEL_FILENAME, Path(pillow_model.__file__).read_bytes())
+        changed += _write_if_changed(version_dir / PYTHON_MODEL_FILENAME, Path(pillow_model.__file__).read_bytes())
+        # model.py imports nothing of this project (it serves in the NGC container
+        # too): its decode budget travels beside it.
+        return changed + _write_if_changed(version_dir / decode_budget.MODULE_FILENAME,
+                                           Path(decode_budget.__file__).read_bytes())
     changed += _write_model(model_dir, dali_config(preset, options, sample))
     if options.format == DALI_SCRIPT_FILENAME:
         files = pipelines.dali_py_files(preprocessing, options.max_batch_size, options.num_threads, options.device)

@@ -24,6 +24,10 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _restarting(server: TritonServer) -> bool:
+    return server.restarter is not None and not server.restarter.gave_up.is_set()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run tritonserver on a model repository until Ctrl-C.")
     parser.add_argument("--model-repository", default="model_repository")
@@ -64,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             print(log.read(), end="", flush=True)
             LOGGER.info("ready: HTTP %s, gRPC %s, metrics %s (Ctrl-C to stop)",
                         server.http_url, server.grpc_url, server.metrics_url)
-            while server.process.poll() is None:
-                print(log.read(), end="", flush=True)  # follow the server's log
+            while server.process.poll() is None or _restarting(server):
+                print(log.read(), end="", flush=True)  # follow the server's log, restarts included
                 time.sleep(0.5)
         LOGGER.error("tritonserver exited with code %s:\n%s", server.process.returncode, server.log_tail())
         return 1

@@ -18,7 +18,10 @@ The restricted APIs need the admin key (tritonstack.serve.security;
 
 Models load in explicit model-control mode (all of them, `--load-model=*`) so that
 the stub supervisor (tritonstack.serve.supervision) can reload a model whose Python
-backend stub died: Triton 2.51 never restarts such a stub by itself.
+backend stub died: Triton 2.51 never restarts such a stub by itself. When
+tritonserver itself dies while it should run, the restarter
+(tritonstack.serve.restart) starts it again on the same ports. Both register as
+`on_ready` callbacks, called after every start.
 
 The command line is `python -m tritonstack.serve` (tritonstack/serve/__main__.py).
 """
@@ -35,10 +38,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from tritonstack.contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV, admin_headers
@@ -48,6 +53,7 @@ from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
 from tritonstack.serve import security
 from tritonstack.serve.security import RESTRICTED_APIS
 from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions
+from tritonstack.serve.restart import ServerRestarter
 from tritonstack.serve.supervision import StubSupervisor, reload_model
 
 LOGGER = logging.getLogger("tritonstack.serve")
@@ -80,6 +86,7 @@ class TritonServer:
         admin_key: str | None = None,
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
         supervise: bool = True,
+        restart: bool = True,
     ):
         self.model_repository = Path(model_repository).resolve()
         self.host = host
@@ -94,9 +101,15 @@ class TritonServer:
         self.admin_key = security.admin_key(admin_key)
         self.max_input_bytes = max_input_bytes
         self.supervise = supervise
+        self.restart = restart
         self.process: subprocess.Popen | None = None
         self.supervisor: StubSupervisor | None = None
+        self.restarter: ServerRestarter | None = None
+        # Called with the server after every start that became ready, restarts included.
+        self.on_ready: list[Callable[["TritonServer"], None]] = []
         self._workdir: Path | None = None
+        self._backends: Path | None = None
+        self._stopping = threading.Event()
 
     @property
     def http_url(self) -> str:
@@ -171,36 +184,54 @@ class TritonServer:
         if not self.restricted_apis:
             LOGGER.warning("model control, shared memory and statistics APIs are open to any client")
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonstack-"))
-        backends = self.install.assemble_backends(self._workdir / "backends")
+        self._backends = self.install.assemble_backends(self._workdir / "backends")
+        if self.supervise:
+            self.on_ready.append(_supervise_stubs)
+        try:
+            self.launch()
+        except BaseException:
+            self.stop()
+            raise
+        if self.restart:
+            self.restarter = ServerRestarter(self, self.relaunch)
+            self.restarter.start()
+        return self
+
+    def launch(self) -> None:
+        """Spawn tritonserver (its log appended to), wait until it is ready, then
+        call the on_ready callbacks."""
         env = self.install.environment()
         env[REPOSITORY_ENV] = str(self.model_repository)
         env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
         # The stubs import the repository's own Python (model.py, dali.py and its
         # neighbours): no __pycache__ may land in the user's folders.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-        with open(self.log_path, "wb") as log:
+        with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.command(backends),
+                self.command(self._backends),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # its own process group, stubs included
                 preexec_fn=die_with_launcher(os.getpid()),
             )
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        if self.supervise:
-            reload = functools.partial(reload_model, self.http_url, self.admin_headers("http"))
-            self.supervisor = StubSupervisor(self.process.pid, reload if self.explicit_model_control else None)
-            self.supervisor.start()
-        return self
+        self.wait_ready()
+        for callback in self.on_ready:
+            callback(self)
+
+    def relaunch(self) -> None:
+        """Clear what a dead server left (its stubs, their shared memory), then
+        launch again on the same ports."""
+        _kill_group(self.process.pid)
+        self.process.wait()
+        remove_orphaned_stub_regions()
+        self.launch()
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
+            if self._stopping.is_set():
+                raise ServerStartError("stopped while starting")
             if self.process.poll() is not None:
                 raise ServerStartError(
                     f"tritonserver exited with code {self.process.returncode} during start-up:\n"
@@ -243,6 +274,13 @@ class TritonServer:
         the whole process group. Returns the server's exit code."""
         if self.process is None:
             return None
+        self._stopping.set()
+        if self.restarter is not None:
+            # Told now (a death now is no fault to repair), joined only after the
+            # server has stopped: a restarted server is the restarter thread's child,
+            # and PR_SET_PDEATHSIG would SIGKILL it when that thread ends, before
+            # the drain.
+            self.restarter.stop(timeout=0)
         if self.supervisor is not None:
             self.supervisor.stop()  # stubs exiting now are no fault to repair
         if self.process.poll() is None:
@@ -253,6 +291,11 @@ class TritonServer:
                 LOGGER.warning("tritonserver ignored SIGINT; killing it")
         _kill_group(self.process.pid)
         self.process.wait()
+        if self.restarter is not None:
+            self.restarter.stop(timeout=self.stop_grace_s + 10)
+            if self.process.poll() is None:  # a relaunch was under way
+                _kill_group(self.process.pid)
+                self.process.wait()
         remove_orphaned_stub_regions()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
@@ -281,6 +324,15 @@ def die_with_launcher(launcher_pid: int):
             os._exit(70)
 
     return set_parent_death_signal
+
+
+def _supervise_stubs(server: TritonServer) -> None:
+    """Watch the stubs of the server process just started (a new one after a restart)."""
+    if server.supervisor is not None:
+        server.supervisor.stop()
+    reload = functools.partial(reload_model, server.http_url, server.admin_headers("http"))
+    server.supervisor = StubSupervisor(server.process.pid, reload if server.explicit_model_control else None)
+    server.supervisor.start()
 
 
 def _kill_group(pgid: int) -> None:

@@ -12,11 +12,18 @@ decode (EXIF orientation applied, as DALI's decoder does by default) -> RGB ->
 resize the shorter side (bilinear, antialiased when shrinking, in float) -> center crop ->
 (x - mean) / std -> CHW float32. Its parameters come from the model config's
 `parameters`, written by build_pipelines.py.
+
+Requests are held to the decode budget of `decode_budget.py` (pixels per image and
+per request, read from the headers before decoding), the module our `dali` backend
+uses; the build ships a copy beside this file.
 """
 
+import importlib.util
 import io
 import json
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -28,6 +35,16 @@ except ImportError:  # imported outside Triton, e.g. by the parity check
 
 INPUT_NAME = "DALI_INPUT_0"
 OUTPUT_NAME = "DALI_OUTPUT_0"
+
+
+def _load_beside(name: str):
+    """A module the build ships beside this file (served models only: the parity
+    check imports preprocess() alone)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def preprocess(encoded, resize_shorter, crop, mean, std):
@@ -64,6 +81,10 @@ class TritonPythonModel:
         def value(key):
             return parameters[key]["string_value"]
 
+        self._decode_budget = _load_beside("decode_budget")
+        self._budget = self._decode_budget.DecodeBudget.from_parameters(parameters)
+        if self._budget.problems():
+            raise ValueError("decode budget: " + "; ".join(self._budget.problems()))
         self._transform = {
             "resize_shorter": int(value("resize_shorter")),
             "crop": int(value("crop")),
@@ -76,6 +97,10 @@ class TritonPythonModel:
 
     def _execute_one(self, request):
         rows = pb_utils.get_input_tensor_by_name(request, INPUT_NAME).as_numpy()
+        try:  # Pillow decodes one image at a time: the per-request budget bounds it
+            self._budget.request_pixels((row.data for row in rows), INPUT_NAME)
+        except self._decode_budget.BudgetError as error:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
         images = []
         for index, row in enumerate(rows):
             try:
