@@ -24,12 +24,14 @@ launcher, else 64 MiB) is refused before its data is read.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import io
 import json
 import os
 import sys
 import tempfile
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +45,9 @@ from tritonstack.contract import (
     DALI_SCRIPT_FILENAME,
     DALI_VERSION_FILENAME,
     DEFAULT_MAX_INPUT_BYTES,
+    MALLOC_TRIM_ENV,
     MAX_INPUT_BYTES_ENV,
+    MEMORY_TRACE_ENV,
     REPOSITORY_ENV,
     TRITON_TO_NUMPY,
     latest_version_dir,
@@ -118,6 +122,51 @@ def warn_on_version_skew(version_dir: Path) -> None:
             )
 
 
+# --- memory diagnostics (loadtests/memory_probe.py) --------------------------------
+
+class _MallInfo2(ctypes.Structure):
+    # glibc's struct mallinfo2 (glibc >= 2.33): totals over all arenas.
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+class MemoryTrace:
+    """With $TRITONSTACK_MEMORY_TRACE naming a file: Python's traced allocations
+    (tracemalloc) and glibc's heap (mallinfo2) written there after every batch, so
+    that a probe outside the stub can tell live objects from allocator slack. Off by
+    default: tracing slows every allocation."""
+
+    TOP_EVERY = 200  # batches between tracemalloc snapshots (they are slow)
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+        self.batches = 0
+        self._first_snapshot = None
+        self._top: list[str] = []
+        libc = ctypes.CDLL(None)
+        self._mallinfo2 = getattr(libc, "mallinfo2", None)
+        if self._mallinfo2 is not None:
+            self._mallinfo2.restype = _MallInfo2
+        tracemalloc.start()
+
+    def after_batch(self) -> None:
+        self.batches += 1
+        current, peak = tracemalloc.get_traced_memory()
+        figures = {"batches": self.batches, "traced_bytes": current, "traced_peak_bytes": peak}
+        if self._mallinfo2 is not None:
+            info = self._mallinfo2()
+            figures["mallinfo2"] = {name: getattr(info, name) for name, _ in info._fields_}
+        if self.batches % self.TOP_EVERY == 0:
+            snapshot = tracemalloc.take_snapshot()
+            if self._first_snapshot is None:
+                self._first_snapshot = snapshot
+            self._top = [str(stat) for stat in snapshot.compare_to(self._first_snapshot, "lineno")[:8]]
+        figures["top_growth_since_first_snapshot"] = self._top
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text(json.dumps(figures))
+        os.replace(partial, self.path)  # the probe never reads half a file
+
+
 # --- the model -------------------------------------------------------------------
 
 class TritonPythonModel:
@@ -173,6 +222,9 @@ class TritonPythonModel:
             for tensor in config["output"]
         ]
         self._pipeline = self._build_pipeline()
+        self._memory_trace = MemoryTrace(os.environ[MEMORY_TRACE_ENV]) if os.environ.get(MEMORY_TRACE_ENV) else None
+        self._trim_every = int(os.environ.get(MALLOC_TRIM_ENV) or 0)
+        self._batches = 0
 
     def _build_pipeline(self) -> Pipeline:
         # prefetch_queue_depth=1: each run() consumes exactly the batch just fed.
@@ -200,6 +252,11 @@ class TritonPythonModel:
         if runnable:
             for index, response in zip([i for i, _ in runnable], self._execute_fed(runnable)):
                 responses[index] = response
+        self._batches += 1
+        if self._trim_every and self._batches % self._trim_every == 0:
+            ctypes.CDLL(None).malloc_trim(0)
+        if self._memory_trace is not None:
+            self._memory_trace.after_batch()
         return responses
 
     def _execute_fed(self, runnable):

@@ -39,6 +39,7 @@ from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
 from tritonstack.serve import security
 from tritonstack.serve.security import RESTRICTED_APIS
 from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions
+from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
 from tritonstack.serve.supervision import StubSupervisor, reload_model
 
 LOGGER = logging.getLogger("tritonstack.serve")
@@ -67,6 +68,7 @@ class TritonServer:
         admin_key: str | None = None,
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
         supervise: bool = True,
+        environment: dict[str, str] | None = None,
     ):
         self.model_repository = Path(model_repository).resolve()
         self.host = host
@@ -81,6 +83,9 @@ class TritonServer:
         self.admin_key = security.admin_key(admin_key)
         self.max_input_bytes = max_input_bytes
         self.supervise = supervise
+        # Added to the server's (and its stubs') environment; None: the launcher's
+        # allocator settings (tritonstack/serve/stub_environment.py).
+        self.environment = dict(STUB_ENVIRONMENT if environment is None else environment)
         self.process: subprocess.Popen | None = None
         self.supervisor: StubSupervisor | None = None
         self._workdir: Path | None = None
@@ -154,6 +159,7 @@ class TritonServer:
         env = self.install.environment()
         env[REPOSITORY_ENV] = str(self.model_repository)
         env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
+        env.update(self.environment)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 self.command(backends),
