@@ -50,19 +50,22 @@ MODEL = preprocessing_name(DEFAULT_PRESET)
 SIZES = (320, 640, 1280)
 
 # Variant name -> the environment its server gets beyond the launcher's basics
-# (libraries, PATH, the repository): "glibc-default" is the server as it was before
-# docs/memory.md, "launcher" the launcher's default (STUB_ENVIRONMENT).
+# (libraries, PATH, the repository). "glibc-default" is the server as it was before
+# docs/memory.md's fix: glibc's defaults, no malloc_trim; "launcher" is the fix, the
+# launcher's default (STUB_ENVIRONMENT, and the dali backend trimming after every
+# batch); the others take one measure at a time.
+NO_TRIM = {MALLOC_TRIM_ENV: "0"}
+MMAP_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 VARIANTS: dict[str, dict[str, str]] = {
-    "glibc-default": {},
+    "glibc-default": NO_TRIM,
     "launcher": STUB_ENVIRONMENT,
-    "arena-max-2": {"MALLOC_ARENA_MAX": "2"},
-    "arena-max-1": {"MALLOC_ARENA_MAX": "1"},
-    "mmap-threshold": {"MALLOC_MMAP_THRESHOLD_": "131072"},
-    "mmap-threshold-1m": {"MALLOC_MMAP_THRESHOLD_": "1048576"},
+    "arena-max-2": {**NO_TRIM, "MALLOC_ARENA_MAX": "2"},
+    "arena-max-1": {**NO_TRIM, "MALLOC_ARENA_MAX": "1"},
+    "mmap-threshold": {**NO_TRIM, **MMAP_THRESHOLD},
+    "mmap-threshold-1m": {**NO_TRIM, "MALLOC_MMAP_THRESHOLD_": "1048576"},
     "malloc-trim": {MALLOC_TRIM_ENV: "1"},
-    "mmap-threshold+trim": {"MALLOC_MMAP_THRESHOLD_": "131072", MALLOC_TRIM_ENV: "1"},
-    "jemalloc": {"LD_PRELOAD": "libjemalloc.so.2"},  # Debian's libjemalloc2, when installed
-    "traced": {},  # + MEMORY_TRACE_ENV, set per run
+    "jemalloc": {**NO_TRIM, "LD_PRELOAD": "libjemalloc.so.2"},  # Debian's libjemalloc2, when installed
+    "traced": NO_TRIM,  # + MEMORY_TRACE_ENV, set per run
     "traced-launcher": STUB_ENVIRONMENT,
 }
 

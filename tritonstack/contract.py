@@ -61,9 +61,10 @@ DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024
 # Diagnostics for loadtests/memory_probe.py: a file path; the dali backend then
 # traces Python allocations and writes its memory figures there after every batch.
 MEMORY_TRACE_ENV = "TRITONSTACK_MEMORY_TRACE"
-# Diagnostics too: N > 0 makes the dali backend call glibc's malloc_trim(0) after
-# every N batches (the probe's "malloc-trim" variant).
+# The dali backend calls glibc's malloc_trim(0) after every N batches, N from here
+# (default 1; 0: never): it hands the heap's free pages back (docs/memory.md).
 MALLOC_TRIM_ENV = "TRITONSTACK_MALLOC_TRIM_EVERY"
+DEFAULT_MALLOC_TRIM_EVERY = 1
 
 # --- the restricted (admin) APIs --------------------------------------------------------
 

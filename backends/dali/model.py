@@ -44,6 +44,7 @@ from tritonstack.contract import (
     DALI_MODEL_FILENAME,
     DALI_SCRIPT_FILENAME,
     DALI_VERSION_FILENAME,
+    DEFAULT_MALLOC_TRIM_EVERY,
     DEFAULT_MAX_INPUT_BYTES,
     MALLOC_TRIM_ENV,
     MAX_INPUT_BYTES_ENV,
@@ -223,7 +224,8 @@ class TritonPythonModel:
         ]
         self._pipeline = self._build_pipeline()
         self._memory_trace = MemoryTrace(os.environ[MEMORY_TRACE_ENV]) if os.environ.get(MEMORY_TRACE_ENV) else None
-        self._trim_every = int(os.environ.get(MALLOC_TRIM_ENV) or 0)
+        self._trim_every = int(os.environ.get(MALLOC_TRIM_ENV) or DEFAULT_MALLOC_TRIM_EVERY)
+        self._malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only
         self._batches = 0
 
     def _build_pipeline(self) -> Pipeline:
@@ -253,8 +255,10 @@ class TritonPythonModel:
             for index, response in zip([i for i, _ in runnable], self._execute_fed(runnable)):
                 responses[index] = response
         self._batches += 1
-        if self._trim_every and self._batches % self._trim_every == 0:
-            ctypes.CDLL(None).malloc_trim(0)
+        if self._malloc_trim is not None and self._trim_every and self._batches % self._trim_every == 0:
+            # Pages freed inside glibc's heaps (DALI's image buffers of varied sizes)
+            # go back to the system now, not when they happen to reach a heap's top.
+            self._malloc_trim(0)
         if self._memory_trace is not None:
             self._memory_trace.after_batch()
         return responses
