@@ -9,9 +9,18 @@ valid image must come back with its label; a bad one must get a client error
 (HTTP 4xx, gRPC UNKNOWN or INVALID_ARGUMENT) or, when its bytes still decode, a
 classification; anything else (5xx, a dropped connection, a hang) is a failure.
 The resident memory (RSS) and open file descriptors of tritonserver and of each
-backend stub process are sampled over time; the RSS growth after warm-up is the
-slope of a least-squares line over the run, as a percentage of the fitted value
-at warm-up's end. Loopback only, bounded by duration and request count.
+backend stub process are sampled over time (one sample a second).
+
+The memory verdict (docs/memory.md): for each process, a least-squares line through
+its RSS samples after warm-up (default: the first quarter of the run, when buffers,
+the Python backend's shared memory and the allocator's pools reach their working
+size); its growth is the line's rise over the window, as a percentage of the line's
+value at the window's start, and must stay under MAX_GROWTH_PCT. A line, not the
+first and last samples: the stub's RSS swings by a few MiB with the dynamic batch
+sizes, and a fit over hundreds of samples is not fooled by one swing. The window
+must last MIN_JUDGED_WINDOW_S at least: over a shorter one a slow leak hides in
+the noise, and the memory is reported as not judged. `make soak` runs 30 minutes
+(450 s warm-up, 1350 s judged). Loopback only, bounded by duration and request count.
 """
 
 from __future__ import annotations
@@ -38,7 +47,9 @@ from tritonstack.samples import PHOTOS, photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.supervision import server_stubs
 
-MAX_GROWTH_PCT = 5.0
+MAX_GROWTH_PCT = 2.0
+# Shortest window after warm-up over which the memory is judged (docs/memory.md).
+MIN_JUDGED_WINDOW_S = 600.0
 CLIENT_ERRORS = {"StatusCode.UNKNOWN", "StatusCode.INVALID_ARGUMENT"}
 
 
@@ -206,6 +217,7 @@ def growth(samples: list[dict], key: str, process: str, warmup_s: float) -> dict
     window = t[-1] - t[0]
     return {
         "slope_per_min": round(float(slope * 60), 4),
+        "fitted_start": round(float(start), 2), "fitted_end": round(float(slope * t[-1] + intercept), 2),
         "window_s": round(float(window), 1),
         "first": float(y[0]), "last": float(y[-1]), "max": float(y.max()),
         "growth_pct": round(float(100 * slope * window / start), 3) if start > 0 else None,
@@ -217,7 +229,10 @@ def analyse(tally: Tally, samples: list[dict], duration_s: float, warmup_s: floa
     rss = {name: growth(samples, "rss_mib", name, warmup_s) for name in processes}
     fds = {name: growth(samples, "fds", name, warmup_s) for name in processes}
     worst = max((g["growth_pct"] for g in rss.values() if g and g["growth_pct"] is not None), default=0.0)
+    window = max((g["window_s"] for g in rss.values() if g), default=0.0)
+    memory_judged = window >= MIN_JUDGED_WINDOW_S
     counts = dict(tally.counts)
+    requests_ok = counts.get("valid_failed", 0) == 0 and counts.get("bad_server_error", 0) == 0
     return {
         "duration_s": round(duration_s, 1),
         "warmup_s": warmup_s,
@@ -231,8 +246,11 @@ def analyse(tally: Tally, samples: list[dict], duration_s: float, warmup_s: floa
         "fd_growth": fds,
         "worst_rss_growth_pct": worst,
         "max_rss_growth_pct": MAX_GROWTH_PCT,
-        "passed": counts.get("valid_failed", 0) == 0 and counts.get("bad_server_error", 0) == 0
-        and worst < MAX_GROWTH_PCT,
+        "judged_window_s": window,
+        "min_judged_window_s": MIN_JUDGED_WINDOW_S,
+        # None: the window after warm-up was too short to judge the memory.
+        "memory_passed": (worst < MAX_GROWTH_PCT) if memory_judged else None,
+        "passed": requests_ok and (worst < MAX_GROWTH_PCT or not memory_judged),
         "samples": samples,
     }
 
@@ -259,7 +277,8 @@ def summary(report: dict) -> str:
         f"  valid ok {report['counts'].get('valid_ok', 0)}, failed valid {report['failed_valid_requests']}; "
         f"bad refused {report['counts'].get('bad_refused', 0)}, bad accepted "
         f"{report['counts'].get('bad_accepted', 0)}, bad with server error {report['bad_server_errors']}",
-        f"  after {report['warmup_s']:.0f} s of warm-up (limit {MAX_GROWTH_PCT}% RSS growth):",
+        f"  after {report['warmup_s']:.0f} s of warm-up, over {report['judged_window_s']:.0f} s "
+        f"(limit {MAX_GROWTH_PCT}% RSS growth of a least-squares line, judged over {MIN_JUDGED_WINDOW_S:.0f} s or more):",
     ]
     for name, rss in report["rss_growth"].items():
         fds = report["fd_growth"].get(name)
@@ -268,13 +287,16 @@ def summary(report: dict) -> str:
                          f"slope {rss['slope_per_min']:+8.3f} MiB/min, growth {rss['growth_pct']:+6.2f}%; "
                          f"fds {fds['first']:.0f} -> {fds['last']:.0f}")
     lines += [f"  failure: {failure}" for failure in report["failures"]]
+    if report["memory_passed"] is None:
+        lines.append(f"  memory not judged: {report['judged_window_s']:.0f} s after warm-up, "
+                     f"below {MIN_JUDGED_WINDOW_S:.0f} s")
     lines.append("  PASSED" if report["passed"] else "  FAILED")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=600, help="seconds of load")
+    parser.add_argument("--duration", type=float, default=1800, help="seconds of load")
     parser.add_argument("--warmup", type=float, default=None, help="seconds left out of the slope (default: a quarter)")
     parser.add_argument("--workers", type=int, default=2, help="threads per protocol")
     parser.add_argument("--bad-ratio", type=float, default=0.25)

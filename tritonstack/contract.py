@@ -58,6 +58,13 @@ REPOSITORY_ENV = "TRITONSTACK_MODEL_REPOSITORY"
 # --http-max-input-size default in the releases that have that flag.
 MAX_INPUT_BYTES_ENV = "TRITONSTACK_MAX_INPUT_BYTES"
 DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024
+# Diagnostics for loadtests/memory_probe.py: a file path; the dali backend then
+# traces Python allocations and writes its memory figures there after every batch.
+MEMORY_TRACE_ENV = "TRITONSTACK_MEMORY_TRACE"
+# The dali backend calls glibc's malloc_trim(0) after every N batches, N from here
+# (default 1; 0: never): it hands the heap's free pages back (docs/memory.md).
+MALLOC_TRIM_ENV = "TRITONSTACK_MALLOC_TRIM_EVERY"
+DEFAULT_MALLOC_TRIM_EVERY = 1
 
 # --- the restricted (admin) APIs --------------------------------------------------------
 

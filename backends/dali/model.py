@@ -37,6 +37,7 @@ import importlib.util
 import json
 import os
 import sys
+import tracemalloc
 from pathlib import Path
 
 # Measured with DALI 2.4 on the CPU: by default its host buffers keep their
@@ -57,8 +58,11 @@ from tritonstack.contract import (  # noqa: E402
     DALI_MODEL_FILENAME,
     DALI_SCRIPT_FILENAME,
     DALI_VERSION_FILENAME,
+    DEFAULT_MALLOC_TRIM_EVERY,
     DEFAULT_MAX_INPUT_BYTES,
+    MALLOC_TRIM_ENV,
     MAX_INPUT_BYTES_ENV,
+    MEMORY_TRACE_ENV,
     REPOSITORY_ENV,
     TRITON_TO_NUMPY,
     latest_version_dir,
@@ -139,6 +143,51 @@ def warn_on_version_skew(version_dir: Path) -> None:
             )
 
 
+# --- memory diagnostics (loadtests/memory_probe.py) --------------------------------
+
+class _MallInfo2(ctypes.Structure):
+    # glibc's struct mallinfo2 (glibc >= 2.33): totals over all arenas.
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+class MemoryTrace:
+    """With $TRITONSTACK_MEMORY_TRACE naming a file: Python's traced allocations
+    (tracemalloc) and glibc's heap (mallinfo2) written there after every batch, so
+    that a probe outside the stub can tell live objects from allocator slack. Off by
+    default: tracing slows every allocation."""
+
+    TOP_EVERY = 200  # batches between tracemalloc snapshots (they are slow)
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+        self.batches = 0
+        self._first_snapshot = None
+        self._top: list[str] = []
+        libc = ctypes.CDLL(None)
+        self._mallinfo2 = getattr(libc, "mallinfo2", None)
+        if self._mallinfo2 is not None:
+            self._mallinfo2.restype = _MallInfo2
+        tracemalloc.start()
+
+    def after_batch(self) -> None:
+        self.batches += 1
+        current, peak = tracemalloc.get_traced_memory()
+        figures = {"batches": self.batches, "traced_bytes": current, "traced_peak_bytes": peak}
+        if self._mallinfo2 is not None:
+            info = self._mallinfo2()
+            figures["mallinfo2"] = {name: getattr(info, name) for name, _ in info._fields_}
+        if self.batches % self.TOP_EVERY == 0:
+            snapshot = tracemalloc.take_snapshot()
+            if self._first_snapshot is None:
+                self._first_snapshot = snapshot
+            self._top = [str(stat) for stat in snapshot.compare_to(self._first_snapshot, "lineno")[:8]]
+        figures["top_growth_since_first_snapshot"] = self._top
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text(json.dumps(figures))
+        os.replace(partial, self.path)  # the probe never reads half a file
+
+
 # --- the model -------------------------------------------------------------------
 
 class TritonPythonModel:
@@ -191,6 +240,9 @@ class TritonPythonModel:
             for tensor in config["output"]
         ]
         self._pipeline = self._build_pipeline()
+        self._memory_trace = MemoryTrace(os.environ[MEMORY_TRACE_ENV]) if os.environ.get(MEMORY_TRACE_ENV) else None
+        self._trim_every = int(os.environ.get(MALLOC_TRIM_ENV) or DEFAULT_MALLOC_TRIM_EVERY)
+        self._batches = 0
 
     def _build_pipeline(self) -> Pipeline:
         # prefetch_queue_depth=1: each run() consumes exactly the batch just fed.
@@ -225,6 +277,13 @@ class TritonPythonModel:
                 responses[index] = response
             if sum(pixels[i] for i in part) > self._budget.release_above_pixels:
                 self._release_buffers()
+        self._batches += 1
+        if self._trim_every and self._batches % self._trim_every == 0:
+            # Pages freed inside glibc's heaps (DALI's image buffers of varied sizes)
+            # go back to the system now, not when they happen to reach a heap's top.
+            _malloc_trim()
+        if self._memory_trace is not None:
+            self._memory_trace.after_batch()
         return responses
 
     def _release_buffers(self) -> None:
@@ -303,11 +362,13 @@ def raise_budget_problems(budget: DecodeBudget) -> None:
         raise ValueError("decode budget: " + "; ".join(problems))
 
 
+# glibc only (None elsewhere: nothing to trim).
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
+
+
 def _malloc_trim() -> None:
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to trim
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _split(pipeline_outputs, request_sizes, batched):

@@ -54,6 +54,7 @@ from tritonstack.serve import security
 from tritonstack.serve.security import RESTRICTED_APIS
 from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions
 from tritonstack.serve.restart import ServerRestarter
+from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
 from tritonstack.serve.supervision import StubSupervisor, reload_model
 
 LOGGER = logging.getLogger("tritonstack.serve")
@@ -87,6 +88,7 @@ class TritonServer:
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
         supervise: bool = True,
         restart: bool = True,
+        environment: dict[str, str] | None = None,
     ):
         self.model_repository = Path(model_repository).resolve()
         self.host = host
@@ -102,6 +104,9 @@ class TritonServer:
         self.max_input_bytes = max_input_bytes
         self.supervise = supervise
         self.restart = restart
+        # Added to the server's (and its stubs') environment; None: the launcher's
+        # allocator settings (tritonstack/serve/stub_environment.py).
+        self.environment = dict(STUB_ENVIRONMENT if environment is None else environment)
         self.process: subprocess.Popen | None = None
         self.supervisor: StubSupervisor | None = None
         self.restarter: ServerRestarter | None = None
@@ -206,6 +211,7 @@ class TritonServer:
         # The stubs import the repository's own Python (model.py, dali.py and its
         # neighbours): no __pycache__ may land in the user's folders.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.update(self.environment)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(self._backends),

@@ -1,0 +1,256 @@
+"""Memory probe: rounds of the same requests over photos of several sizes, and the
+DALI stub's resident memory after each round, for several server variants side by
+side (each variant is a server of its own, with its own environment; the variants'
+rounds are interleaved, so a busy machine weighs on them alike).
+
+    python -m loadtests.memory_probe --variants glibc-default,launcher --rounds 5
+    python -m loadtests.memory_probe --variants traced --rounds 4      # + tracemalloc, mallinfo2
+
+A round sends `--requests` batch-1 requests (the images in a fixed order, from
+`--workers` threads, so that Triton's dynamic batcher merges ragged batches) to the
+preprocessing model alone: only the stub under study runs. After each round the
+probe records the stub's RSS and, for the `traced` variant, what the stub itself
+reports (tracemalloc's live Python bytes, glibc's mallinfo2: bytes in use and free
+bytes kept in the arenas). docs/memory.md has the findings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+import tritonclient.http as httpclient
+from PIL import Image
+
+from tritonstack.contract import (
+    DEFAULT_PRESET,
+    MALLOC_TRIM_ENV,
+    MEMORY_TRACE_ENV,
+    PREPROCESS_INPUT,
+    PREPROCESS_OUTPUT,
+    preprocessing_name,
+)
+from tritonstack.samples import PHOTOS, photo_path
+from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
+from tritonstack.serve.supervision import server_stubs
+
+MODEL = preprocessing_name(DEFAULT_PRESET)
+SIZES = (320, 640, 1280)
+
+# Variant name -> the environment its server gets beyond the launcher's basics
+# (libraries, PATH, the repository). "glibc-default" is the server as it was before
+# docs/memory.md's fix: glibc's defaults, no malloc_trim; "launcher" is the fix, the
+# launcher's default (STUB_ENVIRONMENT, and the dali backend trimming after every
+# batch); the others take one measure at a time.
+NO_TRIM = {MALLOC_TRIM_ENV: "0"}
+MMAP_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+VARIANTS: dict[str, dict[str, str]] = {
+    "glibc-default": NO_TRIM,
+    "launcher": STUB_ENVIRONMENT,
+    "arena-max-2": {**NO_TRIM, "MALLOC_ARENA_MAX": "2"},
+    "arena-max-1": {**NO_TRIM, "MALLOC_ARENA_MAX": "1"},
+    "mmap-threshold": {**NO_TRIM, **MMAP_THRESHOLD},
+    "mmap-threshold-1m": {**NO_TRIM, "MALLOC_MMAP_THRESHOLD_": "1048576"},
+    "malloc-trim": {MALLOC_TRIM_ENV: "1"},
+    "jemalloc": {**NO_TRIM, "LD_PRELOAD": "libjemalloc.so.2"},  # Debian's libjemalloc2, when installed
+    "traced": NO_TRIM,  # + MEMORY_TRACE_ENV, set per run
+    "traced-launcher": STUB_ENVIRONMENT,
+}
+
+
+def sized_photos(sizes=SIZES, photos=tuple(PHOTOS)) -> list[bytes]:
+    """Each photo resized so its longer side is each size, as JPEG (quality 90)."""
+    images = []
+    for name in photos:
+        with Image.open(photo_path(name)) as photo:
+            rgb = photo.convert("RGB")
+        for size in sizes:
+            scale = size / max(rgb.size)
+            resized = rgb.resize((max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale))),
+                                 Image.Resampling.BILINEAR)
+            encoded = io.BytesIO()
+            resized.save(encoded, format="JPEG", quality=90)
+            images.append(encoded.getvalue())
+    return images
+
+
+def stub_pid(server_pid: int, model: str = MODEL) -> int:
+    """The live backend stub that serves `model` (argv names the model's file)."""
+    live, _ = server_stubs(server_pid)
+    pids = [pid for pid, name in live.items() if name == model]
+    if len(pids) != 1:
+        raise RuntimeError(f"expected one stub for {model}, found {live}")
+    return pids[0]
+
+
+def rss_mib(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def rss_parts_mib(pid: int) -> dict[str, float]:
+    """RSS split by kind (Linux): anonymous (the heap), file-backed (libraries),
+    shared memory (the Python backend's /dev/shm region)."""
+    parts = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssFile", "RssShmem"):
+            parts[key] = round(int(value.split()[0]) / 1024, 2)
+    return parts
+
+
+class RoundSender:
+    """Sends a round of batch-1 requests over HTTP from a few threads; one
+    tritonclient per thread (the sync HTTP client is not thread-safe)."""
+
+    def __init__(self, url: str, workers: int = 4, model: str = MODEL):
+        self.url, self.workers, self.model = url, workers, model
+        self._local = threading.local()
+        self._clients: list[httpclient.InferenceServerClient] = []
+        self._lock = threading.Lock()
+
+    def _client(self) -> httpclient.InferenceServerClient:
+        if not hasattr(self._local, "client"):
+            self._local.client = httpclient.InferenceServerClient(self.url, network_timeout=120)
+            with self._lock:
+                self._clients.append(self._local.client)
+        return self._local.client
+
+    def _send(self, image: bytes) -> None:
+        data = np.frombuffer(image, dtype=np.uint8)[np.newaxis]
+        tensor = httpclient.InferInput(PREPROCESS_INPUT, list(data.shape), "UINT8")
+        tensor.set_data_from_numpy(data, binary_data=True)
+        result = self._client().infer(self.model, [tensor], outputs=[
+            httpclient.InferRequestedOutput(PREPROCESS_OUTPUT, binary_data=True)])
+        if result.as_numpy(PREPROCESS_OUTPUT).shape != (1, 3, 224, 224):
+            raise RuntimeError(f"unexpected output shape {result.as_numpy(PREPROCESS_OUTPUT).shape}")
+
+    def send_round(self, images: list[bytes], requests: int) -> float:
+        """`requests` requests, image i % len(images) for the i-th: every round the
+        same. Returns the round's seconds; any failed request raises."""
+        started = time.monotonic()
+        with ThreadPoolExecutor(self.workers) as pool:
+            for future in [pool.submit(self._send, images[i % len(images)]) for i in range(requests)]:
+                future.result()
+        return time.monotonic() - started
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+
+
+@dataclass
+class VariantRun:
+    """One server and its figures, round by round."""
+
+    name: str
+    server: TritonServer
+    sender: RoundSender
+    trace_path: Path | None = None
+    rounds: list[dict] = field(default_factory=list)
+
+    def record(self, round_index: int, seconds: float) -> dict:
+        pid = stub_pid(self.server.pid)
+        row = {"round": round_index, "seconds": round(seconds, 1), "stub_rss_mib": round(rss_mib(pid), 2),
+               "stub_rss_parts_mib": rss_parts_mib(pid), "server_rss_mib": round(rss_mib(self.server.pid), 2)}
+        if self.trace_path is not None and self.trace_path.exists():
+            row["stub_trace"] = json.loads(self.trace_path.read_text())
+        self.rounds.append(row)
+        return row
+
+
+def start_variant(stack: ExitStack, name: str, repository: Path, workdir: Path, workers: int) -> VariantRun:
+    environment = dict(VARIANTS[name])
+    trace_path = None
+    if name.startswith("traced"):
+        trace_path = workdir / f"{name}.json"
+        environment[MEMORY_TRACE_ENV] = str(trace_path)
+    # Only the model under study: one stub, a quicker start, no other process's noise.
+    server = stack.enter_context(TritonServer(
+        repository, environment=environment,
+        extra_args=("--model-control-mode=explicit", f"--load-model={MODEL}")))
+    sender = RoundSender(server.http_url, workers)
+    stack.callback(sender.close)
+    return VariantRun(name, server, sender, trace_path)
+
+
+def run_probe(repository: Path, variants: list[str], rounds: int, requests: int, sizes=SIZES,
+              workers: int = 4, log=print) -> dict:
+    images = sized_photos(sizes)
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="memory-probe-") as workdir:
+        runs = [start_variant(stack, name, repository, Path(workdir), workers) for name in variants]
+        for run in runs:
+            run.record(0, 0.0)  # after start-up and warm-up, before any request
+        for round_index in range(1, rounds + 1):
+            for run in runs:  # interleaved: the machine's load weighs on every variant alike
+                row = run.record(round_index, run.sender.send_round(images, requests))
+                parts = ", ".join(f"{key[3:]} {value:.1f}" for key, value in row["stub_rss_parts_mib"].items())
+                log(f"round {round_index} {run.name:17s} stub RSS {row['stub_rss_mib']:8.2f} MiB ({parts}) "
+                    f"{row['seconds']:.1f} s{trace_line(row)}")
+        return {
+            "model": MODEL, "sizes": list(sizes), "images": len(images), "requests_per_round": requests,
+            "workers": workers,
+            "variants": {run.name: {"environment": VARIANTS[run.name], "rounds": run.rounds} for run in runs},
+        }
+
+
+def trace_line(row: dict) -> str:
+    trace = row.get("stub_trace")
+    if not trace:
+        return ""
+    text = f"; traced Python {trace['traced_bytes'] / 2**20:.2f} MiB"
+    if "mallinfo2" in trace:
+        info = trace["mallinfo2"]
+        text += (f"; malloc in use {info['uordblks'] / 2**20:.1f} MiB, free in arenas "
+                 f"{info['fordblks'] / 2**20:.1f} MiB, mmapped {info['hblkhd'] / 2**20:.1f} MiB")
+    return text
+
+
+def summary(report: dict) -> str:
+    """One line per variant: RSS after each round, and each round's increase."""
+    lines = [f"{report['requests_per_round']} requests per round over {report['images']} images "
+             f"({'/'.join(map(str, report['sizes']))} px), stub RSS in MiB after each round (round 0: idle):"]
+    for name, variant in report["variants"].items():
+        rss = [row["stub_rss_mib"] for row in variant["rounds"]]
+        steps = " ".join(f"{b - a:+6.2f}" for a, b in zip(rss[1:], rss[2:]))
+        lines.append(f"  {name:17s} " + " ".join(f"{value:7.1f}" for value in rss) + f"   increase per round after the first: {steps}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variants", default="glibc-default,launcher",
+                        help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=600, help="requests per round")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="longer sides, px")
+    parser.add_argument("--workers", type=int, default=4, help="client threads")
+    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--out", type=Path, default=Path("reports/memory_probe.json"))
+    args = parser.parse_args(argv)
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    report = run_probe(args.model_repository, variants, args.rounds, args.requests,
+                       tuple(int(size) for size in args.sizes.split(",")), args.workers)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(summary(report))
+    print(f"report: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

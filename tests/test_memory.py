@@ -1,0 +1,31 @@
+"""The DALI stub's memory under the same requests over photos of several sizes:
+after the warm-up rounds (DALI's buffers reach the largest image, the Python
+backend's shared memory its largest batch), another identical round must not raise
+the stub's RSS. Before docs/memory.md's fix each round added several MiB (glibc's
+heap kept the freed image buffers)."""
+
+from __future__ import annotations
+
+from loadtests.memory_probe import MODEL, RoundSender, rss_mib, rss_parts_mib, sized_photos, stub_pid
+
+ROUNDS = 3
+REQUESTS_PER_ROUND = 450  # the 15 images 30 times
+MAX_THIRD_ROUND_GROWTH_MIB = 2.0
+
+
+def test_dali_stub_rss_stays_flat_over_identical_rounds_of_varied_sizes(server):
+    images = sized_photos()  # 5 photos x 320/640/1280 px
+    assert len(images) == 15 and len({len(image) for image in images}) == 15
+    pid = stub_pid(server.pid, MODEL)
+    sender = RoundSender(server.http_url, workers=4)
+    rss, parts = [], []
+    try:
+        for _ in range(ROUNDS):
+            sender.send_round(images, REQUESTS_PER_ROUND)  # raises on any failed request
+            rss.append(rss_mib(pid))
+            parts.append(rss_parts_mib(pid))
+    finally:
+        sender.close()
+    print(f"{MODEL} RSS after each round: {[round(value, 1) for value in rss]} MiB; {parts}")
+    assert stub_pid(server.pid, MODEL) == pid, "the stub was restarted during the test"
+    assert rss[2] - rss[1] < MAX_THIRD_ROUND_GROWTH_MIB, (rss, parts)

@@ -1,0 +1,22 @@
+"""The environment the launcher gives tritonserver and, through it, the backend
+stubs it spawns: a setting of the C library's allocator (docs/memory.md).
+
+glibc's malloc serves a block of 128 KiB or more with mmap, and gives it back to
+the system when freed; but after the first such free it raises that threshold to
+the freed block's size (up to 32 MiB). In the DALI stub the freed blocks are
+decoded images, so the threshold climbs to the largest image seen, and from then
+on every image-sized buffer comes from the heap. Images of varied sizes, freed and
+reallocated by DALI's threads in varied order, leave holes in the heap that glibc
+keeps (it returns only the heap's top): the stub's RSS grew by several MiB per
+round of the same requests while its live allocations stayed flat. Setting the
+threshold explicitly turns the adjustment off: image buffers are mmapped and
+returned whole, and RSS stays flat.
+"""
+
+from __future__ import annotations
+
+# glibc's own starting value, fixed. An M_MMAP_THRESHOLD set by the environment
+# also fixes M_TRIM_THRESHOLD (no dynamic adjustment of either).
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+STUB_ENVIRONMENT: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
