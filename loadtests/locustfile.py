@@ -6,8 +6,9 @@ themselves are in loadtests/users.py (GrpcUser, HttpUser).
 
 (`python -m loadtests.run` / `make loadtest` start a server, run this and write a report.)
 
-Hooks: `--max-requests` bounds the run across workers; the final stats table is
-written at quit; the process exits before gRPC's teardown can hang under gevent.
+Hooks: `--max-requests` bounds the run across workers; a line of live figures goes
+to stderr every `--live-seconds`; the final stats table is written at quit; the
+process exits before gRPC's teardown can hang under gevent.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import csv
 import logging
 import os
 import sys
+import time
 
 import gevent
 from locust import events
@@ -30,6 +32,7 @@ from tritonstack.contract import DEFAULT_MODEL
 # How often the request-count bound is checked: at ~200 requests/s a run overshoots
 # --max-requests by about this many seconds of requests.
 CHECK_INTERVAL_S = 0.05
+LIVE_SECONDS = 5.0
 
 
 @events.init_command_line_parser.add_listener
@@ -50,6 +53,8 @@ def _options(parser):
     group.add_argument("--step-users", type=int, default=2, help="step ramp: users added per step")
     group.add_argument("--step-seconds", type=float, default=10.0, help="step ramp: duration of a step")
     group.add_argument("--steps", type=int, default=4, help="step ramp: number of steps")
+    group.add_argument("--live-seconds", type=float, default=LIVE_SECONDS,
+                       help="seconds between two lines of live figures on stderr (0: none)")
 
 
 @events.test_start.add_listener
@@ -67,6 +72,30 @@ def _bound_request_count(environment, **_):
             gevent.sleep(CHECK_INTERVAL_S)
 
     gevent.spawn(watch)
+
+
+@events.test_start.add_listener
+def _print_live_figures(environment, **_):
+    """One plain line every few seconds (no redrawn frames: it may go to a log)."""
+    options = environment.parsed_options
+    if not options or options.live_seconds <= 0 or environment.runner is None or _is_worker(environment):
+        return
+    started = time.monotonic()
+
+    def report():
+        while environment.runner.state not in (STATE_STOPPED, STATE_STOPPING):
+            gevent.sleep(options.live_seconds)
+            print(live_line(environment.runner, time.monotonic() - started), file=sys.stderr, flush=True)
+
+    gevent.spawn(report)
+
+
+def live_line(runner, elapsed_s: float) -> str:
+    total = runner.stats.total
+    p50, p95 = (total.get_current_response_time_percentile(q) for q in (0.5, 0.95))
+    latency = f"p50 {p50:.0f} ms, p95 {p95:.0f} ms" if p50 is not None and p95 is not None else "no answer yet"
+    return (f"[{elapsed_s:5.0f} s] {runner.user_count} users, {total.num_requests} requests, "
+            f"{total.num_failures} failed, {total.current_rps:.1f} requests/s, {latency} (last 10 s)")
 
 
 @events.init.add_listener

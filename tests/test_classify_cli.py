@@ -111,13 +111,16 @@ def test_csv_has_a_header_and_one_row_per_file(server, photo_folder, capsys):
     assert by_name["broken.jpg"]["error"] and not by_name["broken.jpg"]["label_1"]
 
 
-def test_progress_bar_for_many_files(server, tmp_path, capsys):
+def test_many_files_in_natural_order_without_progress_frames_off_a_terminal(server, tmp_path, capsys):
     for n in range(12):
-        shutil.copy(photo_path("rocket.jpg"), tmp_path / f"{n:02d}.jpg")
+        shutil.copy(photo_path("rocket.jpg"), tmp_path / f"c{n}.jpg")
     code, out, err = run_cli(capsys, tmp_path, "--url", server.http_url, "--batch-size", "4", "--top-k", "1")
     assert code == 0
-    assert len(out.splitlines()) == 12
-    assert "[##############################] 12/12 images" in err
+    names = [Path(line.split()[0]).name for line in out.splitlines()]
+    assert names == [f"c{n}.jpg" for n in range(12)]  # c2 before c10
+    assert len({line.index("missile") for line in out.splitlines()}) == 1  # an aligned column
+    assert "\r" not in err  # stderr is not a terminal here: no bar frames in logs
+    assert err.startswith("12 images, 0 failed")
 
 
 def test_no_server_exits_2_with_a_clear_message(tmp_path, capsys):
