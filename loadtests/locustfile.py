@@ -83,19 +83,23 @@ def _print_live_figures(environment, **_):
     started = time.monotonic()
 
     def report():
+        counted = 0
         while environment.runner.state not in (STATE_STOPPED, STATE_STOPPING):
             gevent.sleep(options.live_seconds)
-            print(live_line(environment.runner, time.monotonic() - started), file=sys.stderr, flush=True)
+            line = live_line(environment.runner, time.monotonic() - started, counted, options.live_seconds)
+            print(line, file=sys.stderr, flush=True)
+            counted = environment.runner.stats.total.num_requests
 
     gevent.spawn(report)
 
 
-def live_line(runner, elapsed_s: float) -> str:
+def live_line(runner, elapsed_s: float, counted_before: int, interval_s: float) -> str:
     total = runner.stats.total
+    rate = (total.num_requests - counted_before) / interval_s
     p50, p95 = (total.get_current_response_time_percentile(q) for q in (0.5, 0.95))
-    latency = f"p50 {p50:.0f} ms, p95 {p95:.0f} ms" if p50 is not None and p95 is not None else "no answer yet"
-    return (f"[{elapsed_s:5.0f} s] {runner.user_count} users, {total.num_requests} requests, "
-            f"{total.num_failures} failed, {total.current_rps:.1f} requests/s, {latency} (last 10 s)")
+    latency = f"p50 {p50:.0f} ms, p95 {p95:.0f} ms over the last 10 s" if p50 and p95 else "no answer yet"
+    return (f"[{elapsed_s:4.0f} s] {runner.user_count} users, {total.num_requests} requests "
+            f"({rate:.1f}/s over the last {interval_s:g} s), {total.num_failures} failed, {latency}")
 
 
 @events.init.add_listener

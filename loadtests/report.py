@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from loadtests.metrics import markdown_table, ModelBreakdown  # noqa: E402
 
@@ -59,19 +60,24 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 def history(prefix: Path) -> list[dict[str, float]]:
-    """The aggregated per-second rows, numbers only, "seconds" counted from the
-    run's first row; rows before the first answers (no percentile yet, or no
-    request/s yet: Locust's rate lags a second) are left out rather than drawn as
-    a fall from zero."""
-    rows, start = [], None
+    """One row per second of the run, numbers only: "seconds" since the run's
+    first row, "Requests/s" answered in that second (from the running total:
+    Locust's own Requests/s column lags and ramps up from zero for several
+    seconds), users and the percentiles of the last 10 s. Seconds before the
+    first answer are left out rather than drawn as zeros."""
+    by_second: dict[float, dict[str, str]] = {}
     for row in read_rows(Path(f"{prefix}_stats_history.csv")):
-        if row["Name"] != AGGREGATED:
-            continue
-        start = float(row["Timestamp"]) if start is None else start
-        if row["50%"] == "N/A" or (not rows and float(row["Requests/s"]) == 0):
-            continue
-        numbers = {key: float(row[key]) for key in ("Timestamp", "User Count", "Requests/s", *PERCENTILES)}
-        rows.append({**numbers, "seconds": numbers["Timestamp"] - start})
+        if row["Name"] == AGGREGATED:
+            by_second[float(row["Timestamp"])] = row  # Locust may write a second twice: the last counts
+    rows, previous = [], None
+    for timestamp, row in sorted(by_second.items()):
+        count = float(row["Total Request Count"])
+        # No percentile yet: N/A, or 0 in Locust's first row of answers.
+        if previous is not None and row["50%"] not in ("N/A", "0"):
+            rate = (count - previous[1]) / (timestamp - previous[0])
+            numbers = {key: float(row[key]) for key in ("User Count", *PERCENTILES)}
+            rows.append({**numbers, "Requests/s": rate, "seconds": timestamp - min(by_second)})
+        previous = (timestamp, count)
     return rows
 
 
@@ -89,9 +95,10 @@ def plot_over_time(rows: list[dict[str, float]], path: Path, labels: PlotLabels 
                             label="users (right axis)")
         users.set_ylabel("users")
         users.set_ylim(bottom=0)
+        users.yaxis.set_major_locator(MaxNLocator(integer=True))
     throughput.set_ylabel("requests/s")
     throughput.set_ylim(bottom=0)
-    throughput.set_title("throughput", fontsize="medium")
+    throughput.set_title("throughput, per second", fontsize="medium")
     throughput.legend(handles=lines, loc="lower right")
     for percentile in PERCENTILES:
         latency.plot(seconds, [row[percentile] for row in rows], label=f"p{percentile[:-1]}")
@@ -99,7 +106,7 @@ def plot_over_time(rows: list[dict[str, float]], path: Path, labels: PlotLabels 
     latency.set_ylim(bottom=0)
     latency.set_title("latency percentiles over the last 10 s", fontsize="medium")
     latency.set_xlabel("seconds since the start of the run")
-    latency.legend(loc="upper left")
+    latency.legend(loc="best")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -134,7 +141,7 @@ def plot_against_users(rows: list[dict[str, float]], path: Path, labels: PlotLab
     latency.set_xlabel("users")
     latency.set_ylabel("latency ms")
     latency.set_ylim(bottom=0)
-    latency.legend(loc="upper left")
+    latency.legend(loc="best")
     for axis in (throughput, latency):
         axis.set_xticks(users)
     figure.tight_layout()

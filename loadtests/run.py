@@ -28,10 +28,9 @@ from pathlib import Path
 import psutil
 
 from loadtests.report import GeneratorCpu, PlotLabels, RunSummary, write_report
-from loadtests.target import target_server
+from loadtests.target import given_endpoints, target_server
 from loadtests import metrics
 from tritonstack import cli
-from tritonstack.address import parse_address, parse_metrics_url
 from tritonstack.client.preflight import check_model
 from tritonstack.client.retry import PROTOCOL_NAMES, RetryPolicy
 from tritonstack.contract import DEFAULT_MODEL, admin_headers
@@ -114,18 +113,6 @@ def fit_run_time(args: argparse.Namespace) -> None:
         raise ValueError(f"{args.steps} steps of {args.step_seconds:g} s take {planned:g} s, more than "
                          f"--run-time {args.run_time:g}: drop --step-seconds (the steps then share the run "
                          "time), give fewer --steps, or a longer --run-time")
-
-
-def endpoints(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
-    """(HTTP host:port, gRPC host:port, metrics URL) as given, each in the form its user needs."""
-    http = parse_address(args.url) if args.url else None
-    grpc = parse_address(args.grpc_url) if args.grpc_url else None
-    for option, address, expected in (("--url", http, "http"), ("--grpc-url", grpc, "grpc")):
-        if address and address.scheme not in (None, expected):
-            raise cli.UsageError(f"{option} {args.url if option == '--url' else args.grpc_url} is the "
-                                 f"{PROTOCOL_NAMES[expected]} endpoint: give {expected}://host:port or host:port")
-    return (http.hostport if http else None, grpc.hostport if grpc else None,
-            parse_metrics_url(args.metrics_url) if args.metrics_url else None)
 
 
 def planned_seconds(args: argparse.Namespace) -> float:
@@ -259,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def load_test(argv: list[str] | None) -> int:
     args = parse_args(argv)
-    http_url, grpc_url, metrics_url = endpoints(args)
+    http_url, grpc_url, metrics_url = given_endpoints(args.url, args.grpc_url, args.metrics_url)
     with target_server(args.model_repository, http_url, grpc_url, metrics_url) as target:
         preflight(args, target.http_url, target.grpc_url)
         out = args.out or PROJECT_ROOT / "reports" / time.strftime("loadtest-%Y%m%d-%H%M%S")
