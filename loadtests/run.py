@@ -31,7 +31,7 @@ from loadtests.report import GeneratorCpu, PlotLabels, RunSummary, write_report
 from loadtests.target import given_endpoints, target_server
 from loadtests import metrics
 from tritonstack import cli
-from tritonstack.client.preflight import check_model
+from tritonstack.client.preflight import ModelError, check_model
 from tritonstack.client.retry import PROTOCOL_NAMES, RetryPolicy
 from tritonstack.contract import DEFAULT_MODEL, admin_headers
 from tritonstack.serve.network import free_port, LOOPBACK
@@ -79,6 +79,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--open-loop-users", type=cli.positive_int, default=4,
                         help="open shape: users sharing --target-rps")
     parser.add_argument("--workers", type=int, default=0, help="distributed: Locust worker processes (0: one process)")
+    parser.add_argument("--live-seconds", type=float, default=5.0, help="seconds between two lines of live "
+                        "figures on stderr (0: none)")
+    parser.add_argument("--skip-preflight", action="store_true", help="start the users even when the model "
+                        "does not classify encoded images (to load-test the error path)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: reports/loadtest-<time>)")
     args = parser.parse_args(argv)
     if args.url and not args.grpc_url and args.user != "http":
@@ -125,10 +129,15 @@ def protocols(user: str) -> tuple[str, ...]:
 
 def preflight(args: argparse.Namespace, http_url: str, grpc_url: str) -> None:
     """The server answers and serves the model, for each protocol the users
-    speak: else exit 2 before any user starts and before any report is written."""
+    speak: else exit 2 before any user starts and before any report is written
+    (--skip-preflight: the server must answer, whatever the model)."""
     for protocol in protocols(args.user):
         url = grpc_url if protocol == "grpc" else http_url
-        check_model(url, protocol, args.model, admin_headers(protocol), RetryPolicy(retries=1))
+        try:
+            check_model(url, protocol, args.model, admin_headers(protocol), RetryPolicy(retries=1))
+        except ModelError:
+            if not args.skip_preflight:
+                raise
 
 
 def host_option(args: argparse.Namespace, http_url: str, grpc_url: str) -> str:
@@ -147,6 +156,7 @@ def shared_options(args: argparse.Namespace, grpc_url: str) -> list[str]:
         "--steps", str(args.steps),
         "--target-rps", str(args.target_rps if args.shape == "open" else 0),
         "--open-loop-users", str(args.open_loop_users),
+        "--live-seconds", str(args.live_seconds),
     ]
 
 
