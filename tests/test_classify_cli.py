@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -147,3 +148,26 @@ def test_runs_as_a_script(server):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["top"][0]["label"] == "espresso"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream,frames", [(_Terminal(), True), (io.StringIO(), False)])
+def test_progress_bar_only_on_a_terminal_and_out_of_the_results_way(stream, frames):
+    from tritonstack.client.runner import FileResult, Progress
+
+    progress = Progress(12, stream=stream)
+    for n in range(12):
+        with progress.above():
+            stream.write(f"result {n}\n")  # a result line: the bar is cleared first
+        progress.update(FileResult(Path(f"{n}.jpg"), error="bad" if n == 3 else None))
+    progress.close()
+    text = stream.getvalue()
+    assert ("/12" in text and "\r" in text) is frames
+    for n in range(12):  # every result line whole, at the start of a line or after the bar's clearing \r
+        assert re.search(rf"(^|\r)result {n}\n", text, re.MULTILINE), n
+    assert text.endswith("12 images, 1 failed" + text.split("12 images, 1 failed", 1)[1])
+    assert progress.failed == 1
