@@ -16,15 +16,18 @@ model (DALI, or the Pillow baseline) chained to an ONNX classifier.
 
 Only files whose content changes are rewritten; the ONNX export is skipped while
 its inputs (weights, export code, torch version) are unchanged.
-Exit codes: 0 success, 1 problems found (check, parity), 2 bad usage.
+Exit codes: 0 success, 1 problems found (check, parity), 2 bad usage (unknown
+preset, missing file or folder, bad option). --debug shows an error's traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
+from tritonstack import cli
 from tritonstack.build import classifiers, presets
 from tritonstack.build.presets import FORMATS, PRESETS, BuildOptions, Preset, preset_named
 from tritonstack.build.repository import write_repository
@@ -73,16 +76,8 @@ def list_presets(args: argparse.Namespace) -> int:
 
 def check(args: argparse.Namespace) -> int:
     from tritonstack.build.check import check_repository
-    from tritonstack.rules import unbuilt_message, unbuilt_models
 
-    # Exit 2, as the launcher: nothing to check yet.
-    if not Path(args.repository).is_dir():
-        print(f"error: {args.repository}: no such model repository folder")
-        return 2
-    unbuilt = unbuilt_models(args.repository)
-    if unbuilt:
-        print(f"error: {unbuilt_message(args.repository, unbuilt)}")
-        return 2
+    _built_repository(args.repository)
     problems = check_repository(args.repository)
     for problem in problems:
         print(f"error: {problem}")
@@ -93,11 +88,27 @@ def check(args: argparse.Namespace) -> int:
 def parity(args: argparse.Namespace) -> int:
     from tritonstack.build.parity import compare, format_report
 
+    _existing_repository(args.repository)
     report = compare(args.repository, args.preset)
     print(format_report(report))
     if args.json:
         args.json.write_text(report.to_json())
     return 0 if report.top1_agreement == 1.0 else 1
+
+
+def _existing_repository(path: Path) -> None:
+    if not path.is_dir():
+        raise cli.UsageError(f"{path}: no such folder (build one with `make build`)")
+
+
+def _built_repository(path: Path) -> None:
+    """Exit 2, as the launcher: a fresh clone has nothing to check yet."""
+    from tritonstack.rules import unbuilt_message, unbuilt_models
+
+    _existing_repository(path)
+    unbuilt = unbuilt_models(path)
+    if unbuilt:
+        raise cli.UsageError(unbuilt_message(path, unbuilt))
 
 
 def _floats3(text: str) -> tuple[float, float, float]:
@@ -107,17 +118,10 @@ def _floats3(text: str) -> tuple[float, float, float]:
     return values
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _add_build_parser(commands) -> None:
     defaults = BuildOptions()
     parser = commands.add_parser(
-        "build", help="write the model repository",
+        "build", help="write the model repository", formatter_class=cli.HelpFormatter,
         description="Write the presets' models (all when none is named) into --out.")
     parser.add_argument("presets", nargs="*", metavar="PRESET",
                         help=f"presets to build (default: all): {', '.join(p.name for p in PRESETS)}")
@@ -128,18 +132,18 @@ def _add_build_parser(commands) -> None:
     parser.add_argument("--format", choices=FORMATS, default=defaults.format,
                         help="model.dali: the pipeline serialized now (the DALI version is recorded next to it); "
                              "dali.py: the pipeline's source, serialized by the DALI backend at load")
-    parser.add_argument("--max-batch-size", type=_positive, default=defaults.max_batch_size,
-                        help="every model's max_batch_size, and the DALI pipeline's batch (default %(default)s)")
-    parser.add_argument("--instances", type=_positive, default=defaults.instances,
+    parser.add_argument("--max-batch-size", type=cli.positive_int, default=defaults.max_batch_size,
+                        help="every model's max_batch_size, and the DALI pipeline's batch")
+    parser.add_argument("--instances", type=cli.positive_int, default=defaults.instances,
                         help="instances of each model (each one is a process on CPU machines)")
-    parser.add_argument("--num-threads", type=_positive, default=defaults.num_threads,
+    parser.add_argument("--num-threads", type=cli.positive_int, default=defaults.num_threads,
                         help="DALI CPU worker threads per instance (default fixed, not this machine's cores, "
                              "so the committed repository is the same everywhere)")
-    parser.add_argument("--intra-op-threads", type=_positive, default=defaults.intra_op_threads,
+    parser.add_argument("--intra-op-threads", type=cli.positive_int, default=defaults.intra_op_threads,
                         help="ONNX Runtime threads per classifier instance, the intra_op_thread_count "
-                             "parameter (default %(default)s, fixed like --num-threads)")
+                             "parameter, fixed like --num-threads")
     parser.add_argument("--max-queue-delay-us", type=int, default=defaults.max_queue_delay_us,
-                        help="how long the dynamic batcher waits to fill a batch (default %(default)s)")
+                        help="how long the dynamic batcher waits to fill a batch")
     own = parser.add_argument_group(
         "bring your own classifier",
         "An ONNX classifier taking FP32 NCHW images (0..255 RGB normalized with --mean/--std) gets its "
@@ -147,48 +151,58 @@ def _add_build_parser(commands) -> None:
     own.add_argument("--classifier-onnx", type=Path, metavar="FILE")
     own.add_argument("--labels", type=Path, metavar="FILE", help="one class name a line, in index order")
     own.add_argument("--name", help="Triton model name of the classifier")
-    own.add_argument("--input-size", type=_positive, default=224, metavar="N", help="center crop side")
-    own.add_argument("--resize-shorter", type=_positive, metavar="N",
+    own.add_argument("--input-size", type=cli.positive_int, default=224, metavar="N", help="center crop side")
+    own.add_argument("--resize-shorter", type=cli.positive_int, metavar="N",
                      help="shorter side before the crop (default input size / 0.875)")
     own.add_argument("--mean", type=_floats3, default=(123.675, 116.28, 103.53), metavar="R,G,B",
                      help="in 0..255 pixel units (default: torchvision's ImageNet mean)")
     own.add_argument("--std", type=_floats3, default=(58.395, 57.12, 57.375), metavar="R,G,B")
     own.add_argument("--preprocessors", nargs="+", choices=presets.PREPROCESSORS, default=("dali",),
                      help="which preprocessing models to build for it")
+    cli.add_debug_option(parser)
     parser.set_defaults(run=build)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(run, argv)
+
+
+def run(argv: list[str] | None) -> int:
+    parser = cli.parser(__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_build_parser(commands)
 
-    commands.add_parser("list", help="list the presets").set_defaults(run=list_presets)
+    list_parser = commands.add_parser("list", help="list the presets")
+    cli.add_debug_option(list_parser)
+    list_parser.set_defaults(run=list_presets)
 
     check_parser = commands.add_parser(
-        "check", help="validate a repository offline, as the backends will at load time",
+        "check", formatter_class=cli.HelpFormatter, help="validate a repository offline, as the backends will at load time",
         description="One line per problem (model: field 'tensor': what is wrong; what to do). "
                     "Exit 1 when there is any, 0 when the repository is clean.")
     check_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
+    cli.add_debug_option(check_parser)
     check_parser.set_defaults(run=check)
 
     parity_parser = commands.add_parser(
-        "parity", help="compare DALI and Pillow preprocessing on real photos",
+        "parity", formatter_class=cli.HelpFormatter, help="compare DALI and Pillow preprocessing on real photos",
         description="Tensor differences and classifier top-1/top-5 agreement, DALI vs the Pillow baseline, "
                     "on scikit-image's photos and generated variants. Exit 1 unless top-1 agrees on all.")
     parity_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
     parity_parser.add_argument("--preset", default="dali_efficientnet_lite0", help="the DALI preset to compare")
     parity_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    cli.add_debug_option(parity_parser)
     parity_parser.set_defaults(run=parity)
 
     args = parser.parse_args(argv)
     if args.command == "build" and bool(args.classifier_onnx) != bool(args.labels):
         parser.error("--classifier-onnx and --labels go together")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         return args.run(args)
-    except (ValueError, KeyError) as error:
-        print(f"error: {error.args[0] if error.args else error}", file=sys.stderr)
-        return 2
+    except (ValueError, KeyError) as error:  # an unknown preset, a file that is not what it should be
+        raise cli.UsageError(error.args[0] if error.args else str(error)) from error
 
 
 if __name__ == "__main__":

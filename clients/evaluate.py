@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Measure a served classifier on an ImageFolder-style labelled set.
 
-    python clients/evaluate.py imagenet_sample/ --url 127.0.0.1:8001 --protocol grpc --batch-size 8
+    python clients/evaluate.py my_labelled_photos/ --url grpc://127.0.0.1:8001 --batch-size 8
 
 DIR holds one folder per class, named by its ImageNet label ("tiger cat", or
 "tiger_cat") or its index ("282"); each holds that class's images (searched
 recursively). Prints top-1 and top-5 accuracy, the worst classes with what they
 were taken for, and images/s. Images the server could not classify are counted
-apart, not as wrong answers. Exit codes: 0 all classified, 1 some failed, 2 no
-server, or a folder that names no class.
+apart, not as wrong answers. Exit codes: 0 all classified, 1 some failed, 2 nothing
+could run (no server, wrong port or protocol, unknown model, a folder that names
+no class, bad options).
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ from pathlib import Path
 
 from tritonclient.utils import InferenceServerException
 
+from tritonstack import cli
+from tritonstack.address import endpoint
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.client.protocol import DEFAULT_URLS, PROTOCOLS, SHM_MODES
-from tritonstack.contract import admin_headers, DEFAULT_MODEL
 from tritonstack.client.images import image_files
-from tritonstack.client.retry import RetryPolicy, ServerUnavailableError
+from tritonstack.client.options import add_server_options
+from tritonstack.client.preflight import check_model
+from tritonstack.client.protocol import DEFAULT_URLS, SHM_MODES
+from tritonstack.client.retry import RetryPolicy
 from tritonstack.client.runner import classify_files, FileResult, Progress, RunSettings
+from tritonstack.contract import admin_headers
 
 TOP_K = 5
 
@@ -83,7 +88,7 @@ def class_targets(folders: list[Path], labels: list[str]) -> dict[str, set[int]]
         elif _normalized(folder.name) in by_label:
             targets[folder.name] = by_label[_normalized(folder.name)]
         else:
-            raise ValueError(f"folder {folder.name!r} is neither a label of the model nor a class index")
+            raise cli.UsageError(f"folder {folder.name!r} is neither a label of the model nor a class index")
     return targets
 
 
@@ -94,13 +99,13 @@ def model_labels(client: ClassifierClient, paths: list[Path]) -> list[str]:
             return client.labels(path.read_bytes())
         except (OSError, InferenceServerException):
             continue
-    raise ValueError("no image the server can classify, so no labels to match the folders with")
+    raise cli.UsageError("no image the server can classify, so no labels to match the folders with")
 
 
 def labelled_files(root: Path) -> list[tuple[Path, str]]:
     return [
         (path, folder.name)
-        for folder in sorted(p for p in root.iterdir() if p.is_dir())
+        for folder in sorted((p for p in root.iterdir() if p.is_dir()), key=cli.natural_key)
         for path in image_files([folder])
     ]
 
@@ -134,48 +139,45 @@ def print_text(summary: dict, root: Path) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("root", type=Path, metavar="DIR", help="one folder per class")
-    parser.add_argument("--url", help="HOST:PORT (default 127.0.0.1:8000 for http, 127.0.0.1:8001 for grpc)")
-    parser.add_argument("--protocol", choices=PROTOCOLS, default="http")
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--shm", choices=SHM_MODES, default="none")
-    parser.add_argument("--async", dest="use_async", action="store_true")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S")
-    parser.add_argument("--admin-key", help="key of the server's restricted APIs, needed with --shm system "
-                        "(default: $TRITONSTACK_ADMIN_KEY)")
-    parser.add_argument("--retries", type=int, default=3, metavar="N")
-    parser.add_argument("--worst", type=int, default=5, help="how many of the worst classes to show")
+    add_server_options(parser)
+    parser.add_argument("--batch-size", type=cli.positive_int, default=8, help="images per request")
+    parser.add_argument("--concurrency", type=cli.positive_int, default=2, help="requests in flight")
+    parser.add_argument("--shm", choices=SHM_MODES, default="none", help="send and receive tensors in shared memory")
+    parser.add_argument("--async", dest="use_async", action="store_true", help="asyncio client instead of threads")
+    parser.add_argument("--worst", type=cli.positive_int, default=5, help="how many of the worst classes to show")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(evaluate, argv)
+
+
+def evaluate(argv: list[str] | None) -> int:
     args = parse_args(argv)
+    url, protocol = endpoint(args.url, args.protocol, DEFAULT_URLS)
+    if not args.root.is_dir():
+        raise cli.UsageError(f"{args.root}: no such folder")
     files = labelled_files(args.root)
     if not files:
-        print(f"no class folders with images in {args.root}", file=sys.stderr)
-        return 2
-    url = args.url or DEFAULT_URLS[args.protocol]
+        raise cli.UsageError(f"no class folders with images in {args.root}")
     settings = RunSettings(
-        url=url, protocol=args.protocol, model=args.model, top_k=TOP_K, batch_size=args.batch_size,
+        url=url, protocol=protocol, model=args.model, top_k=TOP_K, batch_size=args.batch_size,
         concurrency=args.concurrency, shm=args.shm, use_async=args.use_async, timeout_s=args.timeout,
         retry=RetryPolicy(retries=args.retries),
-        headers=admin_headers(args.protocol, args.admin_key),
+        headers=admin_headers(protocol, args.admin_key),
     )
+    check_model(url, protocol, args.model, settings.headers, settings.retry)
+    with ClassifierClient(url, protocol, args.model, timeout_s=args.timeout, retry=settings.retry,
+                          headers=settings.headers) as client:
+        labels = model_labels(client, [path for path, _ in files])
     try:
-        with ClassifierClient(url, args.protocol, args.model, timeout_s=args.timeout, retry=settings.retry,
-                              headers=settings.headers) as client:
-            labels = model_labels(client, [path for path, _ in files])
         targets = class_targets(sorted({args.root / name for _, name in files}), labels)
-    except ServerUnavailableError as error:
-        print(error, file=sys.stderr)
-        return 2
-    except ValueError as error:
-        print(f"{args.root}: {error}", file=sys.stderr)
-        return 2
+    except cli.UsageError as error:
+        raise cli.UsageError(f"{args.root}: {error}") from None
 
     scores = {name: ClassScore(name) for name in targets}
     progress = Progress(len(files))

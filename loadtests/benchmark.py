@@ -18,7 +18,6 @@ the load tests' weighted corpus of real photos.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -44,9 +43,11 @@ from nvidia.dali import Pipeline  # noqa: E402
 from loadtests.corpus import WeightedSampler, build_corpus  # noqa: E402
 from tritonstack.client.aio import AsyncClassifierClient  # noqa: E402
 from tritonstack.client.classifier import ClassifierClient  # noqa: E402
-from loadtests.target import GivenServer, server_processes, target_server  # noqa: E402
-from tritonstack.client.retry import NO_RETRY  # noqa: E402
-from tritonstack.contract import pad_batch  # noqa: E402
+from loadtests.target import GivenServer, given_endpoints, server_processes, target_server  # noqa: E402
+from tritonstack import cli  # noqa: E402
+from tritonstack.client.preflight import check_model  # noqa: E402
+from tritonstack.client.retry import NO_RETRY, RetryPolicy  # noqa: E402
+from tritonstack.contract import admin_headers, pad_batch  # noqa: E402
 from tritonstack.serve.launcher import TritonServer  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -438,21 +439,32 @@ def missed_targets(results: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(benchmark, argv)
+
+
+def benchmark(argv: list[str] | None) -> int:
+    parser = cli.parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="short phases: at most 4 minutes on 2 cores")
     parser.add_argument("--smoke", action="store_true", help="shortest phases (tests): every key, rough figures")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--model-repository", type=Path, default=PROJECT_ROOT / "model_repository",
                         help="what the server serves; model.dali and model.onnx for the in-process reference")
     running = parser.add_argument_group("a running server instead of starting one (e.g. the NGC container)")
-    running.add_argument("--url", help="HTTP host:port")
-    running.add_argument("--grpc-url", help="gRPC host:port")
-    running.add_argument("--metrics-url", help="http://host:port/metrics")
+    running.add_argument("--url", help="HTTP host:port (or http://host:port)")
+    running.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port; default: --url's host:port)")
+    running.add_argument("--metrics-url", help="host:port or http://host:port/metrics")
     running.add_argument("--server-pid", type=int, help="tritonserver's process id on this host, for CPU and memory")
     args = parser.parse_args(argv)
     settings = SMOKE if args.smoke else QUICK if args.quick else FULL
-    # A given server is used as it is; else run() starts one after the in-process reference.
-    server = GivenServer(args.url, args.grpc_url or args.url, args.metrics_url, args.server_pid) if args.url else None
+    if not args.model_repository.is_dir():
+        raise cli.UsageError(f"{args.model_repository}: no such folder (a fresh clone needs `make build` first)")
+    # A given server is used as it is (once it answers); else run() starts one after the in-process reference.
+    http_url, grpc_url, metrics_url = given_endpoints(args.url, args.grpc_url, args.metrics_url)
+    server = GivenServer(http_url, grpc_url or http_url, metrics_url, args.server_pid) if http_url else None
+    if server:
+        for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+            check_model(url, protocol, DALI_ENSEMBLE, admin_headers(protocol), RetryPolicy(retries=1))
     started = time.monotonic()
     results = run(settings, args.model_repository.resolve(), log=lambda text: print(text, flush=True), server=server)
     results["benchmark_seconds"] = time.monotonic() - started
@@ -473,4 +485,4 @@ def write_results(results: dict, out: Path) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

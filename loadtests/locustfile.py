@@ -6,8 +6,9 @@ themselves are in loadtests/users.py (GrpcUser, HttpUser).
 
 (`python -m loadtests.run` / `make loadtest` start a server, run this and write a report.)
 
-Hooks: `--max-requests` bounds the run across workers; the final stats table is
-written at quit; the process exits before gRPC's teardown can hang under gevent.
+Hooks: `--max-requests` bounds the run across workers; a line of live figures goes
+to stderr every `--live-seconds`; the final stats table is written at quit; the
+process exits before gRPC's teardown can hang under gevent.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import csv
 import logging
 import os
 import sys
+import time
 
 import gevent
 from locust import events
@@ -24,12 +26,14 @@ from locust.runners import STATE_STOPPED, STATE_STOPPING, WorkerRunner
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
 # The users Locust runs: found here because they are imported here.
+from loadtests.corpus import build_corpus
 from loadtests.users import GrpcUser, HttpUser  # noqa: F401
 from tritonstack.contract import DEFAULT_MODEL
 
 # How often the request-count bound is checked: at ~200 requests/s a run overshoots
 # --max-requests by about this many seconds of requests.
 CHECK_INTERVAL_S = 0.05
+LIVE_SECONDS = 5.0
 
 
 @events.init_command_line_parser.add_listener
@@ -50,6 +54,18 @@ def _options(parser):
     group.add_argument("--step-users", type=int, default=2, help="step ramp: users added per step")
     group.add_argument("--step-seconds", type=float, default=10.0, help="step ramp: duration of a step")
     group.add_argument("--steps", type=int, default=4, help="step ramp: number of steps")
+    group.add_argument("--live-seconds", type=float, default=LIVE_SECONDS,
+                       help="seconds between two lines of live figures on stderr (0: none)")
+
+
+@events.init.add_listener
+def _build_corpus_before_the_run(**_):
+    """The corpus takes seconds of re-encoding, and blocks gevent's loop meanwhile:
+    built when the process starts, it no longer eats the first seconds of the run
+    time (a 2 s run could end before its user's first request). Then the loop's
+    cached clock is brought up to date: Locust's run-time timer counts from it."""
+    build_corpus()
+    gevent.get_hub().loop.update_now()
 
 
 @events.test_start.add_listener
@@ -67,6 +83,35 @@ def _bound_request_count(environment, **_):
             gevent.sleep(CHECK_INTERVAL_S)
 
     gevent.spawn(watch)
+
+
+@events.test_start.add_listener
+def _print_live_figures(environment, **_):
+    """One plain line every few seconds (no redrawn frames: it may go to a log)."""
+    options = environment.parsed_options
+    if not options or options.live_seconds <= 0 or environment.runner is None or _is_worker(environment):
+        return
+    started = time.monotonic()
+
+    def report():
+        counted = 0
+        while environment.runner.state not in (STATE_STOPPED, STATE_STOPPING):
+            gevent.sleep(options.live_seconds)
+            line = live_line(environment.runner, time.monotonic() - started, counted, options.live_seconds)
+            print(line, file=sys.stderr, flush=True)
+            counted = environment.runner.stats.total.num_requests
+
+    gevent.spawn(report)
+
+
+def live_line(runner, elapsed_s: float, counted_before: int, interval_s: float) -> str:
+    total = runner.stats.total
+    rate = (total.num_requests - counted_before) / interval_s
+    p50, p95 = (total.get_current_response_time_percentile(q) for q in (0.5, 0.95))
+    latency = ("no answer yet" if p50 is None or p95 is None or not total.num_requests
+               else f"p50 {p50:.0f} ms, p95 {p95:.0f} ms over the last 10 s")
+    return (f"[{elapsed_s:4.0f} s] {runner.user_count} users, {total.num_requests} requests "
+            f"({rate:.1f}/s over the last {interval_s:g} s), {total.num_failures} failed, {latency}")
 
 
 @events.init.add_listener

@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from loadtests.metrics import markdown_table, ModelBreakdown  # noqa: E402
 
@@ -36,6 +37,15 @@ class GeneratorCpu:
         return self.cpu_seconds / self.wall_seconds if self.wall_seconds else 0.0
 
 
+@dataclass(frozen=True)
+class PlotLabels:
+    """What the plots say about the run: a title (model, protocol, shape, date),
+    and the open loop's target rate, drawn instead of a flat users line."""
+
+    title: str = "Load test"
+    target_rps: float | None = None
+
+
 @dataclass
 class RunSummary:
     title: str
@@ -50,29 +60,53 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 def history(prefix: Path) -> list[dict[str, float]]:
-    """The aggregated per-second rows, numbers only (rows before the first answer skipped)."""
-    rows = []
+    """One row per second of the run, numbers only: "seconds" since the run's
+    first row, "Requests/s" answered in that second (from the running total:
+    Locust's own Requests/s column lags and ramps up from zero for several
+    seconds), users and the percentiles of the last 10 s. Seconds before the
+    first answer are left out rather than drawn as zeros."""
+    by_second: dict[float, dict[str, str]] = {}
     for row in read_rows(Path(f"{prefix}_stats_history.csv")):
-        if row["Name"] != AGGREGATED or row["50%"] == "N/A":
-            continue
-        rows.append({key: float(row[key]) for key in ("Timestamp", "User Count", "Requests/s", *PERCENTILES)})
+        if row["Name"] == AGGREGATED:
+            by_second[float(row["Timestamp"])] = row  # Locust may write a second twice: the last counts
+    rows, previous = [], None
+    for timestamp, row in sorted(by_second.items()):
+        count = float(row["Total Request Count"])
+        # No percentile yet: N/A, or 0 in Locust's first row of answers.
+        if previous is not None and row["50%"] not in ("N/A", "0"):
+            rate = (count - previous[1]) / (timestamp - previous[0])
+            numbers = {key: float(row[key]) for key in ("User Count", *PERCENTILES)}
+            rows.append({**numbers, "Requests/s": rate, "seconds": timestamp - min(by_second)})
+        previous = (timestamp, count)
     return rows
 
 
-def plot_over_time(rows: list[dict[str, float]], path: Path) -> None:
-    start = rows[0]["Timestamp"] if rows else 0
-    seconds = [row["Timestamp"] - start for row in rows]
-    figure, (throughput, latency) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
-    throughput.plot(seconds, [row["Requests/s"] for row in rows], label="requests/s")
-    users = throughput.twinx()
-    users.step(seconds, [row["User Count"] for row in rows], color="grey", where="post", label="users")
+def plot_over_time(rows: list[dict[str, float]], path: Path, labels: PlotLabels = PlotLabels()) -> None:
+    seconds = [row["seconds"] for row in rows]
+    figure, (throughput, latency) = plt.subplots(2, 1, sharex=True, figsize=(9, 6.5))
+    figure.suptitle(labels.title)
+    lines = throughput.plot(seconds, [row["Requests/s"] for row in rows], label="requests/s answered")
+    if labels.target_rps is not None:
+        lines += [throughput.axhline(labels.target_rps, color="black", linestyle="--",
+                                     label=f"target {labels.target_rps:g} requests/s")]
+    else:
+        users = throughput.twinx()
+        lines += users.step(seconds, [row["User Count"] for row in rows], color="grey", where="post",
+                            label="users (right axis)")
+        users.set_ylabel("users")
+        users.set_ylim(bottom=0)
+        users.yaxis.set_major_locator(MaxNLocator(integer=True))
     throughput.set_ylabel("requests/s")
-    users.set_ylabel("users")
+    throughput.set_ylim(bottom=0)
+    throughput.set_title("throughput, per second", fontsize="medium")
+    throughput.legend(handles=lines, loc="lower right")
     for percentile in PERCENTILES:
         latency.plot(seconds, [row[percentile] for row in rows], label=f"p{percentile[:-1]}")
-    latency.set_ylabel("latency ms (last 10 s)")
-    latency.set_xlabel("seconds")
-    latency.legend()
+    latency.set_ylabel("latency ms")
+    latency.set_ylim(bottom=0)
+    latency.set_title("latency percentiles over the last 10 s", fontsize="medium")
+    latency.set_xlabel("seconds since the start of the run")
+    latency.legend(loc="best")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -90,18 +124,26 @@ def by_users(rows: list[dict[str, float]]) -> dict[int, dict[str, float]]:
     }
 
 
-def plot_against_users(rows: list[dict[str, float]], path: Path) -> None:
+def plot_against_users(rows: list[dict[str, float]], path: Path, labels: PlotLabels = PlotLabels()) -> None:
     points = by_users(rows)
     users = list(points)
-    figure, (throughput, latency) = plt.subplots(1, 2, figsize=(10, 4))
-    throughput.plot(users, [points[u]["Requests/s"] for u in users], marker="o")
+    figure, (throughput, latency) = plt.subplots(1, 2, figsize=(10, 4.5))
+    figure.suptitle(labels.title)
+    throughput.plot(users, [points[u]["Requests/s"] for u in users], marker="o", label="requests/s answered")
+    throughput.set_title("throughput (median per number of users)", fontsize="medium")
     throughput.set_xlabel("users")
     throughput.set_ylabel("requests/s")
+    throughput.set_ylim(bottom=0)
+    throughput.legend(loc="lower right")
     for percentile in PERCENTILES:
         latency.plot(users, [points[u][percentile] for u in users], marker="o", label=f"p{percentile[:-1]}")
+    latency.set_title("latency (median per number of users)", fontsize="medium")
     latency.set_xlabel("users")
     latency.set_ylabel("latency ms")
-    latency.legend()
+    latency.set_ylim(bottom=0)
+    latency.legend(loc="best")
+    for axis in (throughput, latency):
+        axis.set_xticks(users)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -144,13 +186,22 @@ def cpu_section(generator_cpu: list[GeneratorCpu]) -> str:
     return "\n".join(lines)
 
 
-def write_report(prefix: Path, summary: RunSummary) -> Path:
-    """Plots next to the CSV files, and `summary.md`; returns the summary's path."""
+def write_report(prefix: Path, summary: RunSummary, labels: PlotLabels = PlotLabels()) -> Path:
+    """Plots next to the CSV files, and `summary.md`; returns the summary's path.
+    An open-loop run (fixed users) gets no plot against users."""
     folder = prefix.parent
     rows = history(prefix)
-    plot_over_time(rows, folder / "over_time.png")
-    plot_against_users(rows, folder / "against_users.png")
+    plot_over_time(rows, folder / "over_time.png", labels)
+    against_users = labels.target_rps is None
+    if against_users:
+        plot_against_users(rows, folder / "against_users.png", labels)
     settings = "\n".join(f"- {key}: {value}" for key, value in summary.settings.items())
+    files = "\n".join([
+        f"- `over_time.png`: throughput, {'users' if against_users else 'target rate'} and p50/p95/p99 "
+        "latency over time",
+        *(["- `against_users.png`: throughput and latency per number of users"] if against_users else []),
+        "- `report.html`: Locust's report; `locust_*.csv`: Locust's statistics",
+    ])
     server = markdown_table(summary.server) if summary.server else "(no metrics endpoint given)"
     text = f"""# {summary.title}
 
@@ -170,9 +221,7 @@ def write_report(prefix: Path, summary: RunSummary) -> Path:
 
 ## Files
 
-- `over_time.png`: throughput, users and p50/p95/p99 latency over time
-- `against_users.png`: throughput and latency per number of users
-- `report.html`: Locust's report; `locust_*.csv`: Locust's statistics
+{files}
 """
     path = folder / "summary.md"
     path.write_text(text)

@@ -2,18 +2,24 @@
 
     python -m loadtests.run                                  # starts its own server
     python -m loadtests.run --url 127.0.0.1:8000 --grpc-url 127.0.0.1:8001 \
-        --metrics-url http://127.0.0.1:8002/metrics --shape open --target-rps 40
+        --metrics-url 127.0.0.1:8002 --shape open --target-rps 40
     python -m loadtests.run --workers 2                      # one master, 2 workers
 
 The report folder gets Locust's CSV and HTML, `over_time.png`, `against_users.png`
 and `summary.md` (requests, server-side breakdown per model, load generator CPU).
-Every run is bounded in users, duration and request count, and talks to loopback
-unless told otherwise.
+Every run is bounded in users, duration (--run-time, whatever the shape) and
+request count, and talks to loopback unless told otherwise. Before any user
+starts, the server and the model must answer (else exit 2, no report); during the
+run a line of live figures goes to stderr every few seconds.
+
+Exit codes: 0 no request failed, 1 some failed, 2 nothing ran (bad options, no
+server, unknown model), 3 Locust had to be killed.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 import time
@@ -21,10 +27,13 @@ from pathlib import Path
 
 import psutil
 
-from loadtests.report import GeneratorCpu, RunSummary, write_report
-from loadtests.target import target_server
+from loadtests.report import GeneratorCpu, PlotLabels, RunSummary, write_report
+from loadtests.target import given_endpoints, target_server
 from loadtests import metrics
-from tritonstack.contract import DEFAULT_MODEL
+from tritonstack import cli
+from tritonstack.client.preflight import ModelError, check_model
+from tritonstack.client.retry import PROTOCOL_NAMES, RetryPolicy
+from tritonstack.contract import DEFAULT_MODEL, admin_headers
 from tritonstack.serve.network import free_port, LOOPBACK
 
 LOADTESTS = Path(__file__).resolve().parent
@@ -38,35 +47,102 @@ USER_CLASSES = {"grpc": ["GrpcUser"], "http": ["HttpUser"], "both": ["GrpcUser",
 # Beyond the planned duration, how long Locust gets to stop by itself before it is killed.
 STOP_GRACE_S = 30.0
 WORKER_CONNECT_S = 60
+DEFAULT_RUN_TIME_S = 40.0
+DEFAULT_STEP_S = 10.0
+MIN_STEP_S = 1.0  # Locust's history has one row a second
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", help="HTTP host:port of a running Triton (default: start one)")
-    parser.add_argument("--grpc-url", help="gRPC host:port of that Triton")
-    parser.add_argument("--metrics-url", help="its Prometheus endpoint, for the server-side breakdown")
-    parser.add_argument("--model-repository", default=str(PROJECT_ROOT / "model_repository"))
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--user", choices=sorted(USER_CLASSES), default="grpc")
-    parser.add_argument("--shape", choices=sorted(SHAPE_FILES), default="step")
-    parser.add_argument("--users", type=int, default=4, help="closed shape: users")
-    parser.add_argument("--run-time", type=float, default=40.0, help="seconds (closed and open shapes)")
-    parser.add_argument("--max-requests", type=int, default=20000, help="stop after this many requests")
-    parser.add_argument("--step-users", type=int, default=2)
-    parser.add_argument("--step-seconds", type=float, default=10.0)
-    parser.add_argument("--steps", type=int, default=4)
+    parser = cli.parser(__doc__)
+    parser.add_argument("--url", help="HTTP host:port (or http://host:port) of a running Triton "
+                        "(default: start one on free loopback ports)")
+    parser.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port) of that Triton")
+    parser.add_argument("--metrics-url", help="its Prometheus endpoint (host:port or http://host:port/metrics), "
+                        "for the server-side breakdown")
+    parser.add_argument("--model-repository", default=str(PROJECT_ROOT / "model_repository"),
+                        help="served when no --url is given")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="the image classifier to load")
+    parser.add_argument("--user", choices=sorted(USER_CLASSES), default="grpc", help="protocol of the users")
+    parser.add_argument("--shape", choices=sorted(SHAPE_FILES), default="step",
+                        help="closed: --users at once; step: a ramp of --steps; open: --target-rps fixed")
+    parser.add_argument("--users", type=cli.positive_int, default=4, help="closed shape: users")
+    parser.add_argument("--run-time", type=float, default=None, metavar="S",
+                        help=f"seconds, every shape (default: {DEFAULT_RUN_TIME_S:.0f}; step shape: "
+                             "--steps x --step-seconds)")
+    parser.add_argument("--max-requests", type=cli.positive_int, default=20000, help="stop after this many requests")
+    parser.add_argument("--step-users", type=cli.positive_int, default=2, help="step shape: users added per step")
+    parser.add_argument("--step-seconds", type=float, default=None, metavar="S",
+                        help=f"step shape: duration of a step (default: --run-time / --steps, else "
+                             f"{DEFAULT_STEP_S:.0f})")
+    parser.add_argument("--steps", type=cli.positive_int, default=4, help="step shape: number of steps")
     parser.add_argument("--target-rps", type=float, default=20.0, help="open shape: requests per second")
-    parser.add_argument("--open-loop-users", type=int, default=4)
+    parser.add_argument("--open-loop-users", type=cli.positive_int, default=4,
+                        help="open shape: users sharing --target-rps")
     parser.add_argument("--workers", type=int, default=0, help="distributed: Locust worker processes (0: one process)")
-    parser.add_argument("--out", type=Path, default=None, help="report folder (default: reports/<time>)")
+    parser.add_argument("--live-seconds", type=float, default=5.0, help="seconds between two lines of live "
+                        "figures on stderr (0: none)")
+    parser.add_argument("--skip-preflight", action="store_true", help="start the users even when the model "
+                        "does not classify encoded images (to load-test the error path)")
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default: reports/loadtest-<time>)")
     args = parser.parse_args(argv)
     if args.url and not args.grpc_url and args.user != "http":
         parser.error("--url names a running server: give its --grpc-url too (gRPC users)")
+    if args.grpc_url and not args.url:
+        parser.error("--grpc-url names a running server: give its HTTP --url too (readiness, HTTP users)")
+    try:
+        fit_run_time(args)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
+def fit_run_time(args: argparse.Namespace) -> None:
+    """--run-time bounds every shape: the step shape fits its steps into it (or
+    refuses); without it, the steps set the duration."""
+    if args.run_time is not None and args.run_time <= 0:
+        raise ValueError(f"--run-time must be above 0, not {args.run_time:g}")
+    if args.shape != "step":
+        args.run_time = args.run_time or DEFAULT_RUN_TIME_S
+        args.step_seconds = args.step_seconds or DEFAULT_STEP_S
+        return
+    if args.step_seconds is None:
+        args.step_seconds = args.run_time / args.steps if args.run_time else DEFAULT_STEP_S
+    if args.step_seconds < MIN_STEP_S:
+        raise ValueError(f"a step of {args.step_seconds:.2g} s is shorter than {MIN_STEP_S:g} s (Locust records "
+                         "one row a second): fewer --steps or a longer --run-time")
+    planned = args.steps * args.step_seconds
+    if args.run_time is None:
+        args.run_time = planned
+    elif planned > args.run_time + 1e-6:
+        raise ValueError(f"{args.steps} steps of {args.step_seconds:g} s take {planned:g} s, more than "
+                         f"--run-time {args.run_time:g}: drop --step-seconds (the steps then share the run "
+                         "time), give fewer --steps, or a longer --run-time")
+
+
 def planned_seconds(args: argparse.Namespace) -> float:
-    return args.steps * args.step_seconds if args.shape == "step" else args.run_time
+    return args.run_time
+
+
+def protocols(user: str) -> tuple[str, ...]:
+    return ("grpc", "http") if user == "both" else (user,)
+
+
+def preflight(args: argparse.Namespace, http_url: str, grpc_url: str) -> None:
+    """The server answers and serves the model, for each protocol the users
+    speak: else exit 2 before any user starts and before any report is written
+    (--skip-preflight: the server must answer, whatever the model)."""
+    for protocol in protocols(args.user):
+        url = grpc_url if protocol == "grpc" else http_url
+        try:
+            check_model(url, protocol, args.model, admin_headers(protocol), RetryPolicy(retries=1))
+        except ModelError:
+            if not args.skip_preflight:
+                raise
+
+
+def host_option(args: argparse.Namespace, http_url: str, grpc_url: str) -> str:
+    """What Locust's report shows as the host: the endpoint the users really talk to."""
+    return f"grpc://{grpc_url}" if args.user == "grpc" else f"http://{http_url}"
 
 
 def shared_options(args: argparse.Namespace, grpc_url: str) -> list[str]:
@@ -80,6 +156,7 @@ def shared_options(args: argparse.Namespace, grpc_url: str) -> list[str]:
         "--steps", str(args.steps),
         "--target-rps", str(args.target_rps if args.shape == "open" else 0),
         "--open-loop-users", str(args.open_loop_users),
+        "--live-seconds", str(args.live_seconds),
     ]
 
 
@@ -92,13 +169,13 @@ def master_command(args, http_url: str, grpc_url: str, prefix: Path, master_port
     role = ["--master", "--master-bind-host", LOOPBACK, "--master-bind-port", str(master_port),
             "--expect-workers", str(args.workers), "--expect-workers-max-wait", str(WORKER_CONNECT_S)] \
         if master_port else []
-    run = ["-u", str(args.users), "-r", str(args.users), "-t", f"{args.run_time:.0f}s"] \
-        if args.shape != "step" else []
+    users = ["-u", str(args.users), "-r", str(args.users)] if args.shape == "closed" else []
     return [
         *locust_command(args, *role),
-        "--headless", "--only-summary",
-        "--host", f"http://{http_url}",
-        *run,
+        "--headless", "--only-summary",  # the live line (locustfile) instead of Locust's tables
+        "--host", host_option(args, http_url, grpc_url),
+        *users,
+        "-t", f"{math.ceil(args.run_time)}s",  # bounds every shape (whole seconds; the shapes stop on time)
         "--stop-timeout", "5",
         "--csv", str(prefix), "--csv-full-history",
         "--html", str(prefix.parent / "report.html"),
@@ -173,29 +250,47 @@ def run_locust(args, http_url: str, grpc_url: str, prefix: Path) -> tuple[int, l
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(load_test, argv)
+
+
+def load_test(argv: list[str] | None) -> int:
     args = parse_args(argv)
-    out = args.out or PROJECT_ROOT / "reports" / time.strftime("loadtest-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    prefix = out / "locust"
-    with target_server(args.model_repository, args.url, args.grpc_url, args.metrics_url) as target:
+    http_url, grpc_url, metrics_url = given_endpoints(args.url, args.grpc_url, args.metrics_url)
+    with target_server(args.model_repository, http_url, grpc_url, metrics_url) as target:
+        preflight(args, target.http_url, target.grpc_url)
+        out = args.out or PROJECT_ROOT / "reports" / time.strftime("loadtest-%Y%m%d-%H%M%S")
+        out.mkdir(parents=True, exist_ok=True)
+        prefix = out / "locust"
         metrics_url = target.metrics_url
         before = metrics.scrape(metrics_url) if metrics_url else None
+        started = time.time()
         exit_code, generator_cpu = run_locust(args, target.http_url, target.grpc_url, prefix)
         server = metrics.breakdown(before, metrics.scrape(metrics_url)) if metrics_url else []
+        used = {protocol: target.grpc_url if protocol == "grpc" else target.http_url
+                for protocol in protocols(args.user)}
     settings = {
-        "model": args.model, "protocol": args.user, "shape": args.shape,
+        "model": args.model,
+        "protocol": ", ".join(f"{PROTOCOL_NAMES[p]} at {url}" for p, url in used.items()),
+        "shape": args.shape,
         "workers": str(args.workers or "none (one process)"),
-        "bounds": f"{planned_seconds(args):.0f} s, at most {args.max_requests} requests",
-        "load": (f"{args.target_rps} requests/s open loop over {args.open_loop_users} users" if args.shape == "open"
-                 else f"{args.step_users} users per {args.step_seconds:.0f} s step, {args.steps} steps"
+        "bounds": f"{planned_seconds(args):g} s, at most {args.max_requests} requests",
+        "load": (f"{args.target_rps:g} requests/s open loop over {args.open_loop_users} users" if args.shape == "open"
+                 else f"{args.step_users} users per {args.step_seconds:g} s step, {args.steps} steps"
                  if args.shape == "step" else f"{args.users} users closed loop"),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
         "Locust exit code": str(exit_code),
     }
-    summary = write_report(prefix, RunSummary(f"Load test of {args.model}", settings, generator_cpu, server))
+    labels = PlotLabels(
+        title=f"{args.model} over {' + '.join(PROTOCOL_NAMES[p] for p in used)}, {args.shape} shape, "
+              f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}",
+        target_rps=args.target_rps if args.shape == "open" else None,
+    )
+    summary = write_report(prefix, RunSummary(f"Load test of {args.model}", settings, generator_cpu, server), labels)
     print(summary.read_text())
     print(f"report: {out}")
     return exit_code
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -3,17 +3,21 @@
     --step-users 2 --step-seconds 10 --steps 4   ->  2, 4, 6, 8 users, 10 s each
 
 Each step holds long enough for throughput and latency to settle, so the report
-can plot them against the number of users. Options are declared in locustfile.py.
+can plot them against the number of users. `--run-time` bounds the ramp too
+(loadtests/run.py fits the steps into it). Options are declared in locustfile.py.
 """
 
 from locust import LoadTestShape
 
 
 class StepRamp(LoadTestShape):
+    use_common_options = True  # reads --run-time (Locust ignores it for a shape that does not)
+
     def tick(self):
         options = self.runner.environment.parsed_options
-        step = int(self.get_run_time() // options.step_seconds)
-        if step >= options.steps:
+        elapsed = self.get_run_time()
+        step = int(elapsed // options.step_seconds)
+        if step >= options.steps or (options.run_time and elapsed >= options.run_time):
             return None  # ends the run
         users = options.step_users * (step + 1)
         return users, users  # spawn each step's users at once

@@ -25,7 +25,6 @@ the noise, and the memory is reported as not judged. `make soak` runs 30 minutes
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -39,6 +38,7 @@ import numpy as np
 import psutil
 from tritonclient.utils import InferenceServerException
 
+from tritonstack import cli
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.protocol import PROTOCOLS
 from tritonstack.contract import DEFAULT_MODEL
@@ -295,16 +295,26 @@ def summary(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(soak, argv)
+
+
+def soak(argv: list[str] | None) -> int:
+    parser = cli.parser(__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=1800, help="seconds of load")
     parser.add_argument("--warmup", type=float, default=None, help="seconds left out of the slope (default: a quarter)")
-    parser.add_argument("--workers", type=int, default=2, help="threads per protocol")
-    parser.add_argument("--bad-ratio", type=float, default=0.25)
-    parser.add_argument("--max-requests", type=int, default=1_000_000)
+    parser.add_argument("--workers", type=cli.positive_int, default=2, help="threads per protocol")
+    parser.add_argument("--bad-ratio", type=float, default=0.25, help="share of broken images sent")
+    parser.add_argument("--max-requests", type=cli.positive_int, default=1_000_000, help="stop after this many")
     parser.add_argument("--period", type=float, default=1.0, help="seconds between memory samples")
-    parser.add_argument("--model-repository", default="model_repository")
-    parser.add_argument("--out", type=Path, default=Path("reports/soak.json"))
+    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"),
+                        help="served by a server of the soak's own, on free loopback ports")
+    parser.add_argument("--out", type=Path, default=Path("reports/soak.json"), help="JSON report")
     args = parser.parse_args(argv)
+    if not args.model_repository.is_dir():
+        raise cli.UsageError(f"{args.model_repository}: no such folder (a fresh clone needs `make build` first)")
+    if args.duration <= 0 or not 0 <= args.bad_ratio <= 1:
+        parser.error("--duration must be above 0 and --bad-ratio between 0 and 1")
     with TritonServer(args.model_repository) as server:
         report = run_soak(server, args.duration, args.warmup, args.workers, args.bad_ratio,
                           args.period, args.max_requests)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psutil
 
+from tritonstack import cli
+from tritonstack.address import parse_address, parse_metrics_url
 from tritonstack.contract import admin_headers
 from tritonstack.serve.launcher import TritonServer
 
@@ -31,6 +33,21 @@ class GivenServer:
 
     def admin_headers(self, protocol: str) -> dict[str, str]:
         return admin_headers(protocol)  # the key from $TRITONSTACK_ADMIN_KEY, if any
+
+
+def given_endpoints(url: str | None, grpc_url: str | None,
+                    metrics_url: str | None) -> tuple[str | None, str | None, str | None]:
+    """--url, --grpc-url and --metrics-url as typed (host:port, or with http:// /
+    grpc://) -> (HTTP host:port, gRPC host:port, metrics URL); UsageError for an
+    address of the other protocol."""
+    found = []
+    for option, text, expected in (("--url", url, "http"), ("--grpc-url", grpc_url, "grpc")):
+        address = parse_address(text) if text else None
+        if address and address.scheme not in (None, expected):
+            raise cli.UsageError(f"{option} {text} names a {address.scheme} endpoint: {option} takes "
+                                 f"{expected}://host:port or host:port")
+        found.append(address.hostport if address else None)
+    return found[0], found[1], parse_metrics_url(metrics_url) if metrics_url else None
 
 
 @contextlib.contextmanager

@@ -183,6 +183,6 @@ def test_unbuilt_or_missing_repository_exits_2_in_one_line(model_repository, tmp
 
     unbuilt = run_check(fresh_clone_repository(model_repository, tmp_path / "clone"))
     assert unbuilt.returncode == 2
-    assert len(unbuilt.stdout.splitlines()) == 1 and "run `make build`" in unbuilt.stdout
+    assert unbuilt.stdout == "" and len(unbuilt.stderr.splitlines()) == 1 and "run `make build`" in unbuilt.stderr
     missing = run_check(tmp_path / "nonexistent")
-    assert missing.returncode == 2 and "no such model repository folder" in missing.stdout
+    assert missing.returncode == 2 and "nonexistent: no such folder" in missing.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -111,13 +112,16 @@ def test_csv_has_a_header_and_one_row_per_file(server, photo_folder, capsys):
     assert by_name["broken.jpg"]["error"] and not by_name["broken.jpg"]["label_1"]
 
 
-def test_progress_bar_for_many_files(server, tmp_path, capsys):
+def test_many_files_in_natural_order_without_progress_frames_off_a_terminal(server, tmp_path, capsys):
     for n in range(12):
-        shutil.copy(photo_path("rocket.jpg"), tmp_path / f"{n:02d}.jpg")
+        shutil.copy(photo_path("rocket.jpg"), tmp_path / f"c{n}.jpg")
     code, out, err = run_cli(capsys, tmp_path, "--url", server.http_url, "--batch-size", "4", "--top-k", "1")
     assert code == 0
-    assert len(out.splitlines()) == 12
-    assert "[##############################] 12/12 images" in err
+    names = [Path(line.split()[0]).name for line in out.splitlines()]
+    assert names == [f"c{n}.jpg" for n in range(12)]  # c2 before c10
+    assert len({line.index("missile") for line in out.splitlines()}) == 1  # an aligned column
+    assert "\r" not in err  # stderr is not a terminal here: no bar frames in logs
+    assert err.startswith("12 images, 0 failed")
 
 
 def test_no_server_exits_2_with_a_clear_message(tmp_path, capsys):
@@ -144,3 +148,26 @@ def test_runs_as_a_script(server):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["top"][0]["label"] == "espresso"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream,frames", [(_Terminal(), True), (io.StringIO(), False)])
+def test_progress_bar_only_on_a_terminal_and_out_of_the_results_way(stream, frames):
+    from tritonstack.client.runner import FileResult, Progress
+
+    progress = Progress(12, stream=stream)
+    for n in range(12):
+        with progress.above():
+            stream.write(f"result {n}\n")  # a result line: the bar is cleared first
+        progress.update(FileResult(Path(f"{n}.jpg"), error="bad" if n == 3 else None))
+    progress.close()
+    text = stream.getvalue()
+    assert ("/12" in text and "\r" in text) is frames
+    for n in range(12):  # every result line whole, at the start of a line or after the bar's clearing \r
+        assert re.search(rf"(^|\r)result {n}\n", text, re.MULTILINE), n
+    assert text.endswith("12 images, 1 failed" + text.split("12 images, 1 failed", 1)[1])
+    assert progress.failed == 1

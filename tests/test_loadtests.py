@@ -4,10 +4,15 @@ the step-ramp and open-loop shapes, distributed mode, the report, the bounds.
 Each run is a few seconds long, on loopback, and must end by itself (a gevent
 gRPC client once kept Locust alive past its run time)."""
 
+import re
+import subprocess
+import sys
 import time
 
 from loadtests import run
 from loadtests.report import GeneratorCpu, cpu_section, final_stats
+from tests.conftest import PROJECT_ROOT
+from tritonstack.serve.network import free_port
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 STEPS = ("preprocess_dali_efficientnet_lite0", "efficientnet_lite0")
@@ -41,6 +46,59 @@ def test_grpc_step_ramp_writes_the_report_and_ends_by_itself(server, tmp_path):
     for model in (ENSEMBLE, *STEPS):  # the server-side breakdown, ensemble steps included
         assert f"| {model} |" in summary
     assert "the load generator kept up" in summary
+    assert f"- protocol: gRPC at {server.grpc_url}" in summary  # the endpoint really used
+
+
+def locust_wall_seconds(folder) -> float:
+    """How long the Locust process lived, from the report's CPU table."""
+    match = re.search(r"^\| local \| [\d.]+ \| ([\d.]+) \|", (folder / "summary.md").read_text(), re.MULTILINE)
+    assert match, "no Locust process in the CPU table"
+    return float(match.group(1))
+
+
+def test_step_shape_stops_within_the_run_time(server, tmp_path, capfd):
+    # Four steps that would take 40 s at the default step length: --run-time fits them into 4 s.
+    code, folder, _ = load(server, tmp_path, "--user", "grpc", "--shape", "step", "--steps", "4",
+                           "--step-users", "1", "--run-time", "4", "--live-seconds", "1")
+    assert code == 0
+    assert locust_wall_seconds(folder) <= 4 + 5
+    assert "- load: 1 users per 1 s step, 4 steps" in (folder / "summary.md").read_text()
+    live = [line for line in capfd.readouterr().err.splitlines() if re.match(r"\[\s*\d+ s\] \d+ users", line)]
+    assert live, "no live line during the run"
+    assert "requests" in live[-1] and "failed" in live[-1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "loadtests.run", *args], capture_output=True, text=True,
+                          timeout=120, cwd=PROJECT_ROOT)
+
+
+def test_steps_that_do_not_fit_the_run_time_are_refused(tmp_path):
+    done = run_cli("--shape", "step", "--steps", "4", "--step-seconds", "10", "--run-time", "15",
+                   "--out", str(tmp_path / "report"))
+    assert done.returncode == 2
+    assert "4 steps of 10 s take 40 s, more than --run-time 15" in done.stderr
+    assert not (tmp_path / "report").exists()
+
+
+def test_closed_port_exits_2_before_any_report(tmp_path):
+    http, grpc = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    done = run_cli("--url", http, "--grpc-url", grpc, "--shape", "closed", "--run-time", "60",
+                   "--out", str(tmp_path / "report"))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: no Triton server at {grpc} (grpc): start one with `make serve`")
+    assert time.monotonic() - started < 30  # not the 60 s run
+    assert not (tmp_path / "report").exists()
+
+
+def test_unknown_model_exits_2_before_any_report(server, tmp_path):
+    done = run_cli("--url", server.http_url, "--user", "http", "--model", "resnet50",
+                   "--out", str(tmp_path / "report"))
+    assert done.returncode == 2
+    assert "model 'resnet50' not found" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "report").exists()
 
 
 def test_http_open_loop_holds_the_rate(server, tmp_path):
@@ -51,6 +109,9 @@ def test_http_open_loop_holds_the_rate(server, tmp_path):
     # 10/s for 4 s, whatever the response times: about 40 requests, none failed.
     assert 34 <= int(row["Request Count"]) <= 44
     assert row["Failure Count"] == "0"
+    # The users' metadata GETs are not requests under test: not in the figures.
+    assert set(stats(folder)) == {("http", ENSEMBLE), ("", "Aggregated")}
+    assert not (folder / "against_users.png").exists()  # fixed users: nothing to plot against them
 
 
 def test_request_count_bound_stops_the_run_early(server, tmp_path):
@@ -63,8 +124,9 @@ def test_request_count_bound_stops_the_run_early(server, tmp_path):
 
 def test_http_errors_count_as_failures(server, tmp_path):
     # The classifier alone wants FP32 pixels: encoded bytes are a bad request (HTTP 400).
+    # The preflight would refuse that model: skipped, to load the error path.
     code, folder, _ = load(server, tmp_path, "--user", "http", "--shape", "closed", "--users", "1",
-                           "--run-time", "2", "--model", "efficientnet_lite0")
+                           "--run-time", "2", "--model", "efficientnet_lite0", "--skip-preflight")
     assert code == 1  # Locust's exit code when requests failed
     row = stats(folder)[("http", "efficientnet_lite0")]
     assert int(row["Failure Count"]) == int(row["Request Count"]) > 0

@@ -15,7 +15,11 @@ leaves the committed files untouched.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
+import warnings
 from pathlib import Path
 
 from tritonstack import decode_budget
@@ -49,6 +53,9 @@ from tritonstack.contract import (
 from tritonstack.samples import sample_jpeg
 
 VERSION = "1"
+LOGGER = logging.getLogger(__name__)  # a line per step; build_pipelines.py shows them
+# How long one EfficientNet-Lite export takes on 2 cores (measured: 10-20 s), told before it starts.
+EXPORT_SECONDS = 15
 WARMUP_SAMPLE = "sample.jpg"
 
 
@@ -157,6 +164,7 @@ def write_repository(
     sample = sample_jpeg()
     written_classifiers = set()
     for preset in presets:
+        LOGGER.info("%s: %s preprocessing", preset.name, preset.preprocessor)
         changed += _write_preprocessing(repository / preset.preprocessing_name, preset, options, sample)
         if preset.classifier.name not in written_classifiers:
             written_classifiers.add(preset.classifier.name)
@@ -242,8 +250,16 @@ def _export_if_stale(classifier: Classifier, onnx_path: Path) -> list[Path]:
     stamp = onnx_path.with_name(f".{onnx_path.name}.fingerprint")
     fingerprint = classifier.fingerprint()
     if onnx_path.exists() and stamp.exists() and stamp.read_text() == fingerprint:
+        LOGGER.info("%s: model.onnx is up to date", classifier.name)
         return []
     onnx_path.parent.mkdir(parents=True, exist_ok=True)
-    _replace_atomically(onnx_path, lambda partial: classifiers.export_onnx(classifier, partial))
+    if classifier.onnx_file is None:
+        LOGGER.info("exporting %s to ONNX (about %d s)", classifier.name, EXPORT_SECONDS)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        # torch's exporter warns about constant folding and tracing for any model,
+        # the weights package prints "Loaded pretrained weights": nothing a user
+        # of this build can act on.
+        warnings.simplefilter("ignore")
+        _replace_atomically(onnx_path, lambda partial: classifiers.export_onnx(classifier, partial))
     stamp.write_text(fingerprint)
     return [onnx_path]

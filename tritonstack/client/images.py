@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from tritonstack.cli import natural_key
+
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".jp2", ".pnm", ".ppm"}
 
 # Leading bytes of the formats DALI's decoder reads.
@@ -35,12 +37,13 @@ def is_image_file(path: Path) -> bool:
 
 
 def image_files(paths: Iterable[Path]) -> list[Path]:
-    """Folders expanded recursively to their images, in a stable order; files
-    named explicitly are kept as they are (a broken one gets its own error)."""
+    """Folders expanded recursively to their images, in natural order (c1, c2,
+    c10); files named explicitly are kept as they are (a broken one gets its own
+    error)."""
     files = []
     for path in paths:
         if path.is_dir():
-            files += sorted(p for p in path.rglob("*") if p.is_file() and is_image_file(p))
+            files += sorted((p for p in path.rglob("*") if p.is_file() and is_image_file(p)), key=natural_key)
         else:
             files.append(path)
     return files

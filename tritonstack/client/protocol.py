@@ -20,7 +20,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import triton_to_np_dtype
 
-from tritonstack.client.retry import RetryPolicy, ServerUnavailableError, is_retryable, is_timeout, unavailable_message
+from tritonstack.client.retry import (
+    RetryPolicy,
+    ServerUnavailableError,
+    is_retryable,
+    is_timeout,
+    unavailable_message,
+    wrong_protocol_message,
+)
 from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
 from tritonstack.contract import DEFAULT_MODEL, pad_batch
 
@@ -211,6 +218,9 @@ class ClientBase:
     def _unreachable(self, error: Exception) -> Exception:
         """What wait_ready raises for `error`: a clear ServerUnavailableError when
         no server answers (a server that answered "not ready" said so already)."""
+        wrong_protocol = wrong_protocol_message(self.url, self.protocol, error)
+        if wrong_protocol:
+            return ServerUnavailableError(wrong_protocol)
         if is_retryable(error) and not isinstance(error, ServerUnavailableError):
             return ServerUnavailableError(unavailable_message(self.url, self.protocol, error))
         return error

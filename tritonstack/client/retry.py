@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import aiohttp
-from geventhttpclient.response import HTTPConnectionClosed
+from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from tritonclient.utils import InferenceServerException
 
 T = TypeVar("T")
@@ -32,6 +32,9 @@ _TIMED_OUT = {"StatusCode.DEADLINE_EXCEEDED"}
 _MODEL_BETWEEN_VERSIONS = "has no available versions"
 # Triton's answer to an admin call without the launcher's key (tritonstack.serve.security).
 _RESTRICTED = "This protocol is restricted"
+# What gRPC says when the port answers HTTP/1 (Triton's HTTP port): a wrong port
+# does not heal, so it is not retried.
+_GRPC_ON_HTTP_PORT = "Failed parsing HTTP/2"
 
 
 class ServerUnavailableError(ConnectionError):
@@ -41,7 +44,7 @@ class ServerUnavailableError(ConnectionError):
 def is_retryable(error: BaseException) -> bool:
     if isinstance(error, InferenceServerException):
         message = str(error.message())
-        if _RESTRICTED in message:  # gRPC says UNAVAILABLE, but the key is missing
+        if _RESTRICTED in message or _GRPC_ON_HTTP_PORT in message:  # UNAVAILABLE, but it will not change
             return False
         return str(error.status()) in _UNAVAILABLE or _MODEL_BETWEEN_VERSIONS in message
     if isinstance(error, (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
@@ -124,3 +127,25 @@ NO_RETRY = RetryPolicy(retries=0)
 
 def unavailable_message(url: str, protocol: str, reason: BaseException | str) -> str:
     return f"no Triton server at {url} ({protocol}): start one with `make serve` ({reason})"
+
+
+PROTOCOL_NAMES = {"http": "HTTP", "grpc": "gRPC"}
+
+
+def wrong_protocol_message(url: str, protocol: str, error: BaseException | None) -> str | None:
+    """What to say when something answers at `url`, but not in `protocol`: the
+    HTTP client on Triton's gRPC port, or the other way round (error None: the
+    caller found out itself). None when the error does not show it."""
+    if error is None or (isinstance(error, HTTPParseError) and protocol == "http") or (
+            isinstance(error, InferenceServerException) and _GRPC_ON_HTTP_PORT in str(error.message())):
+        other = "grpc" if protocol == "http" else "http"
+    else:
+        return None
+    name, other_name = PROTOCOL_NAMES[protocol], PROTOCOL_NAMES[other]
+    return (f"{url} does not answer {name}: is it Triton's {other_name} port? Use {other}://{url} "
+            f"(or --protocol {other}), or the {name} port (`make serve`: HTTP 8000, gRPC 8001)")
+
+
+def explain_unreachable(url: str, protocol: str, error: BaseException) -> str:
+    """One line for a server that could not be asked anything."""
+    return wrong_protocol_message(url, protocol, error) or unavailable_message(url, protocol, describe_error(error))

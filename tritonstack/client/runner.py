@@ -10,6 +10,7 @@ per file in the files' order, whatever fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sys
 import threading
@@ -18,6 +19,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
+
+from tqdm import tqdm
 
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.classifier import ClassifierClient
@@ -198,18 +201,20 @@ def _classify_files_async(files: Sequence[Path], settings: RunSettings) -> Itera
 
 
 class Progress:
-    """A one-line progress bar on a terminal stream, redrawn at most 10 times a
-    second; silent for a handful of files. Counts failures and the rate."""
+    """Counts results, failures and the rate; a tqdm bar on stderr only when it
+    is a terminal and there are more than a handful of files (a log gets no
+    redrawn frames). Write stdout results through `above()` so that the bar
+    steps aside for them instead of colliding."""
 
-    def __init__(self, total: int, stream: TextIO | None = None, shown_above: int = 8, width: int = 30):
+    def __init__(self, total: int, stream: TextIO | None = None, shown_above: int = 8):
         self.total = total
         self.stream = stream or sys.stderr
-        self.visible = total > shown_above
-        self.width = width
         self.done = 0
         self.failed = 0
         self.started = time.monotonic()
-        self._drawn_at = 0.0
+        visible = total > shown_above and _is_terminal(self.stream)
+        self.bar = tqdm(total=total, unit="image", file=self.stream, disable=not visible, leave=False,
+                        dynamic_ncols=True, mininterval=0.1)
 
     @property
     def elapsed_s(self) -> float:
@@ -219,22 +224,28 @@ class Progress:
     def rate(self) -> float:
         return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    def above(self):
+        """A context in which the bar is cleared, to write a result line."""
+        return contextlib.nullcontext() if self.bar.disable else self.bar.external_write_mode(file=self.stream)
+
     def update(self, result: FileResult) -> None:
         self.done += 1
-        self.failed += result.error is not None
-        now = time.monotonic()
-        if self.visible and (now - self._drawn_at >= 0.1 or self.done == self.total):
-            self._drawn_at = now
-            filled = self.width * self.done // max(self.total, 1)
-            bar = "#" * filled + "." * (self.width - filled)
-            self.stream.write(f"\r[{bar}] {self.done}/{self.total} images, {self.failed} failed, {self.rate:.1f} images/s")
-            self.stream.flush()
+        if result.error is not None:
+            self.failed += 1
+            self.bar.set_postfix_str(f"{self.failed} failed", refresh=False)
+        self.bar.update()
 
     def summary(self) -> str:
         return f"{self.done} images, {self.failed} failed, {self.rate:.1f} images/s ({self.elapsed_s:.1f} s)"
 
     def close(self) -> None:
-        if self.visible and self.done:
-            self.stream.write("\n")
+        self.bar.close()
         self.stream.write(self.summary() + "\n")
         self.stream.flush()
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False

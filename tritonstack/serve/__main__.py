@@ -6,15 +6,17 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
+from tritonstack import cli
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, DEFAULT_MAX_INPUT_BYTES
-from tritonstack.serve.launcher import TritonServer, UnservableRepository
-from tritonstack.serve.network import LOOPBACK
+from tritonstack.serve.launcher import ServerStartError, TritonServer, UnservableRepository
+from tritonstack.serve.network import LOOPBACK, port_in_use
 from tritonstack.serve.security import RESTRICTED_APIS
 
 LOGGER = logging.getLogger("tritonstack.serve")
@@ -28,21 +30,38 @@ def _restarting(server: TritonServer) -> bool:
     return server.restarter is not None and not server.restarter.gave_up.is_set()
 
 
+def check_free_ports(host: str, ports: dict[str, int]) -> None:
+    """Refuse at once a port something else listens on (another `make serve`?),
+    instead of after tritonserver loaded every model."""
+    for option, port in ports.items():
+        if port_in_use(host, port):
+            raise cli.UsageError(f"port {port} on {host} is in use (another server?): stop it, or choose "
+                                 f"another with {option} (make serve HTTP_PORT=9000 GRPC_PORT=9001 METRICS_PORT=9002)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run tritonserver on a model repository until Ctrl-C.")
-    parser.add_argument("--model-repository", default="model_repository")
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(serve, argv)
+
+
+def serve(argv: list[str] | None) -> int:
+    parser = cli.parser("Run tritonserver on a model repository until Ctrl-C. Exit codes: 0 stopped by Ctrl-C "
+                        "or SIGTERM, 1 tritonserver exited by itself, 2 it could not start.")
+    parser.add_argument("--model-repository", default="model_repository", type=Path)
     parser.add_argument("--host", default=LOOPBACK, help="address to bind (default: loopback only)")
-    parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--grpc-port", type=int, default=8001)
-    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--http-port", type=cli.positive_int, default=8000)
+    parser.add_argument("--grpc-port", type=cli.positive_int, default=8001)
+    parser.add_argument("--metrics-port", type=cli.positive_int, default=8002)
     parser.add_argument("--open-apis", action="store_true",
                         help="do not restrict model control, shared memory, statistics, trace, logging "
                              f"(default: they need the header {ADMIN_HEADER}: ${ADMIN_KEY_ENV})")
-    parser.add_argument("--max-input-bytes", type=int, default=DEFAULT_MAX_INPUT_BYTES,
+    parser.add_argument("--max-input-bytes", type=cli.positive_int, default=DEFAULT_MAX_INPUT_BYTES,
                         help="largest request accepted, in bytes")
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    check_free_ports(args.host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port,
+                                 "--metrics-port": args.metrics_port})
 
     server = TritonServer(
         args.model_repository,
@@ -57,13 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.check_repository()  # before anything else is said: one line, exit 2
     except UnservableRepository as error:
-        LOGGER.error("error: %s", error)
-        return 2
+        raise cli.UsageError(str(error)) from error
     if not args.open_apis and ADMIN_KEY_ENV not in os.environ:
         LOGGER.info("admin APIs need header %s; set $%s to choose its value", ADMIN_HEADER, ADMIN_KEY_ENV)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        server.start()
+        try:
+            server.start()
+        except ServerStartError as error:
+            raise cli.UsageError(str(error)) from error
         with open(server.log_path, errors="replace") as log:
             print(log.read(), end="", flush=True)
             LOGGER.info("ready: HTTP %s, gRPC %s, metrics %s (Ctrl-C to stop)",
@@ -81,4 +102,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

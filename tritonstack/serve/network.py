@@ -22,3 +22,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name: assume it may be reachable from elsewhere
         return False
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something already listens on (host, port): tritonserver would fail
+    to bind it, after loading every model."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
