@@ -45,6 +45,8 @@ LOGGER = logging.getLogger("tritonstack.serve")
 _ERROR_LINE = re.compile(r"E\d{4} |error: ")
 # Logged on every machine without a GPU; not the reason for a failure.
 _HARMLESS = ("CudaDriverHelper has not been initialized",)
+# The object stores Triton reads a model repository from (its own support).
+REMOTE_REPOSITORY_SCHEMES = ("s3://", "gs://", "as://")
 
 
 class ServerStartError(RuntimeError):
@@ -68,7 +70,9 @@ class TritonServer:
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
         supervise: bool = True,
     ):
-        self.model_repository = Path(model_repository).resolve()
+        # Object storage (s3://, gs://, as://) is fetched by Triton itself.
+        self.model_repository = (str(model_repository) if is_remote_repository(model_repository)
+                                 else Path(model_repository).resolve())
         self.host = host
         self.http_port = http_port or free_port(host)
         self.grpc_port = grpc_port or free_port(host)
@@ -152,7 +156,10 @@ class TritonServer:
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonstack-"))
         backends = self.install.assemble_backends(self._workdir / "backends")
         env = self.install.environment()
-        env[REPOSITORY_ENV] = str(self.model_repository)
+        if isinstance(self.model_repository, Path):
+            # Auto-complete reads model files here; Triton's copy of a remote
+            # repository is a temporary folder nobody is told of.
+            env[REPOSITORY_ENV] = str(self.model_repository)
         env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
@@ -238,6 +245,11 @@ class TritonServer:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+
+def is_remote_repository(location: str | os.PathLike) -> bool:
+    """A repository Triton fetches from object storage rather than a local folder."""
+    return str(location).startswith(REMOTE_REPOSITORY_SCHEMES)
 
 
 def _kill_group(pgid: int) -> None:
