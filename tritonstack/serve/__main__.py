@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 def serve(argv: list[str] | None) -> int:
     parser = cli.parser("Run tritonserver on a model repository until Ctrl-C. Exit codes: 0 stopped by Ctrl-C "
                         "or SIGTERM, 1 tritonserver exited by itself, 2 it could not start.")
-    parser.add_argument("--model-repository", default="model_repository", type=Path)
+    # A string, not a Path: Path would fold the "//" of s3://host:port/bucket/path.
+    parser.add_argument("--model-repository", default="model_repository",
+                        help="a local folder, or s3://[host:port/]bucket/path fetched by Triton")
     parser.add_argument("--host", default=LOOPBACK, help="address to bind (default: loopback only)")
     parser.add_argument("--http-port", type=cli.positive_int, default=8000)
     parser.add_argument("--grpc-port", type=cli.positive_int, default=8001)

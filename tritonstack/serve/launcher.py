@@ -61,6 +61,8 @@ LOGGER = logging.getLogger("tritonstack.serve")
 _ERROR_LINE = re.compile(r"E\d{4} |error: ")
 # Logged on every machine without a GPU; not the reason for a failure.
 _HARMLESS = ("CudaDriverHelper has not been initialized",)
+# The object stores Triton reads a model repository from (its own support).
+REMOTE_REPOSITORY_SCHEMES = ("s3://", "gs://", "as://")
 
 
 class ServerStartError(RuntimeError):
@@ -90,7 +92,9 @@ class TritonServer:
         restart: bool = True,
         environment: dict[str, str] | None = None,
     ):
-        self.model_repository = Path(model_repository).resolve()
+        # Object storage (s3://, gs://, as://) is fetched by Triton itself.
+        self.model_repository = (str(model_repository) if is_remote_repository(model_repository)
+                                 else Path(model_repository).resolve())
         self.host = host
         self.http_port = http_port or free_port(host)
         self.grpc_port = grpc_port or free_port(host)
@@ -176,6 +180,8 @@ class TritonServer:
         ]
 
     def check_repository(self) -> None:
+        if not isinstance(self.model_repository, Path):
+            return  # object storage: Triton says what is wrong with it
         if not self.model_repository.is_dir():
             raise UnservableRepository(f"{self.model_repository}: no such model repository folder")
         unbuilt = unbuilt_models(self.model_repository)
@@ -206,7 +212,10 @@ class TritonServer:
         """Spawn tritonserver (its log appended to), wait until it is ready, then
         call the on_ready callbacks."""
         env = self.install.environment()
-        env[REPOSITORY_ENV] = str(self.model_repository)
+        if isinstance(self.model_repository, Path):
+            # Auto-complete reads model files here; Triton's copy of a remote
+            # repository is a temporary folder nobody is told of.
+            env[REPOSITORY_ENV] = str(self.model_repository)
         env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
         # The stubs import the repository's own Python (model.py, dali.py and its
         # neighbours): no __pycache__ may land in the user's folders.
@@ -339,6 +348,11 @@ def _supervise_stubs(server: TritonServer) -> None:
     reload = functools.partial(reload_model, server.http_url, server.admin_headers("http"))
     server.supervisor = StubSupervisor(server.process.pid, reload if server.explicit_model_control else None)
     server.supervisor.start()
+
+
+def is_remote_repository(location: str | os.PathLike) -> bool:
+    """A repository Triton fetches from object storage rather than a local folder."""
+    return str(location).startswith(REMOTE_REPOSITORY_SCHEMES)
 
 
 def _kill_group(pgid: int) -> None:

@@ -1,0 +1,1 @@
+"""Deploying past one machine: the helm tool, object storage, the Kubernetes chart (deploy/helm/)."""

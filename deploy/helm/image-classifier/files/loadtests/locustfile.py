@@ -1,0 +1,1 @@
+../../../../../loadtests/locustfile.py
