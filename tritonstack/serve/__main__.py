@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 from tritonstack import cli
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, DEFAULT_MAX_INPUT_BYTES
