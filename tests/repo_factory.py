@@ -85,6 +85,37 @@ def add_graph(dtype=TensorProto.FLOAT, width: int | str = 4, batch: str | int = 
     return model.SerializeToString()
 
 
+def identity_graph(dtype, width: int = 4) -> bytes:
+    """Y = X for any ONNX element type, shapes [batch, width]."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["Y"])],
+        "identity",
+        [helper.make_tensor_value_info("X", dtype, ["batch", width])],
+        [helper.make_tensor_value_info("Y", dtype, ["batch", width])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def lookup_graph(table: tuple[float, ...]) -> bytes:
+    """Y = TABLE[X]: X is INT64 [batch, 1], Y FP32 [batch, 1]. An index outside
+    the table is data ONNX Runtime refuses at run time (Gather's bounds check)."""
+    table_tensor = helper.make_tensor("TABLE", TensorProto.FLOAT, [len(table)], list(table))
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["TABLE", "X"], ["Y"], axis=0)],
+        "lookup",
+        [helper.make_tensor_value_info("X", TensorProto.INT64, ["batch", 1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 1])],
+        initializer=[table_tensor],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
 # --- repository writing ------------------------------------------------------
 
 def write_model(repository: Path, config: ModelConfig, files: dict[str, bytes | str],

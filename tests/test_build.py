@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnxruntime as ort
 import tritonclient.http as httpclient
 import pytest
 from google.protobuf import text_format
@@ -14,9 +15,10 @@ from nvidia.dali import Pipeline
 from tritonclient.grpc import model_config_pb2 as pb
 
 from build_pipelines import main
+from tests import reference
 from tests.conftest import MODEL_REPOSITORY, PROJECT_ROOT
 from tritonstack import dali_proto
-from tritonstack.contract import PREPROCESS_INPUT
+from tritonstack.contract import PREPROCESS_INPUT, PREPROCESS_OUTPUT
 from tritonstack.build import pipelines
 from tritonstack.build.check import check_repository
 from tritonstack.client.classifier import ClassifierClient
@@ -160,6 +162,12 @@ def test_bad_usage_exits_2_naming_the_problem():
     assert alone.returncode == 2 and "--labels" in alone.stderr
 
 
+# Distinctive per channel, and not EfficientNet-Lite's 127/128: a build that ignored
+# --mean/--std would serve tensors far from the reference below.
+OWN_MEAN = (110, 127, 140)
+OWN_STD = (100, 128, 150)
+
+
 @pytest.fixture(scope="module")
 def own_classifier_repository(tmp_path_factory, model_repository):
     """A user's ONNX classifier (the shipped Lite0 export, renamed) and labels."""
@@ -169,7 +177,7 @@ def own_classifier_repository(tmp_path_factory, model_repository):
     out = folder / "repo"
     assert main(["build", "--out", str(out), "--classifier-onnx", str(folder / "my_net.onnx"),
                  "--labels", str(folder / "classes.txt"), "--input-size", "224", "--resize-shorter", "256",
-                 "--mean", "127,127,127", "--std", "128,128,128", "--preprocessors", "dali", "python",
+                 "--mean", ",".join(map(str, OWN_MEAN)), "--std", ",".join(map(str, OWN_STD)), "--preprocessors", "dali", "python",
                  "--max-batch-size", "4"]) == 0
     return out
 
@@ -180,12 +188,24 @@ def test_own_classifier_gets_preprocessing_and_ensembles(own_classifier_reposito
                      "preprocess_dali_my_net", "preprocess_python_my_net"]
     assert check_repository(own_classifier_repository) == []
     python_parameters = read_config(own_classifier_repository / "preprocess_python_my_net").parameters
-    assert python_parameters["mean"].string_value == "127,127,127"
+    assert python_parameters["mean"].string_value == "110,127,140"
+    photo = photo_bytes("chelsea.png")
+    expected = reference.preprocess(photo, 256, 224, OWN_MEAN, OWN_STD)
+    session = ort.InferenceSession(str(own_classifier_repository / "my_net/1/model.onnx"))
+    expected_top1 = int(session.run(None, {session.get_inputs()[0].name: expected[None]})[0][0].argmax())
     with TritonServer(own_classifier_repository) as server:
-        for model in ("ensemble_dali_my_net", "ensemble_python_my_net"):
-            with ClassifierClient(server.http_url, model=model) as client:
-                (top,) = client.classify([photo_bytes("chelsea.png")], top_k=3)
-            assert {p.label for p in top} & {"tabby", "tiger cat", "Egyptian cat"}
+        client = httpclient.InferenceServerClient(server.http_url)
+        for preprocessor in ("dali", "python"):
+            batch = pad_batch([photo])
+            tensor = httpclient.InferInput(PREPROCESS_INPUT, list(batch.shape), "UINT8")
+            tensor.set_data_from_numpy(batch, binary_data=True)
+            served = client.infer(f"preprocess_{preprocessor}_my_net", [tensor]).as_numpy(PREPROCESS_OUTPUT)[0]
+            difference = np.abs(reference.levels(served - expected, OWN_STD))
+            assert difference.mean() <= 1.0 and np.quantile(difference, 0.9) <= 2.0, (preprocessor, difference.mean())
+            with ClassifierClient(server.http_url, model=f"ensemble_{preprocessor}_my_net") as classifier:
+                (top,) = classifier.classify([photo], top_k=1)
+            assert top[0].index == expected_top1, (preprocessor, top, expected_top1)
+        client.close()
 
 
 def test_own_classifier_with_mismatched_labels_is_refused(tmp_path, model_repository):

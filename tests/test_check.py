@@ -8,12 +8,14 @@ import sys
 
 import pytest
 from google.protobuf import text_format
+from nvidia.dali import fn, pipeline_def, types
 from tritonclient.grpc import model_config_pb2 as pb
 
+from tests import repo_factory as rf
 from tests.conftest import PROJECT_ROOT
 from tests.test_build import build
 from tritonstack.build.check import check_repository
-from tritonstack.build.model_config import read_config
+from tritonstack.build.model_config import Tensor, read_config
 from tritonstack.contract import CONFIG_FILENAME
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
@@ -186,3 +188,77 @@ def test_unbuilt_or_missing_repository_exits_2_in_one_line(model_repository, tmp
     assert unbuilt.stdout == "" and len(unbuilt.stderr.splitlines()) == 1 and "run `make build`" in unbuilt.stderr
     missing = run_check(tmp_path / "nonexistent")
     assert missing.returncode == 2 and "nonexistent: no such folder" in missing.stderr
+
+
+# --- the rules the tests above leave out, one test each --------------------------
+
+def problems_of(repo) -> list[str]:
+    return [str(problem) for problem in check_repository(repo)]
+
+
+def test_unparsable_config(repo):
+    (repo / CLASSIFIER / CONFIG_FILENAME).write_text('name: "efficientnet_lite0"\ninput {{ oops')
+    assert any(p.startswith(f"{CLASSIFIER}: config.pbtxt: does not parse:") for p in problems_of(repo)), \
+        problems_of(repo)
+
+
+def test_name_differs_from_the_folder(repo):
+    edit(repo, CLASSIFIER, lambda config: setattr(config, "name", "other_name"))
+    assert f"{CLASSIFIER}: name 'other_name': differs from the folder name; rename the folder or set " \
+           f'name: "{CLASSIFIER}"' in problems_of(repo)
+
+
+def test_no_version_folder(repo):
+    shutil.rmtree(repo / CLASSIFIER / "1")
+    assert any(p.startswith(f"{CLASSIFIER}: version folder: no numeric version folder (e.g. 1/)")
+               for p in problems_of(repo)), problems_of(repo)
+
+
+def test_missing_warmup_file(repo):
+    (repo / PREPROCESS / "warmup/sample.jpg").unlink()
+    assert "warmup/sample.jpg is missing" in only_problem(repo)
+
+
+def test_invalid_model_dali(repo):
+    (repo / PREPROCESS / "1/model.dali").write_bytes(b"this is not a serialized pipeline")
+    assert only_problem(repo).startswith(f"{PREPROCESS}: model.dali: is not a serialized DALI pipeline (")
+
+
+def test_pipeline_external_source_without_config_input(repo):
+    """The other half of 'inputs by name, both ways': a source no config input feeds."""
+    config = rf.dali_config("two_sources", inputs=(Tensor("A", "FP32", (-1,)),),
+                            outputs=(Tensor("SUM", "FP32", (-1,)), Tensor("PRODUCT", "FP32", (-1,))))
+    rf.write_model(repo, config, {"model.dali": rf.serialized(rf.two_in_two_out_pipeline)})
+    assert "two_sources: input 'B': the pipeline's external source has no config input; add an input " \
+           "named 'B' (config inputs: A)" in problems_of(repo)
+
+
+@pipeline_def(batch_size=1, num_threads=1, device_id=None)
+def reshape_to_seven():
+    encoded = fn.external_source(name="DALI_INPUT_0", dtype=types.UINT8, ndim=1)
+    return fn.reshape(fn.decoders.image(encoded, device="cpu"), shape=[7])  # no image has 7 values
+
+
+def test_pipeline_failing_on_a_real_jpeg(repo):
+    (repo / PREPROCESS / "1/model.dali").write_bytes(reshape_to_seven().serialize())
+    problem = only_problem(repo)
+    assert problem.startswith(f"{PREPROCESS}: model.dali: fails on a real JPEG: "), problem
+    assert "Critical error in pipeline:;" not in problem and "reshape" in problem.lower(), problem
+
+
+def test_onnx_tensor_name_not_in_the_graph(repo):
+    edit(repo, CLASSIFIER, lambda config: setattr(config.input[0], "name", "pixels"))
+    assert any(p.startswith(f"{CLASSIFIER}: input 'pixels': is not in the ONNX graph; use one of the graph's "
+                            "inputs: input") for p in problems_of(repo)), problems_of(repo)
+
+
+def test_onnx_dims_disagree_with_the_graph(repo):
+    edit(repo, CLASSIFIER, lambda config: config.input[0].dims.__setitem__(1, 225))
+    assert any(p.startswith(f"{CLASSIFIER}: input.dims 'input': shape mismatch: config [batch] + [3, 225, 224]")
+               for p in problems_of(repo)), problems_of(repo)
+
+
+def test_ensemble_output_no_step_produces(repo):
+    edit(repo, ENSEMBLE, lambda config: config.output.add(name="EXTRA", data_type=pb.TYPE_FP32, dims=[1]))
+    assert f"{ENSEMBLE}: output 'EXTRA': no step's output_map produces it; map a step output to it" \
+        in problems_of(repo)

@@ -264,3 +264,21 @@ def test_serializing_dali_version_differing_is_logged(repository, http, triton):
     http.load_model(name)
     log = triton.log_path.read_text(errors="replace")
     assert "pipeline serialized with DALI 1.0.0, served with DALI 2.4" in log
+
+
+def test_per_model_max_input_bytes_overrides_the_launchers(repository, http, identity):
+    """The launcher's limit is 64 MiB here; this model's own parameter is 100 bytes."""
+    name = rf.write_model(repository, rf.identity_config("small_inputs", parameters={"max_input_bytes": "100"}),
+                          {"model.dali": rf.serialized(rf.identity_pipeline)})
+    http.load_model(name)
+    fits = np.full((2, 50), 3, np.uint8)  # 100 bytes, all rows counted
+    np.testing.assert_array_equal(
+        rf.infer_http(http, name, {"DALI_INPUT_0": fits}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), fits)
+    with pytest.raises(InferenceServerException) as refused:
+        rf.infer_http(http, name, {"DALI_INPUT_0": np.zeros((1, 101), np.uint8)}, ["DALI_OUTPUT_0"])
+    assert refused.value.status() == "400", refused.value
+    assert "is 101 bytes, above this model's max_input_bytes 100" in refused.value.message(), refused.value
+    # Another model on the same server keeps the launcher's limit.
+    larger = np.full((1, 101), 5, np.uint8)
+    np.testing.assert_array_equal(
+        rf.infer_http(http, identity, {"DALI_INPUT_0": larger}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), larger)

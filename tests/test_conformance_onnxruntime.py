@@ -51,6 +51,38 @@ def test_partial_config_is_auto_completed_from_the_graph(onnx_type, triton_type,
     np.testing.assert_array_equal(rf.infer_http(http, name, {"X": data}, ["Y"]).as_numpy("Y"), data + data)
 
 
+# Every element type the backend maps (tritonstack.contract), through an Identity
+# graph: auto-completed name, type and dims, then a round trip where numpy has the type.
+ALL_TYPES = [
+    (TensorProto.FLOAT, "TYPE_FP32", np.float32), (TensorProto.FLOAT16, "TYPE_FP16", np.float16),
+    (TensorProto.DOUBLE, "TYPE_FP64", np.float64), (TensorProto.BFLOAT16, "TYPE_BF16", None),
+    (TensorProto.INT8, "TYPE_INT8", np.int8), (TensorProto.INT16, "TYPE_INT16", np.int16),
+    (TensorProto.INT32, "TYPE_INT32", np.int32), (TensorProto.INT64, "TYPE_INT64", np.int64),
+    (TensorProto.UINT8, "TYPE_UINT8", np.uint8), (TensorProto.UINT16, "TYPE_UINT16", np.uint16),
+    (TensorProto.UINT32, "TYPE_UINT32", np.uint32), (TensorProto.UINT64, "TYPE_UINT64", np.uint64),
+    (TensorProto.BOOL, "TYPE_BOOL", np.bool_), (TensorProto.STRING, "TYPE_STRING", np.object_),
+]
+
+
+@pytest.mark.parametrize("onnx_type, triton_type, numpy_type", ALL_TYPES, ids=[t[1] for t in ALL_TYPES])
+def test_every_element_type_is_auto_completed(onnx_type, triton_type, numpy_type, repository, http):
+    name = rf.write_model(repository, ort_config(f"all_{triton_type.lower()}", max_batch_size=0),
+                          {"model.onnx": rf.identity_graph(onnx_type)})
+    http.load_model(name)
+    try:
+        config = http.get_model_config(name)
+        tensors = [(t["name"], t["data_type"], [int(d) for d in t["dims"]])
+                   for t in (*config["input"], *config["output"])]
+        assert tensors == [("X", triton_type, [4]), ("Y", triton_type, [4])]
+        assert config["max_batch_size"] == 4
+        if numpy_type is not None:
+            data = (np.array([[b"a", b"bc", b"", b"d"]], np.object_) if numpy_type is np.object_
+                    else (np.arange(4).reshape(1, 4) % 2).astype(numpy_type))
+            np.testing.assert_array_equal(rf.infer_http(http, name, {"X": data}, ["Y"]).as_numpy("Y"), data)
+    finally:
+        http.unload_model(name)
+
+
 def test_thread_parameters_and_merged_batches(repository, http):
     config = ort_config("threaded", inputs=(Tensor("X", "FP32", (4,)),), outputs=(Tensor("Y", "FP32", (4,)),),
                         parameters={"intra_op_thread_count": "1", "inter_op_thread_count": "1"},

@@ -14,6 +14,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from loadtests.soak import MixedLoad
+from tests.processes import wait_for
 from tritonstack.client.retry import NO_RETRY
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.samples import photo_bytes
@@ -48,6 +49,11 @@ def good_load(server: TritonServer) -> MixedLoad:
                      bad_ratio=0.0, max_requests=5000)
 
 
+def answering(load: MixedLoad, answered: int = 2) -> None:
+    """Both workers are sending and answers arrive (polled, not slept on)."""
+    wait_for(lambda: load.tally.counts["valid_ok"] >= answered, timeout_s=60, what=f"{answered} answers")
+
+
 def wait_until_it_answers(server: TritonServer, deadline: float) -> float:
     with ClassifierClient(server.http_url, retry=NO_RETRY) as client:
         while time.monotonic() < deadline:
@@ -62,13 +68,15 @@ def wait_until_it_answers(server: TritonServer, deadline: float) -> float:
 @pytest.mark.parametrize("model", [PREPROCESS, CLASSIFIER])
 def test_killed_stub_is_replaced_and_requests_succeed_again(triton, model):
     with good_load(triton) as load:
-        time.sleep(1.0)
+        answering(load)
         live, _ = server_stubs(triton.process.pid)
         victim = next(pid for pid, name in live.items() if name == model)
         psutil.Process(victim).kill()
         killed = time.monotonic()
         recovered = wait_until_it_answers(triton, killed + RECOVERY_S)
-        time.sleep(2.0)  # keep loading the recovered model
+        # Keep loading the recovered model until it has answered a few more.
+        wait_for(lambda: sum(ok for done, ok in load.tally.times if done > recovered + 1.0) >= 2,
+                 timeout_s=RECOVERY_S, what="answers after the recovery")
     tally = load.tally
     assert model in [name for _, name in triton.supervisor.reloads]
     assert victim not in server_stubs(triton.process.pid)[0]
@@ -99,7 +107,7 @@ def test_new_versions_load_under_load_without_a_failed_request(triton, fault_rep
     admin = httpclient.InferenceServerClient(triton.http_url, network_timeout=300)
     headers = triton.admin_headers("http")
     with good_load(triton) as load:
-        time.sleep(1.0)
+        answering(load)
         for model in (CLASSIFIER, PREPROCESS):
             add_version(fault_repository, model, "2")
             # Triton loads version 2, switches new requests to it, then unloads
@@ -107,7 +115,7 @@ def test_new_versions_load_under_load_without_a_failed_request(triton, fault_rep
             admin.load_model(model, headers=headers)
             wait_for_states(admin, headers, model, {"1": "UNAVAILABLE", "2": "READY"})
         answered_before = load.tally.counts["valid_ok"]
-        time.sleep(2.0)
+        answering(load, answered_before + 4)
     admin.close()
     assert load.tally.counts["valid_failed"] == 0, load.tally.failures
     assert load.tally.counts["valid_ok"] > answered_before

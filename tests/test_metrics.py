@@ -1,11 +1,10 @@
 """Triton's Prometheus metrics as a per-model breakdown, ensemble steps included."""
 
-import time
-
 import pytest
 from tritonclient.utils import InferenceServerException
 
 from loadtests import metrics
+from tests.processes import wait_for
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import RetryPolicy
 from tritonstack.samples import photo_bytes
@@ -45,8 +44,13 @@ def test_breakdown_of_a_real_server_includes_ensemble_steps(server):
         client.classify([photo_bytes("rocket.jpg")], top_k=1)
         with pytest.raises(InferenceServerException):
             client.classify([b"\xff\xd8 not a jpeg"], top_k=1)
-    time.sleep(0.5)  # the ensemble counts its failure after answering the client
-    rows = {row.model: row for row in metrics.breakdown(before, metrics.scrape(server.metrics_url))}
+
+    def counted():
+        # The ensemble counts its failure after answering the client: poll for it.
+        rows = {row.model: row for row in metrics.breakdown(before, metrics.scrape(server.metrics_url))}
+        return rows if ENSEMBLE in rows and rows[ENSEMBLE].failures >= 1 else None
+
+    rows = wait_for(counted, timeout_s=15, what="the ensemble's failure in the metrics")
 
     assert rows[ENSEMBLE].requests == 2
     assert rows[ENSEMBLE].inferences == 3  # images

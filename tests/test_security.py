@@ -121,3 +121,27 @@ def test_a_body_above_the_size_limit_is_refused(size_limited_server, protocol):
         assert f"is {len(oversized)} bytes" in message and f"max_input_bytes {SIZE_LIMIT}" in message, message
         assert "input 'DALI_INPUT_0'" in message, message
         assert client.classify([coffee], top_k=1)[0][0].label == "espresso"
+
+
+# Admin writes, not only reads: without the key nothing changes on the server.
+WRITES = {
+    "load_model": lambda client, headers: client.load_model("efficientnet_lite0", headers=headers),
+    "unload_model": lambda client, headers: client.unload_model("efficientnet_lite0", headers=headers),
+    "register_system_shared_memory": lambda client, headers: client.register_system_shared_memory(
+        "not_allowed", "/not_allowed_region", 64, headers=headers),
+}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_admin_writes_without_the_key_are_refused_and_change_nothing(server, write, protocol):
+    client = client_for(server, protocol)
+    for headers in (None, {name: "not-the-key" for name in server.admin_headers(protocol)}):
+        with pytest.raises(InferenceServerException) as refused:
+            WRITES[write](client, headers)
+        assert str(refused.value.status()) == REFUSED[protocol], refused.value
+        assert ADMIN_HEADER in refused.value.message()
+    assert client.is_model_ready("efficientnet_lite0")
+    regions = client.get_system_shared_memory_status(headers=server.admin_headers(protocol))
+    names = [region["name"] for region in regions] if protocol == "http" else list(regions.regions)
+    assert "not_allowed" not in names

@@ -1,4 +1,5 @@
-"""The launcher: loopback by default, clear start-up failures, no orphans."""
+"""The launcher: loopback by default, clear start-up failures, no orphans. Every
+server a test starts here is stopped in a `finally`, whatever fails first."""
 
 import ipaddress
 import os
@@ -8,31 +9,46 @@ import time
 import psutil
 import pytest
 
+from tests.processes import assert_nothing_left, group_processes
 from tritonstack.serve.launcher import ServerStartError, TritonServer
 
-
-def group_processes(pgid):
-    found = []
-    for process in psutil.process_iter(["pid"]):
-        try:
-            if process.status() != psutil.STATUS_ZOMBIE and os.getpgid(process.pid) == pgid:
-                found.append(process)
-        except (psutil.NoSuchProcess, ProcessLookupError):
-            continue
-    return found
+STUB = "triton_python_backend_stub"
 
 
-def test_stop_leaves_no_process_behind(model_repository):
+def ports_of(server):
+    return (server.http_port, server.grpc_port, server.metrics_port)
+
+
+def test_stop_leaves_no_process_stub_or_port_behind(model_repository):
     server = TritonServer(model_repository).start()
-    pgid = server.process.pid
-    running = group_processes(pgid)
-    # tritonserver plus one Python backend stub per model instance (dali, onnxruntime)
-    assert len(running) >= 3, [p.name() for p in running]
-    assert server.stop() is not None
-    deadline = time.monotonic() + 10
-    while group_processes(pgid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert group_processes(pgid) == []
+    try:
+        pgid = server.process.pid
+        names = [process.name() for process in group_processes(pgid)]
+        # tritonserver plus one Python backend stub per model instance (dali, onnxruntime)
+        assert names.count("tritonserver") == 1 and names.count(STUB) >= 2, names
+        exit_code = server.stop()
+    finally:
+        server.stop()
+    assert exit_code == 0, f"SIGINT should end tritonserver cleanly, got {exit_code}"
+    assert_nothing_left(pgid, ports_of(server))
+
+
+def test_stop_kills_a_server_that_ignores_sigint(model_repository):
+    """A frozen server (SIGSTOP: SIGINT stays pending) is killed, group and all,
+    after the grace period."""
+    server = TritonServer(model_repository, stop_grace_s=1).start()
+    try:
+        pgid = server.process.pid
+        assert any(process.name() == STUB for process in group_processes(pgid))
+        os.kill(server.process.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        exit_code = server.stop()
+        waited = time.monotonic() - started
+    finally:
+        server.stop()
+    assert exit_code == -signal.SIGKILL, exit_code
+    assert waited >= 1, "stop() must give SIGINT its grace period before SIGKILL"
+    assert_nothing_left(pgid, ports_of(server))
 
 
 def test_binds_loopback_by_default(server):
@@ -66,11 +82,14 @@ def mapped_stub_regions(pgid):
 
 def test_stop_after_a_crash_removes_the_stubs_shared_memory(model_repository):
     server = TritonServer(model_repository).start()
-    regions = mapped_stub_regions(server.process.pid)
-    assert regions, "the Python backend maps one /dev/shm region per stub"
-    os.killpg(server.process.pid, signal.SIGKILL)  # a crash: nobody unlinks them
-    server.process.wait()
-    for region in regions:  # the launcher leaves young regions alone; age these
-        os.utime(region, (time.time() - 60, time.time() - 60))
-    server.stop()
+    try:
+        regions = mapped_stub_regions(server.process.pid)
+        assert regions, "the Python backend maps one /dev/shm region per stub"
+        os.killpg(server.process.pid, signal.SIGKILL)  # a crash: nobody unlinks them
+        server.process.wait()
+        for region in regions:  # the launcher leaves young regions alone; age these
+            os.utime(region, (time.time() - 60, time.time() - 60))
+    finally:
+        server.stop()
     assert [region for region in regions if os.path.exists(region)] == []
+    assert_nothing_left(server.process.pid, ports_of(server))

@@ -104,7 +104,7 @@ class TritonPythonModel:
 
     def _inputs_of(self, request):
         return {
-            name: pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+            name: _as_onnx(pb_utils.get_input_tensor_by_name(request, name).as_numpy())
             for name in self._input_names
         }
 
@@ -119,6 +119,19 @@ class TritonPythonModel:
     def _respond(self, outputs):
         tensors = [pb_utils.Tensor(name, array) for name, array in zip(self._output_names, outputs)]
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _as_onnx(array: np.ndarray) -> np.ndarray:
+    """Triton hands BYTES as an object array of bytes; ONNX Runtime's strings are
+    str (given bytes, it would store their repr, "b'...'"). Bytes that are not
+    UTF-8 cannot be an ONNX Runtime string unchanged: invalid sequences become U+FFFD."""
+    if array.dtype != np.object_:
+        return array
+    return np.vectorize(_utf8, otypes=[np.object_])(array)
+
+
+def _utf8(value) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _session(path: Path, parameters: dict) -> ort.InferenceSession:

@@ -201,7 +201,10 @@ def _check_dali(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
         return [Problem(model_dir.name, filename, "", f"is not a serialized DALI pipeline ({error})",
                         "rebuild it with build_pipelines.py build")]
     kinds = _instance_kinds(config)
-    runs_here = not spec.gpu_operators and kinds == {"KIND_CPU"}
+    # A real JPEG is fed only where every input is an encoded image (feeds a decoder):
+    # any other pipeline would fail on it for no fault of its own.
+    runs_here = (not spec.gpu_operators and kinds == {"KIND_CPU"}
+                 and set(spec.input_names) <= spec.decoded_inputs)
     if runs_here:  # what the pipeline does not declare, learnt from running it
         spec, failure = _observed(model_dir.name, spec, config, serialized_path.read_bytes())
         if failure:
@@ -228,7 +231,7 @@ def _observed(name: str, spec: dali_proto.PipelineSpec, config: pb.ModelConfig,
             pipeline.feed_input(port.name, [np.frombuffer(sample_jpeg(), np.uint8)])
         outputs = pipeline.run()
     except RuntimeError as error:
-        return spec, Problem(name, DALI_MODEL_FILENAME, "", f"fails on a real JPEG: {str(error).splitlines()[0]}",
+        return spec, Problem(name, DALI_MODEL_FILENAME, "", f"fails on a real JPEG: {_first_cause(error)}",
                              "fix the pipeline and rebuild")
     ports = tuple(
         replace(port, dtype=port.dtype or DALI_TO_TRITON.get(int(output.dtype)),
@@ -236,6 +239,13 @@ def _observed(name: str, spec: dali_proto.PipelineSpec, config: pb.ModelConfig,
         for port, output in zip(spec.outputs, outputs)
     )
     return replace(spec, outputs=ports), None
+
+
+def _first_cause(error: RuntimeError) -> str:
+    """DALI's first line that says something ("Critical error in pipeline:" does not)."""
+    noise = ("Critical error in pipeline:", "Current pipeline object is no longer valid.")
+    lines = [line.strip() for line in str(error).splitlines() if line.strip() and line.strip() not in noise]
+    return lines[0] if lines else str(error)
 
 
 def _check_onnx(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
