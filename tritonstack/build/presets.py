@@ -66,6 +66,7 @@ PRESETS = (
     Preset(classifiers.EFFICIENTNET_LITE0, "dali"),
     Preset(classifiers.EFFICIENTNET_LITE0, "python"),
     Preset(classifiers.EFFICIENTNET_LITE2, "dali"),
+    Preset(classifiers.EFFICIENTNET_LITE0_INT8, "dali"),
 )
 
 
