@@ -1,5 +1,6 @@
-"""The benchmark writes every key it promises, with consistent ratios, on the
-session's real server (the shortest settings: figures are rough, keys are real)."""
+"""The benchmark writes every key it promises, medians within their spreads, on the
+session's real server (the shortest settings: figures are rough, keys are real).
+Performance itself is never asserted here."""
 
 import json
 import math
@@ -15,20 +16,34 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
 
     for key in benchmark.REQUIRED_KEYS:
         assert key in written, key
-    assert written["errors"] == 0
-    for key in benchmark.REQUIRED_KEYS:
+        assert written[key] is not None, key  # this repository has every preset the benchmark measures
         if isinstance(written[key], float):
             assert math.isfinite(written[key]), key
-    for rate in ("inprocess_images_per_s", "server_images_per_s", "dali_preprocess_images_per_s",
-                 "pil_preprocess_images_per_s", "http_images_per_s", "pil_ensemble_images_per_s"):
+    assert written["errors"] == 0
+    for key in benchmark.RATIO_KEYS:  # a median of the rounds lies within their [min, max]
+        low, high = written[f"{key}_spread"]
+        assert low <= written[key] <= high, key
+    for rate in benchmark.ROUND_RATES:
         assert written[rate] > 1, rate
-    assert math.isclose(written["serving_efficiency"],
-                        written["server_images_per_s"] / written["inprocess_images_per_s"])
-    assert math.isclose(written["dali_vs_pil_preprocess"],
-                        written["dali_preprocess_images_per_s"] / written["pil_preprocess_images_per_s"])
     assert written["p99_over_p50"] >= 1
     # Per request, the client waited at least as long as the steps computed.
     assert written["ensemble_overhead_ms_p50"] >= 0
+    assert 0 <= written["ensemble_overhead_share"] < 1
+    assert set(benchmark.HOPS) <= set(written["ensemble_hops_ms_p50"])
+    assert 0 < written["grpc_round_trip_ms_p50"] < written["latency_ms_p50_concurrency_1"]
+    assert 0 <= written["capacity_at_slo"] <= benchmark.CAPACITY_MAX_FRACTION
+    assert written["capacity_probes"] and all(probe["rate"] > 0 for probe in written["capacity_probes"])
+    assert 0 <= written["int8_top1_agreement"] <= 1 and 0 <= written["int8_top5_overlap"] <= 5
     assert 100 < written["server_rss_mb"] < 24 * 1024
     assert written["versions"]["tritonserver"] and written["cpu_count"] >= 1
     assert isinstance(written["missed_targets"], list)
+
+
+def test_a_ratio_is_the_median_of_its_rounds_and_skips_empty_ones():
+    results = {}
+    values = benchmark.ratios([10.0, 0.0, 30.0, None, 12.0], [5.0, 5.0, 0.0, 4.0, 4.0])
+    assert values == [2.0, 0.0, 3.0]  # a zero or missing denominator gives no ratio, not a crash
+    benchmark.write_median(results, "r", values)
+    assert results == {"r": 2.0, "r_spread": [0.0, 3.0]}
+    benchmark.write_median(results, "empty", [])
+    assert results["empty"] is None and results["empty_spread"] is None

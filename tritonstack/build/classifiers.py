@@ -8,6 +8,7 @@ as an ONNX file and a label file (`from_onnx`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import inspect
@@ -56,6 +57,11 @@ class Classifier:
     input_name: str = INPUT_NAME
     output_name: str = OUTPUT_NAME
     num_classes: int = NUM_CLASSES
+    # INT8 static quantization of the FP32 export (build/quantization.py).
+    int8: bool = False
+    # The classifier this one derives from (INT8 from FP32): same input, so their
+    # presets share one preprocessing model (one DALI instance, not two).
+    derived_from: str = ""
 
     def weights_path(self) -> Path:
         module = __import__(self.weights_package)
@@ -78,6 +84,16 @@ class Classifier:
         digest.update(self.weights_path().read_bytes())
         digest.update(f"{self.arch} {self.preprocessing.crop} {torch.__version__}".encode())
         digest.update(inspect.getsource(export_onnx).encode())
+        if self.int8:
+            import onnxruntime
+
+            from tritonstack.build import pipelines, quantization
+            from tritonstack.samples import photo_bytes
+
+            digest.update(f"int8 {onnxruntime.__version__} {pipelines.DALI_VERSION} {self.preprocessing}".encode())
+            digest.update(inspect.getsource(quantization).encode())
+            for name in quantization.CALIBRATION_PHOTOS:
+                digest.update(photo_bytes(name))
         return digest.hexdigest()
 
 
@@ -93,6 +109,9 @@ def efficientnet_lite(variant: int, crop: int, resize_shorter: int) -> Classifie
 
 
 EFFICIENTNET_LITE0 = efficientnet_lite(0, crop=224, resize_shorter=256)
+# Lite0 quantized to INT8 for CPUs (the `dali_efficientnet_lite0_int8` preset).
+EFFICIENTNET_LITE0_INT8 = dataclasses.replace(EFFICIENTNET_LITE0, name="efficientnet_lite0_int8", int8=True,
+                                              derived_from=EFFICIENTNET_LITE0.name)
 # Lite2 was trained at 260; resize by the same crop ratio as Lite0 (224/256 = 0.875).
 EFFICIENTNET_LITE2 = efficientnet_lite(2, crop=260, resize_shorter=297)
 
@@ -127,8 +146,18 @@ def from_onnx(name: str, onnx_file: Path, labels_file: Path, preprocessing: Prep
 
 def export_onnx(classifier: Classifier, path: Path) -> None:
     """Export the classifier with a softmax head and a dynamic batch axis (or copy
-    a user's own ONNX file)."""
+    a user's own ONNX file); an INT8 classifier is its FP32 export, quantized."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if classifier.int8:
+        from tritonstack.build.quantization import quantize_int8
+
+        fp32_path = path.with_name(f".{path.name}.fp32")
+        try:
+            export_onnx(dataclasses.replace(classifier, int8=False, derived_from=""), fp32_path)
+            quantize_int8(classifier, fp32_path, path)
+        finally:
+            fp32_path.unlink(missing_ok=True)
+        return
     if classifier.onnx_file is not None:
         path.write_bytes(Path(classifier.onnx_file).read_bytes())
         return

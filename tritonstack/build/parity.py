@@ -94,8 +94,6 @@ def parity_images() -> dict[str, bytes]:
 
 def compare(repository: Path, preset_name: str = "dali_efficientnet_lite0",
             images: dict[str, bytes] | None = None) -> ParityReport:
-    import onnxruntime as ort
-    from nvidia.dali import Pipeline
     from PIL import Image
 
     preset = preset_named(preset_name)
@@ -103,20 +101,10 @@ def compare(repository: Path, preset_name: str = "dali_efficientnet_lite0",
     repository = Path(repository)
     images = images or parity_images()
     encoded = list(images.values())
-    serialized = (repository / preset.preprocessing_name / VERSION / DALI_MODEL_FILENAME).read_bytes()
-    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=len(encoded), num_threads=2,
-                                    device_id=None, prefetch_queue_depth=1)
-    pipeline.build()
-    pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch(encoded)))
-    (dali_output,) = pipeline.run()
-    dali = np.asarray(dali_output.as_tensor())
+    dali = dali_tensors(repository, preset_name, encoded)
     p = classifier.preprocessing
     pillow = np.stack([preprocess(data, p.resize_shorter, p.crop, p.mean, p.std) for data in encoded])
-
-    session = ort.InferenceSession(str(repository / classifier.name / VERSION / ONNX_MODEL_FILENAME),
-                                   providers=["CPUExecutionProvider"])
-    scores_dali, scores_pillow = (session.run([classifier.output_name], {classifier.input_name: batch})[0]
-                                  for batch in (dali, pillow))
+    scores_dali, scores_pillow = (classify(repository, preset_name, batch) for batch in (dali, pillow))
     levels = np.abs(dali - pillow) * np.asarray(p.std, np.float32)[:, None, None]  # back to 0..255 units
     results = []
     for index, (name, data) in enumerate(images.items()):
@@ -132,6 +120,64 @@ def compare(repository: Path, preset_name: str = "dali_efficientnet_lite0",
             top5_overlap=len(set(top5_dali) & set(top5_pillow)),
         ))
     return ParityReport(preset=preset.name, images=tuple(results))
+
+
+def dali_tensors(repository: Path, preset_name: str, encoded: list[bytes]) -> np.ndarray:
+    """The preset's served DALI pipeline (its model.dali) run here on `encoded`."""
+    from nvidia.dali import Pipeline
+
+    preset = preset_named(preset_name)
+    serialized = (Path(repository) / preset.preprocessing_name / VERSION / DALI_MODEL_FILENAME).read_bytes()
+    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=len(encoded), num_threads=2,
+                                    device_id=None, prefetch_queue_depth=1)
+    pipeline.build()
+    pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch(encoded)))
+    (output,) = pipeline.run()
+    return np.asarray(output.as_tensor())
+
+
+def classify(repository: Path, preset_name: str, batch: np.ndarray) -> np.ndarray:
+    """The preset's classifier (its model.onnx) on preprocessed images: scores."""
+    import onnxruntime as ort
+
+    classifier = preset_named(preset_name).classifier
+    session = ort.InferenceSession(str(Path(repository) / classifier.name / VERSION / ONNX_MODEL_FILENAME),
+                                   providers=["CPUExecutionProvider"])
+    return session.run([classifier.output_name], {classifier.input_name: batch})[0]
+
+
+@dataclass(frozen=True)
+class ClassifierAgreement:
+    """One classifier against another on the same preprocessed images."""
+
+    reference: str
+    candidate: str
+    top1_same: tuple[bool, ...]
+    top5_overlaps: tuple[int, ...]
+
+    @property
+    def top1_agreement(self) -> float:
+        return float(np.mean(self.top1_same))
+
+    @property
+    def mean_top5_overlap(self) -> float:
+        return float(np.mean(self.top5_overlaps))
+
+
+def compare_classifiers(repository: Path, reference: str, candidate: str,
+                        images: dict[str, bytes] | None = None) -> ClassifierAgreement:
+    """Two presets' classifiers (e.g. FP32 and INT8) fed the reference preset's DALI
+    tensors for the parity corpus: top-1 agreement and top-5 overlap per image.
+    Agreement with a reference, not accuracy against ground truth."""
+    encoded = list((images or parity_images()).values())
+    tensors = dali_tensors(repository, reference, encoded)
+    top5 = [np.argsort(scores, axis=1)[:, ::-1][:, :5] for scores in
+            (classify(repository, reference, tensors), classify(repository, candidate, tensors))]
+    return ClassifierAgreement(
+        reference=reference, candidate=candidate,
+        top1_same=tuple(bool(a[0] == b[0]) for a, b in zip(*top5)),
+        top5_overlaps=tuple(len(set(a) & set(b)) for a, b in zip(*top5)),
+    )
 
 
 def format_report(report: ParityReport) -> str:

@@ -55,7 +55,9 @@ class Preset:
 
     @property
     def preprocessing_name(self) -> str:
-        return contract.preprocessing_name(self.name)
+        """A classifier derived from another (INT8 from FP32) shares its preprocessing model."""
+        source = self.classifier.derived_from or self.classifier.name
+        return contract.preprocessing_name(f"{self.preprocessor}_{source}")
 
     @property
     def ensemble_name(self) -> str:
@@ -66,6 +68,7 @@ PRESETS = (
     Preset(classifiers.EFFICIENTNET_LITE0, "dali"),
     Preset(classifiers.EFFICIENTNET_LITE0, "python"),
     Preset(classifiers.EFFICIENTNET_LITE2, "dali"),
+    Preset(classifiers.EFFICIENTNET_LITE0_INT8, "dali"),
 )
 
 

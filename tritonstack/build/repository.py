@@ -162,10 +162,12 @@ def write_repository(
     repository = Path(repository)
     changed: list[Path] = []
     sample = sample_jpeg()
-    written_classifiers = set()
+    written_classifiers, written_preprocessing = set(), set()
     for preset in presets:
-        LOGGER.info("%s: %s preprocessing", preset.name, preset.preprocessor)
-        changed += _write_preprocessing(repository / preset.preprocessing_name, preset, options, sample)
+        if preset.preprocessing_name not in written_preprocessing:  # shared by derived classifiers
+            written_preprocessing.add(preset.preprocessing_name)
+            LOGGER.info("%s: %s preprocessing", preset.name, preset.preprocessor)
+            changed += _write_preprocessing(repository / preset.preprocessing_name, preset, options, sample)
         if preset.classifier.name not in written_classifiers:
             written_classifiers.add(preset.classifier.name)
             changed += _write_classifier(repository / preset.classifier.name, preset.classifier, options)

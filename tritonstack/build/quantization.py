@@ -1,0 +1,75 @@
+"""INT8 classifiers: ONNX Runtime static quantization of an FP32 export.
+
+QDQ format (QuantizeLinear/DequantizeLinear pairs around each quantized operator,
+which ONNX Runtime's CPU provider fuses into integer kernels), weights INT8 per
+output channel, activations UINT8 per tensor, their ranges calibrated (min/max) on
+the project's photos preprocessed by the DALI pipeline itself, so that the ranges
+are those of the tensors the served model will get. The graph's input and output
+stay FP32: the ensemble and the backends see the same tensors as for the FP32 model.
+
+Three operators stay in float (common practice, and measured here): the final
+softmax, whose probabilities quantized to 8 bits would come in steps of 1/256 and
+collapse near-ties in the top 5; the classifier head (Gemm), which sets the ranking;
+and the first convolution, which sees the normalized pixels with only 3 input
+channels and costs little. Of the variants tried on the parity corpus (13 images,
+docs/performance.md), only this one kept every top-1; that corpus is small, and
+choosing on it makes its agreement figure optimistic.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tritonstack.build.classifiers import Classifier
+from tritonstack.contract import PREPROCESS_INPUT, pad_batch
+from tritonstack.samples import PHOTOS, photo_bytes
+
+# The project's photos (samples.PHOTOS) and scikit-image's other colour photos of
+# real scenes: more images give steadier activation ranges.
+CALIBRATION_PHOTOS = (*PHOTOS, "motorcycle_right.png", "coins.png", "camera.png", "hubble_deep_field.jpg")
+
+
+def calibration_tensors(classifier: Classifier) -> np.ndarray:
+    """The calibration photos through the DALI pipeline the build serializes for
+    this classifier's preprocessing (decode, resize, crop, normalize)."""
+    from nvidia.dali import Pipeline
+
+    from tritonstack.build.pipelines import serialize_pipeline
+
+    encoded = [photo_bytes(name) for name in CALIBRATION_PHOTOS]
+    serialized = serialize_pipeline(classifier.preprocessing, max_batch_size=len(encoded), num_threads=1)
+    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=len(encoded), num_threads=1,
+                                    device_id=None, prefetch_queue_depth=1)
+    pipeline.build()
+    pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch(encoded)))
+    (output,) = pipeline.run()
+    return np.asarray(output.as_tensor())
+
+
+def quantize_int8(classifier: Classifier, fp32_path: Path, int8_path: Path) -> None:
+    """Write the INT8 (QDQ, per-channel) version of `fp32_path` to `int8_path`."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
+                                          quantize_static)
+
+    tensors = calibration_tensors(classifier)
+
+    class Photos(CalibrationDataReader):
+        def __init__(self):
+            self._feeds = iter([{classifier.input_name: tensors[index:index + 1]} for index in range(len(tensors))])
+
+        def get_next(self):
+            return next(self._feeds, None)
+
+    graph = onnx.load(str(fp32_path), load_external_data=False).graph
+    kept_in_float = [node.name for node in graph.node if node.op_type in ("Softmax", "Gemm", "MatMul")]
+    kept_in_float += [node.name for node in graph.node if node.op_type == "Conv"][:1]
+    quantize_static(
+        str(fp32_path), str(int8_path), Photos(),
+        quant_format=QuantFormat.QDQ, per_channel=True,
+        weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8,
+        calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=kept_in_float,
+        calibration_providers=["CPUExecutionProvider"],
+    )
