@@ -84,16 +84,6 @@ class Classifier:
         digest.update(self.weights_path().read_bytes())
         digest.update(f"{self.arch} {self.preprocessing.crop} {torch.__version__}".encode())
         digest.update(inspect.getsource(export_onnx).encode())
-        if self.int8:
-            import onnxruntime
-
-            from tritonstack.build import pipelines, quantization
-            from tritonstack.samples import photo_bytes
-
-            digest.update(f"int8 {onnxruntime.__version__} {pipelines.DALI_VERSION} {self.preprocessing}".encode())
-            digest.update(inspect.getsource(quantization).encode())
-            for name in quantization.CALIBRATION_PHOTOS:
-                digest.update(photo_bytes(name))
         return digest.hexdigest()
 
 
@@ -146,18 +136,8 @@ def from_onnx(name: str, onnx_file: Path, labels_file: Path, preprocessing: Prep
 
 def export_onnx(classifier: Classifier, path: Path) -> None:
     """Export the classifier with a softmax head and a dynamic batch axis (or copy
-    a user's own ONNX file); an INT8 classifier is its FP32 export, quantized."""
+    a user's own ONNX file). INT8 classifiers: build/quantization.py."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if classifier.int8:
-        from tritonstack.build.quantization import quantize_int8
-
-        fp32_path = path.with_name(f".{path.name}.fp32")
-        try:
-            export_onnx(dataclasses.replace(classifier, int8=False, derived_from=""), fp32_path)
-            quantize_int8(classifier, fp32_path, path)
-        finally:
-            fp32_path.unlink(missing_ok=True)
-        return
     if classifier.onnx_file is not None:
         path.write_bytes(Path(classifier.onnx_file).read_bytes())
         return

@@ -18,11 +18,15 @@ choosing on it makes its agreement figure optimistic.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import inspect
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from tritonstack.build.classifiers import Classifier
+from tritonstack.build.classifiers import Classifier, export_onnx
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 from tritonstack.samples import PHOTOS, photo_bytes
 
@@ -73,3 +77,27 @@ def quantize_int8(classifier: Classifier, fp32_path: Path, int8_path: Path) -> N
         calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=kept_in_float,
         calibration_providers=["CPUExecutionProvider"],
     )
+
+
+def fingerprint(classifier: Classifier) -> str:
+    """The FP32 export's fingerprint, and what the quantization depends on: ONNX
+    Runtime, DALI, this module, the preprocessing and the calibration photos."""
+    import nvidia.dali
+    import onnxruntime
+
+    digest = hashlib.sha256(classifier.fingerprint().encode())
+    digest.update(f"int8 {onnxruntime.__version__} {nvidia.dali.__version__} {classifier.preprocessing}".encode())
+    digest.update(inspect.getsource(sys.modules[__name__]).encode())
+    for name in CALIBRATION_PHOTOS:
+        digest.update(photo_bytes(name))
+    return digest.hexdigest()
+
+
+def export_int8(classifier: Classifier, path: Path) -> None:
+    """The FP32 export of the classifier, quantized into `path`."""
+    fp32_path = path.with_name(f".{path.name}.fp32")
+    try:
+        export_onnx(dataclasses.replace(classifier, int8=False, derived_from=""), fp32_path)
+        quantize_int8(classifier, fp32_path, path)
+    finally:
+        fp32_path.unlink(missing_ok=True)

@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 
 from tritonstack import decode_budget
-from tritonstack.build import classifiers, pillow_model, pipelines
+from tritonstack.build import classifiers, pillow_model, pipelines, quantization
 from tritonstack.build.classifiers import Classifier
 from tritonstack.build.model_config import (
     DynamicBatching,
@@ -250,7 +250,7 @@ def _replace_atomically(path: Path, write) -> None:
 
 def _export_if_stale(classifier: Classifier, onnx_path: Path) -> list[Path]:
     stamp = onnx_path.with_name(f".{onnx_path.name}.fingerprint")
-    fingerprint = classifier.fingerprint()
+    fingerprint = quantization.fingerprint(classifier) if classifier.int8 else classifier.fingerprint()
     if onnx_path.exists() and stamp.exists() and stamp.read_text() == fingerprint:
         LOGGER.info("%s: model.onnx is up to date", classifier.name)
         return []
@@ -262,6 +262,7 @@ def _export_if_stale(classifier: Classifier, onnx_path: Path) -> list[Path]:
         # the weights package prints "Loaded pretrained weights": nothing a user
         # of this build can act on.
         warnings.simplefilter("ignore")
-        _replace_atomically(onnx_path, lambda partial: classifiers.export_onnx(classifier, partial))
+        export = quantization.export_int8 if classifier.int8 else classifiers.export_onnx
+        _replace_atomically(onnx_path, lambda partial: export(classifier, partial))
     stamp.write_text(fingerprint)
     return [onnx_path]
