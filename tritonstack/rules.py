@@ -166,6 +166,9 @@ def dali_autocomplete(config: dict, spec: PipelineSpec, pipeline_max_batch_size:
         if index == len(merged["output"]):
             merged["output"].append({"name": port.name})
         problems += _fill_tensor(model, "output", merged["output"][index], port, f"output {index}")
+    problems += _dali_names(model, merged, spec)  # inputs or outputs the pipeline lacks
+    kinds = {group.get("kind", "KIND_AUTO") for group in merged.get("instance_group", [])}
+    problems = [*gpu_operators_on_cpu(model, spec, "KIND_CPU" if "KIND_CPU" in kinds else ""), *problems]
     if stated_batch_size != 0 and int(merged.get("max_batch_size", 0)) <= 0:
         merged["max_batch_size"] = pipeline_max_batch_size
     if is_batched(merged) and not ({"dynamic_batching", "sequence_batching"} & merged.keys()):

@@ -97,6 +97,7 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self.supervisor: StubSupervisor | None = None
         self._workdir: Path | None = None
+        self._bytecode_before: set[Path] = set()
 
     @property
     def http_url(self) -> str:
@@ -171,13 +172,11 @@ class TritonServer:
         if not self.restricted_apis:
             LOGGER.warning("model control, shared memory and statistics APIs are open to any client")
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonstack-"))
+        self._bytecode_before = _bytecode_folders(self.model_repository)
         backends = self.install.assemble_backends(self._workdir / "backends")
         env = self.install.environment()
         env[REPOSITORY_ENV] = str(self.model_repository)
         env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
-        # The stubs import the repository's own Python (model.py, dali.py and its
-        # neighbours): no __pycache__ may land in the user's folders.
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 self.command(backends),
@@ -254,6 +253,7 @@ class TritonServer:
         _kill_group(self.process.pid)
         self.process.wait()
         remove_orphaned_stub_regions()
+        _remove_new_bytecode(self.model_repository, self._bytecode_before)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
         return self.process.returncode
@@ -281,6 +281,19 @@ def die_with_launcher(launcher_pid: int):
             os._exit(70)
 
     return set_parent_death_signal
+
+
+def _bytecode_folders(repository: Path) -> set[Path]:
+    return set(repository.glob("*/*/**/__pycache__"))
+
+
+def _remove_new_bytecode(repository: Path, before: set[Path]) -> None:
+    """Triton's Python backend stub imports a `backend: "python"` model's model.py
+    from the repository in an isolated interpreter (PYTHONDONTWRITEBYTECODE is
+    ignored there), which writes <model>/<version>/__pycache__: remove the bytecode
+    folders this server created, and nothing else. (Our dali backend writes none.)"""
+    for folder in _bytecode_folders(repository) - before:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _kill_group(pgid: int) -> None:
