@@ -226,8 +226,7 @@ def tensors(config: dict, kind: str) -> list[tuple]:
 
 
 def infer(http, model: str, arrays: dict[str, np.ndarray], outputs: list[str], version: str = "") -> dict:
-    request = rf._http_request(arrays, outputs)
-    result = http.infer(model, model_version=version, **request)
+    result = rf.infer_http(http, model, arrays, outputs, version)
     return {name: result.as_numpy(name) for name in outputs}
 
 
