@@ -9,7 +9,7 @@ then, after a grace period, SIGKILL of the whole group: no orphan is left behind
 A launcher that is itself killed (SIGKILL, the OOM killer, a CI timeout) cannot do
 that: the kernel does it instead, since tritonserver is started with
 PR_SET_PDEATHSIG=SIGKILL (`die_with_launcher`), and the Python backend stubs leave
-when their server is gone (tests/test_server.py shows both). The signal follows the
+when their server is gone (tests/test_launcher_cli.py shows both). The signal follows the
 *thread* that started the server: start it from a thread that outlives it (the
 main thread, as every caller here does).
 
@@ -291,7 +291,8 @@ def _remove_new_bytecode(repository: Path, before: set[Path]) -> None:
     """Triton's Python backend stub imports a `backend: "python"` model's model.py
     from the repository in an isolated interpreter (PYTHONDONTWRITEBYTECODE is
     ignored there), which writes <model>/<version>/__pycache__: remove the bytecode
-    folders this server created, and nothing else. (Our dali backend writes none.)"""
+    folders that appeared while this server ran, and nothing else (a SIGKILLed
+    launcher cannot; our dali backend writes none)."""
     for folder in _bytecode_folders(repository) - before:
         shutil.rmtree(folder, ignore_errors=True)
 
