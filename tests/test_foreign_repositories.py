@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from onnx import TensorProto
+from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
@@ -87,6 +87,16 @@ HEADER = 'backend: "{backend}"\n'
 def qa_pipeline(batch_size: int = 256, input0_dtype: bool = True) -> str:
     dtype = "dtype=dali.types.FLOAT16, " if input0_dtype else ""
     return QA_PIPELINE.format(batch_size=batch_size, input0_dtype=dtype)
+
+
+def scalar_per_sample_graph() -> bytes:
+    """Y = X + X on shape [batch]: one scalar per sample."""
+    graph = helper.make_graph([helper.make_node("Add", ["X", "X"], ["Y"])], "scalar",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch"])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
 
 
 def non_batching_graph() -> bytes:
@@ -156,6 +166,8 @@ output [ { name: "HALF" dims: [ -1 ] }, { name: "TRIPLE" data_type: TYPE_FP32 } 
     },
     # onnxruntime: only the backend (AutoCompleteIO fills both lists, batching from the graph).
     "onnx_bare": {"config.pbtxt": 'backend: "onnxruntime"\n', "1/model.onnx": rf.add_graph()},
+    # onnxruntime: a scalar per sample: dims [1] reshaped to [] (AutoCompleteIO).
+    "onnx_scalar": {"config.pbtxt": 'backend: "onnxruntime"\n', "1/model.onnx": scalar_per_sample_graph()},
     # onnxruntime: inputs listed, outputs left out: the outputs come from the graph.
     "onnx_inputs_only": {
         "config.pbtxt": 'backend: "onnxruntime"\nmax_batch_size: 2\n'
@@ -350,6 +362,14 @@ def test_onnx_bare_config_is_completed_from_the_graph(http):
     assert tensors(config, "input") == [("X", "TYPE_FP32", [4])]
     assert tensors(config, "output") == [("Y", "TYPE_FP32", [4])]
     assert config["max_batch_size"] == 4 and "dynamic_batching" in config  # default-max-batch-size
+
+
+def test_onnx_scalar_per_sample_is_reshaped(http):
+    config = loaded_config(http, "onnx_scalar")
+    assert tensors(config, "input") == [("X", "TYPE_FP32", [1])]
+    assert [int(d) for d in config["input"][0]["reshape"].get("shape", [])] == []
+    x = np.array([[1], [2], [3]], np.float32)
+    np.testing.assert_array_equal(infer(http, "onnx_scalar", {"X": x}, ["Y"])["Y"], x * 2)
 
 
 def test_onnx_missing_output_list_is_filled(http):

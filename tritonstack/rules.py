@@ -272,9 +272,17 @@ def onnx_autocomplete(config: dict, inputs: list[GraphTensor], outputs: list[Gra
     skip = 1 if max_batch_size > 0 else 0
     for key, listed, graph in (("input", listed_inputs, inputs), ("output", listed_outputs, outputs)):
         if not listed:
-            merged[key] = [{"name": t.name, "data_type": t.data_type, "dims": list(t.shape[skip:]) or [1]}
-                           for t in graph]
+            merged[key] = [_graph_io(t, skip) for t in graph]
     return merged, []
+
+
+def _graph_io(tensor: GraphTensor, skip: int) -> dict:
+    io = {"name": tensor.name, "data_type": tensor.data_type, "dims": list(tensor.shape[skip:])}
+    if not io["dims"]:  # a scalar per sample: dims [1], reshaped to [] when batched (AutoCompleteIO)
+        io["dims"] = [1]
+        if skip:
+            io["reshape"] = {"shape": []}
+    return io
 
 
 def _unfilled(model: str, config: dict, inputs: list[GraphTensor], outputs: list[GraphTensor]) -> list[Problem]:
@@ -304,7 +312,9 @@ def _onnx_tensor(model: str, kind: str, tensor: dict, graph: GraphTensor, batche
                                 f"set data_type: {graph.data_type}"))
     if "dims" not in tensor:
         return problems
-    dims = ([-1] if batched else []) + dims_of(tensor)
+    # the model sees `reshape.shape` where the config gives one (dims are the wire shape)
+    shape = dims_of({"dims": tensor["reshape"].get("shape", [])}) if "reshape" in tensor else dims_of(tensor)
+    dims = ([-1] if batched else []) + shape
     compatible = len(dims) == len(graph.shape) and all(
         c == g or -1 in (c, g) for c, g in zip(dims, graph.shape))
     if not compatible:
