@@ -103,12 +103,11 @@ def _existing_repository(path: Path) -> None:
 
 def _built_repository(path: Path) -> None:
     """Exit 2, as the launcher: a fresh clone has nothing to check yet."""
-    from tritonstack.rules import unbuilt_message, unbuilt_models
+    from tritonstack.rules import unservable_reason
 
-    _existing_repository(path)
-    unbuilt = unbuilt_models(path)
-    if unbuilt:
-        raise cli.UsageError(unbuilt_message(path, unbuilt))
+    reason = unservable_reason(path)
+    if reason:
+        raise cli.UsageError(reason)
 
 
 def _floats3(text: str) -> tuple[float, float, float]:

@@ -59,6 +59,7 @@ from tritonstack.client.preflight import check_model  # noqa: E402
 from tritonstack.client.retry import NO_RETRY, RetryPolicy  # noqa: E402
 from tritonstack.contract import admin_headers, pad_batch  # noqa: E402
 from tritonstack.serve.launcher import TritonServer  # noqa: E402
+from tritonstack.rules import unservable_reason  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CLASSIFIER = "efficientnet_lite0"
@@ -676,8 +677,9 @@ def benchmark(argv: list[str] | None) -> int:
     running.add_argument("--server-pid", type=int, help="tritonserver's process id on this host, for CPU and memory")
     args = parser.parse_args(argv)
     settings = SMOKE if args.smoke else QUICK if args.quick else FULL
-    if not args.model_repository.is_dir():
-        raise cli.UsageError(f"{args.model_repository}: no such folder (a fresh clone needs `make build` first)")
+    reason = unservable_reason(args.model_repository)
+    if reason:
+        raise cli.UsageError(reason)
     # A given server is used as it is (once it answers); else run() starts one after the in-process reference.
     http_url, grpc_url, metrics_url = given_endpoints(args.url, args.grpc_url, args.metrics_url)
     server = GivenServer(http_url, grpc_url or http_url, metrics_url, args.server_pid) if http_url else None

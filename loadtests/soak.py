@@ -46,6 +46,7 @@ from tritonstack.client.retry import NO_RETRY, describe_error
 from tritonstack.samples import PHOTOS, photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.supervision import server_stubs
+from tritonstack.rules import unservable_reason
 
 MAX_GROWTH_PCT = 2.0
 # Shortest window after warm-up over which the memory is judged (docs/memory.md).
@@ -311,8 +312,9 @@ def soak(argv: list[str] | None) -> int:
                         help="served by a server of the soak's own, on free loopback ports")
     parser.add_argument("--out", type=Path, default=Path("reports/soak.json"), help="JSON report")
     args = parser.parse_args(argv)
-    if not args.model_repository.is_dir():
-        raise cli.UsageError(f"{args.model_repository}: no such folder (a fresh clone needs `make build` first)")
+    reason = unservable_reason(args.model_repository)
+    if reason:
+        raise cli.UsageError(reason)
     if args.duration <= 0 or not 0 <= args.bad_ratio <= 1:
         parser.error("--duration must be above 0 and --bad-ratio between 0 and 1")
     with TritonServer(args.model_repository) as server:

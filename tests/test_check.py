@@ -15,7 +15,7 @@ from tests import repo_factory as rf
 from tests.conftest import PROJECT_ROOT
 from tests.test_build import build
 from tritonstack.build.check import check_repository
-from tritonstack.build.model_config import Tensor, read_config
+from tritonstack.build.model_config import ModelConfig, Tensor, read_config
 from tritonstack.contract import CONFIG_FILENAME
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
@@ -187,7 +187,7 @@ def test_unbuilt_or_missing_repository_exits_2_in_one_line(model_repository, tmp
     assert unbuilt.returncode == 2
     assert unbuilt.stdout == "" and len(unbuilt.stderr.splitlines()) == 1 and "run `make build`" in unbuilt.stderr
     missing = run_check(tmp_path / "nonexistent")
-    assert missing.returncode == 2 and "nonexistent: no such folder" in missing.stderr
+    assert missing.returncode == 2 and "nonexistent: no such folder" in missing.stderr and "make build" in missing.stderr
 
 
 # --- the rules the tests above leave out, one test each --------------------------
@@ -262,3 +262,25 @@ def test_ensemble_output_no_step_produces(repo):
     edit(repo, ENSEMBLE, lambda config: config.output.add(name="EXTRA", data_type=pb.TYPE_FP32, dims=[1]))
     assert f"{ENSEMBLE}: output 'EXTRA': no step's output_map produces it; map a step output to it" \
         in problems_of(repo)
+
+
+def test_check_completes_configs_as_the_backends_do(tmp_path):
+    """The same auto-complete rules offline (tritonstack.rules): a config-less
+    `<name>.dali` folder and partial configs pass; what the backends would refuse
+    at load is refused here, with the same words."""
+    from tests import repo_factory as rf
+    from tests.test_foreign_repositories import MODELS
+
+    for model in ("no_config_file.dali", "onnx_bare", "onnx_inputs_only", "onnx_cannot_batch", "onnx_listed_untyped"):
+        for relative, content in MODELS[model].items():
+            path = tmp_path / model / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content.encode() if isinstance(content, str) else content)
+    # No instance group: check runs only KIND_CPU pipelines, on a JPEG (these take floats).
+    partial = ModelConfig(name="partial_dali", backend="dali", inputs=(Tensor("A", "FP32", ()),), outputs=(),
+                          max_batch_size=None)
+    rf.write_model(tmp_path, partial, {"model.dali": rf.serialized(rf.two_in_two_out_pipeline)})
+    problems = sorted(str(problem) for problem in check_repository(tmp_path))
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("onnx_cannot_batch: max_batch_size") and "cannot batch" in problems[0]
+    assert problems[1].startswith("onnx_listed_untyped: input.data_type 'X'") and "TYPE_FP32" in problems[1]

@@ -166,6 +166,9 @@ def dali_autocomplete(config: dict, spec: PipelineSpec, pipeline_max_batch_size:
         if index == len(merged["output"]):
             merged["output"].append({"name": port.name})
         problems += _fill_tensor(model, "output", merged["output"][index], port, f"output {index}")
+    problems += _dali_names(model, merged, spec)  # inputs or outputs the pipeline lacks
+    kinds = {group.get("kind", "KIND_AUTO") for group in merged.get("instance_group", [])}
+    problems = [*gpu_operators_on_cpu(model, spec, "KIND_CPU" if "KIND_CPU" in kinds else ""), *problems]
     if stated_batch_size != 0 and int(merged.get("max_batch_size", 0)) <= 0:
         merged["max_batch_size"] = pipeline_max_batch_size
     if is_batched(merged) and not ({"dynamic_batching", "sequence_batching"} & merged.keys()):
@@ -269,9 +272,17 @@ def onnx_autocomplete(config: dict, inputs: list[GraphTensor], outputs: list[Gra
     skip = 1 if max_batch_size > 0 else 0
     for key, listed, graph in (("input", listed_inputs, inputs), ("output", listed_outputs, outputs)):
         if not listed:
-            merged[key] = [{"name": t.name, "data_type": t.data_type, "dims": list(t.shape[skip:]) or [1]}
-                           for t in graph]
+            merged[key] = [_graph_io(t, skip) for t in graph]
     return merged, []
+
+
+def _graph_io(tensor: GraphTensor, skip: int) -> dict:
+    io = {"name": tensor.name, "data_type": tensor.data_type, "dims": list(tensor.shape[skip:])}
+    if not io["dims"]:  # a scalar per sample: dims [1], reshaped to [] when batched (AutoCompleteIO)
+        io["dims"] = [1]
+        if skip:
+            io["reshape"] = {"shape": []}
+    return io
 
 
 def _unfilled(model: str, config: dict, inputs: list[GraphTensor], outputs: list[GraphTensor]) -> list[Problem]:
@@ -301,7 +312,9 @@ def _onnx_tensor(model: str, kind: str, tensor: dict, graph: GraphTensor, batche
                                 f"set data_type: {graph.data_type}"))
     if "dims" not in tensor:
         return problems
-    dims = ([-1] if batched else []) + dims_of(tensor)
+    # the model sees `reshape.shape` where the config gives one (dims are the wire shape)
+    shape = dims_of({"dims": tensor["reshape"].get("shape", [])}) if "reshape" in tensor else dims_of(tensor)
+    dims = ([-1] if batched else []) + shape
     compatible = len(dims) == len(graph.shape) and all(
         c == g or -1 in (c, g) for c, g in zip(dims, graph.shape))
     if not compatible:
@@ -346,3 +359,13 @@ def unbuilt_message(repository: Path, models: list[str]) -> str:
     """One line for an unbuilt repository."""
     shown = ", ".join(models[:3]) + (f" and {len(models) - 3} more" if len(models) > 3 else "")
     return f"{repository}: not built, {shown} without model files: {BUILD_FIX}"
+
+
+def unservable_reason(repository: Path) -> str | None:
+    """One line saying why a local repository cannot be served yet (no such folder,
+    or not built), else None: the launcher, check, the benchmark and the soak say it
+    alike."""
+    if not Path(repository).is_dir():
+        return f"{repository}: no such folder ({BUILD_FIX})"
+    unbuilt = unbuilt_models(repository)
+    return unbuilt_message(repository, unbuilt) if unbuilt else None

@@ -116,6 +116,9 @@ def _autoserialize(script_path: Path, cpu_only: bool) -> bytes:
     spec = importlib.util.spec_from_file_location(f"_dali_model_{abs(hash(script_path))}", script_path)
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(script_path.parent))  # dali.py may import its neighbours
+    # No __pycache__ in the user's repository (the stub's interpreter is isolated:
+    # it ignores PYTHONDONTWRITEBYTECODE).
+    writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         spec.loader.exec_module(module)
         functions = _discover_autoserialize(module, visited=[])
@@ -127,6 +130,7 @@ def _autoserialize(script_path: Path, cpu_only: bool) -> bytes:
         raise RuntimeError(f"{script_path}: @autoserialize failed: {error}") from error
     finally:
         sys.path.remove(str(script_path.parent))
+        sys.dont_write_bytecode = writes_bytecode
     return serialized
 
 

@@ -212,7 +212,7 @@ def _check_dali(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
     # Complete the config as the backend will (the C++ backend's merge); the
     # batch size it would fill does not change any problem.
     stated = rules.stated_max_batch_size((model_dir / CONFIG_FILENAME).read_text())
-    as_dict, problems = rules.dali_autocomplete(config_dict(config), spec, 0, stated)
+    as_dict, problems = rules.dali_autocomplete(_named_dict(model_dir, config), spec, 0, stated)
     problems += [problem for kind in sorted(kinds) for problem in rules.dali_problems(as_dict, spec, kind)]
     return list(dict.fromkeys(problems))  # one line per problem, whatever the instance groups
 
@@ -259,8 +259,13 @@ def _check_onnx(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
     initializers = {t.name for t in graph.initializer}
     inputs = [_graph_tensor(t) for t in graph.input if t.name not in initializers]
     outputs = [_graph_tensor(t) for t in graph.output]
-    as_dict, problems = rules.onnx_autocomplete(config_dict(config), inputs, outputs)  # as the backend will
+    as_dict, problems = rules.onnx_autocomplete(_named_dict(model_dir, config), inputs, outputs)  # as the backend will
     return problems + rules.onnx_problems(as_dict, inputs, outputs)
+
+
+def _named_dict(model_dir: Path, config: pb.ModelConfig) -> dict:
+    """The config as a backend receives it: Triton names a model after its folder."""
+    return {"name": model_dir.name, **config_dict(config)}
 
 
 def _graph_tensor(value_info) -> rules.GraphTensor:

@@ -9,7 +9,7 @@ then, after a grace period, SIGKILL of the whole group: no orphan is left behind
 A launcher that is itself killed (SIGKILL, the OOM killer, a CI timeout) cannot do
 that: the kernel does it instead, since tritonserver is started with
 PR_SET_PDEATHSIG=SIGKILL (`die_with_launcher`), and the Python backend stubs leave
-when their server is gone (tests/test_server.py shows both). The signal follows the
+when their server is gone (tests/test_launcher_cli.py shows both). The signal follows the
 *thread* that started the server: start it from a thread that outlives it (the
 main thread, as every caller here does).
 
@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tritonstack.contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV, admin_headers
-from tritonstack.rules import unbuilt_message, unbuilt_models
+from tritonstack.rules import unservable_reason
 from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
 from tritonstack.serve import security
@@ -119,6 +119,7 @@ class TritonServer:
         self._workdir: Path | None = None
         self._backends: Path | None = None
         self._stopping = threading.Event()
+        self._bytecode_before: set[Path] = set()
 
     @property
     def http_url(self) -> str:
@@ -182,11 +183,9 @@ class TritonServer:
     def check_repository(self) -> None:
         if not isinstance(self.model_repository, Path):
             return  # object storage: Triton says what is wrong with it
-        if not self.model_repository.is_dir():
-            raise UnservableRepository(f"{self.model_repository}: no such model repository folder")
-        unbuilt = unbuilt_models(self.model_repository)
-        if unbuilt:
-            raise UnservableRepository(unbuilt_message(self.model_repository, unbuilt))
+        reason = unservable_reason(self.model_repository)
+        if reason:
+            raise UnservableRepository(reason)
 
     def start(self) -> "TritonServer":
         self.check_repository()
@@ -196,6 +195,8 @@ class TritonServer:
             LOGGER.warning("model control, shared memory and statistics APIs are open to any client")
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonstack-"))
         self._backends = self.install.assemble_backends(self._workdir / "backends")
+        if isinstance(self.model_repository, Path):
+            self._bytecode_before = _bytecode_folders(self.model_repository)
         if self.supervise:
             self.on_ready.append(_supervise_stubs)
         try:
@@ -217,9 +218,6 @@ class TritonServer:
             # repository is a temporary folder nobody is told of.
             env[REPOSITORY_ENV] = str(self.model_repository)
         env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
-        # The stubs import the repository's own Python (model.py, dali.py and its
-        # neighbours): no __pycache__ may land in the user's folders.
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.update(self.environment)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -312,6 +310,8 @@ class TritonServer:
                 _kill_group(self.process.pid)
                 self.process.wait()
         remove_orphaned_stub_regions()
+        if isinstance(self.model_repository, Path):
+            _remove_new_bytecode(self.model_repository, self._bytecode_before)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
         return self.process.returncode
@@ -353,6 +353,18 @@ def _supervise_stubs(server: TritonServer) -> None:
 def is_remote_repository(location: str | os.PathLike) -> bool:
     """A repository Triton fetches from object storage rather than a local folder."""
     return str(location).startswith(REMOTE_REPOSITORY_SCHEMES)
+def _bytecode_folders(repository: Path) -> set[Path]:
+    return set(repository.glob("*/*/**/__pycache__"))
+
+
+def _remove_new_bytecode(repository: Path, before: set[Path]) -> None:
+    """Triton's Python backend stub imports a `backend: "python"` model's model.py
+    from the repository in an isolated interpreter (PYTHONDONTWRITEBYTECODE is
+    ignored there), which writes <model>/<version>/__pycache__: remove the bytecode
+    folders that appeared while this server ran, and nothing else (a SIGKILLed
+    launcher cannot; our dali backend writes none)."""
+    for folder in _bytecode_folders(repository) - before:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _kill_group(pgid: int) -> None:
