@@ -283,3 +283,12 @@ def test_locust_configmap_carries_the_projects_own_users():
     dockerfile = (PROJECT_ROOT / "deploy" / "locust" / "Dockerfile").read_text()
     assert all(package in dockerfile for package in ("locust", "gevent", "scikit-image", ".[client]"))
 
+
+
+def test_install_command_in_docs_renders():
+    """The GPU mode's documented install command is one the chart accepts."""
+    doc = (PROJECT_ROOT / "docs" / "kubernetes.md").read_text()
+    command = next(line for line in doc.splitlines() if line.startswith("helm install") and "values-gpu" in line)
+    args = shlex.split(command.replace("deploy/helm/image-classifier", str(CHART)))
+    assert args[:2] == ["helm", "install"]
+    helm("template", *args[2:])
