@@ -9,6 +9,7 @@ endpoints, no secret in a ConfigMap, Locust workers reach their master."""
 from __future__ import annotations
 
 import functools
+import json
 import re
 import shlex
 import subprocess
@@ -292,3 +293,14 @@ def test_install_command_in_docs_renders():
     args = shlex.split(command.replace("deploy/helm/image-classifier", str(CHART)))
     assert args[:2] == ["helm", "install"]
     helm("template", *args[2:])
+
+
+def test_local_mode_fill_pod_in_docs_is_a_valid_pod_on_the_charts_claim():
+    doc = (PROJECT_ROOT / "docs" / "kubernetes.md").read_text()
+    command = next(line for line in doc.splitlines() if line.startswith("kubectl run fill-models"))
+    overrides = json.loads(shlex.split(command.split("--overrides=", 1)[1])[0])
+    pod = {"kind": "Pod", "metadata": {"name": "fill-models"}, **overrides}
+    kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+    (volume,) = pod["spec"]["volumes"]
+    claim = one(render("local"), "PersistentVolumeClaim")["metadata"]["name"]
+    assert volume["persistentVolumeClaim"]["claimName"] == claim

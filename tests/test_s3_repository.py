@@ -7,6 +7,8 @@ the session's server does from the local folder."""
 
 from __future__ import annotations
 
+import logging
+
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
@@ -28,6 +30,7 @@ MODELS = (DEFAULT_MODEL, preprocessing_name(DEFAULT_PRESET), "efficientnet_lite0
 def s3_endpoint(monkeypatch_module):
     port = free_port(LOOPBACK)
     moto = ThreadedMotoServer(ip_address=LOOPBACK, port=port, verbose=False)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per S3 request otherwise
     # Triton's S3 client and boto3 both read these; moto accepts any credentials.
     for name, value in (("AWS_ACCESS_KEY_ID", "test-key-id"), ("AWS_SECRET_ACCESS_KEY", "test-secret"),
                         ("AWS_DEFAULT_REGION", "us-east-1")):

@@ -26,7 +26,8 @@ def _interrupt(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run tritonserver on a model repository until Ctrl-C.")
-    parser.add_argument("--model-repository", default="model_repository")
+    parser.add_argument("--model-repository", default="model_repository",
+                        help="a folder, or object storage Triton reads itself: s3://[host:port/]bucket/path")
     parser.add_argument("--host", default=LOOPBACK, help="address to bind (default: loopback only)")
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
