@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
+import csv
 import shlex
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtests.metrics import QUEUE_US, SUCCESS
 from tests.conftest import PROJECT_ROOT
 from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL
+from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
 
 CHART = PROJECT_ROOT / "deploy" / "helm" / "image-classifier"
@@ -304,3 +308,60 @@ def test_local_mode_fill_pod_in_docs_is_a_valid_pod_on_the_charts_claim():
     (volume,) = pod["spec"]["volumes"]
     claim = one(render("local"), "PersistentVolumeClaim")["metadata"]["name"]
     assert volume["persistentVolumeClaim"]["claimName"] == claim
+
+
+def test_rendered_locust_pods_run_a_bounded_test_against_the_server(server, tmp_path):
+    """The master's and the worker's rendered commands, run here as the pods would:
+    users from the ConfigMap's files only, cluster names mapped to loopback."""
+    http_port, grpc_port = server.http_url.rsplit(":", 1)[1], server.grpc_url.rsplit(":", 1)[1]
+    objects = render("local", "locust.enabled=true", "locust.workers=1", "locust.users=2", "locust.spawnRate=2",
+                     "locust.runTime=4s", f"locust.masterPort={free_port(LOOPBACK)}", "locust.workersMaxWaitSeconds=60",
+                     f"server.ports.http={http_port}", f"server.ports.grpc={grpc_port}",
+                     f"locust.extraArgs={{--master-bind-host={LOOPBACK}}}")
+    mount = tmp_path / "locust" / "loadtests"
+    mount.mkdir(parents=True)
+    for name, text in one(objects, "ConfigMap", f"{RELEASE}-image-classifier-locust")["data"].items():
+        (mount / name).write_text(text)
+    (tmp_path / "reports").mkdir()
+    names = {f"{RELEASE}-image-classifier-locust-master": LOOPBACK, f"{RELEASE}-image-classifier": LOOPBACK}
+
+    def as_here(container: dict) -> tuple[list[str], dict[str, str]]:
+        args = []
+        for arg in container["args"]:
+            arg = arg.replace("/locust/", f"{tmp_path}/locust/").replace("/reports/", f"{tmp_path}/reports/")
+            for service, address in names.items():  # the longer name first
+                arg = arg.replace(f"={service}", f"={address}").replace(f"//{service}:", f"//{address}:")
+            args.append(arg)
+        env = {e["name"]: e["value"].replace("/locust", f"{tmp_path}/locust") for e in container.get("env", [])}
+        (command,) = container["command"]
+        return [str(Path(sys.executable).parent / command), *args], env
+
+    processes = []
+    try:
+        for workload in (one(objects, "Job"), one(objects, "Deployment", f"{RELEASE}-image-classifier-locust-worker")):
+            command, env = as_here(one_container(workload))
+            # cwd: a folder without the project, so only the mounted users are importable.
+            processes.append(subprocess.Popen(command, cwd=tmp_path, env={**_base_env(), **env},
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        master, worker = processes
+        deadline = time.monotonic() + 120
+        while master.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert master.poll() == 0, master.stderr.read().decode()[-3000:] if master.poll() is not None else "hung"
+        while worker.poll() is None and time.monotonic() < deadline:  # the master told it to quit
+            time.sleep(0.2)
+        assert worker.poll() is not None, "the worker did not stop with its master"
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+    with open(tmp_path / "reports" / f"{RELEASE}_stats.csv") as stats:
+        total = next(row for row in csv.DictReader(stats) if row["Name"] == "Aggregated")
+    assert int(total["Request Count"]) > 0 and int(total["Failure Count"]) == 0, total
+    assert (tmp_path / "reports" / f"{RELEASE}.html").is_file()
+
+
+def _base_env() -> dict[str, str]:
+    """This environment without PYTHONPATH: the pod's own decides what imports."""
+    return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
