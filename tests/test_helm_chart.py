@@ -8,15 +8,18 @@ endpoints, no secret in a ConfigMap, Locust workers reach their master."""
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import os
 import re
-import csv
+import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -28,7 +31,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtests.metrics import QUEUE_US, SUCCESS
 from tests.conftest import PROJECT_ROOT
 from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.network import LOOPBACK, free_port
+from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions
 from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
 
 CHART = PROJECT_ROOT / "deploy" / "helm" / "image-classifier"
@@ -365,3 +372,63 @@ def test_rendered_locust_pods_run_a_bounded_test_against_the_server(server, tmp_
 def _base_env() -> dict[str, str]:
     """This environment without PYTHONPATH: the pod's own decides what imports."""
     return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+
+
+def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_repository, tmp_path):
+    """The Deployment's tritonserver command line, run with this machine's
+    tritonserver (the release of the chart's NGC image) as the pod would run it:
+    the repository mounted at its path, the key from the Secret's variable
+    expanded as the kubelet does. Loopback instead of 0.0.0.0 (this machine's
+    rule), our Python-based backends instead of the container's C++ ones."""
+    ports = {kind: free_port(LOOPBACK) for kind in ("http", "grpc", "metrics")}
+    container = triton_container(render("local", *(f"server.ports.{k}={v}" for k, v in ports.items())))
+    key = secrets.token_urlsafe(16)
+    mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "models")
+    args = [arg.replace("$(" + ADMIN_KEY_ENV + ")", key).replace("=0.0.0.0", f"={LOOPBACK}")
+            .replace(f"--model-repository={mount}", f"--model-repository={model_repository}")
+            for arg in container["args"]]
+    install = TritonInstall.from_pytriton()
+    backends = install.assemble_backends(tmp_path / "backends")
+    base = f"http://{LOOPBACK}:{ports['http']}"
+    with open(tmp_path / "tritonserver.log", "wb") as log:
+        process = subprocess.Popen([str(install.binary), *args, f"--backend-directory={backends}"],
+                                   env=install.environment(), stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        startup = container["startupProbe"]["httpGet"]["path"]
+        deadline = time.monotonic() + 180
+        while _status(base + startup) != 200:
+            assert process.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "tritonserver.log").read_text()[-3000:]
+            time.sleep(0.2)
+        for probe in HEALTH:
+            assert _status(base + container[probe]["httpGet"]["path"]) == 200, probe
+        # Restricted: statistics answer only with the key; inference is open.
+        assert _status(f"{base}/v2/models/stats") == 403
+        assert _status(f"{base}/v2/models/stats", {"tritonstack-admin-key": key}) == 200
+        with ClassifierClient(f"{LOOPBACK}:{ports['grpc']}", "grpc") as client:
+            top = client.classify([photo_bytes("coffee.png")], top_k=1)[0]
+        assert top[0].label in PHOTOS["coffee.png"]
+        # SIGTERM (what the kubelet sends after preStop): Triton exits within its
+        # exit timeout, inside the grace period the pod grants.
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=int(flag(args, "exit-timeout-secs")) + 5)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        try:  # the stubs of its process group
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        remove_orphaned_stub_regions()  # what a killed stub leaves in /dev/shm
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0
