@@ -432,3 +432,14 @@ def _status(url: str, headers: dict[str, str] | None = None) -> int:
         return error.code
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return 0
+
+
+@pytest.mark.parametrize("setting", ["mode=laptop", "server.adminKey.key=sekrit", "autoscaling.kind=vpa",
+                                     "locust.runTime=forever", "modelRepository.s3.url=gs://bucket/models"])
+def test_values_schema_refuses_what_the_chart_cannot_serve(setting):
+    """A key in values, an unknown mode or autoscaler, an unbounded Locust run, a
+    non-S3 URL: refused at render time, before anything reaches a cluster."""
+    done = subprocess.run([str(HELM), "template", RELEASE, str(CHART), "--set", setting],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "values don't meet the specifications of the schema" in done.stderr, \
+        (setting, done.stderr[-500:])
