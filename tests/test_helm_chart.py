@@ -9,7 +9,6 @@ endpoints, no secret in a ConfigMap, Locust workers reach their master."""
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import os
 import re
@@ -19,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -29,20 +27,17 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.metrics import QUEUE_US, SUCCESS
+from tests.chart import (CHART, HELM, RELEASE, flag, free_server_ports, helm, http_status, one, one_container,
+                         render, serve_rendered, triton_container)
 from tests.conftest import PROJECT_ROOT
 from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.samples import PHOTOS, photo_bytes
-from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.network import LOOPBACK, free_port
-from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions
 from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
 
-CHART = PROJECT_ROOT / "deploy" / "helm" / "image-classifier"
-HELM = Path(sys.executable).parent / "helm"  # where `make tools` puts it
 KUBERNETES_VERSION = "1.33.0"
 MODES = ("gpu", "cpu", "local")
-RELEASE = "clf"
 # Custom resources: kubernetes-validate has no schema for them (their operators' CRDs
 # define them); they are checked by the assertions below instead.
 CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("keda.sh/v1alpha1", "ScaledObject")}
@@ -51,44 +46,6 @@ EVERYTHING = ("locust.enabled=true", "metrics.serviceMonitor.enabled=true")
 HEALTH = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready",
           "startupProbe": "/v2/health/ready"}
 LOADTEST_FILES = ("__init__.py", "locustfile.py", "users.py", "corpus.py")
-
-
-def helm(*args: str) -> subprocess.CompletedProcess:
-    if not HELM.is_file():
-        pytest.fail(f"{HELM} is missing: run `make tools`")
-    done = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-    return done
-
-
-@functools.cache  # callers only read the objects
-def render(mode: str, *sets: str) -> list[dict]:
-    args = ["template", RELEASE, str(CHART), "-f", str(CHART / f"values-{mode}.yaml")]
-    for setting in sets:
-        args += ["--set", setting]
-    return [doc for doc in yaml.safe_load_all(helm(*args).stdout) if doc]
-
-
-def one(objects: list[dict], kind: str, name: str | None = None) -> dict:
-    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
-    assert len(found) == 1, f"{len(found)} {kind} {name or ''}: {[o['metadata']['name'] for o in found]}"
-    return found[0]
-
-
-def triton_container(objects: list[dict]) -> dict:
-    deployment = one(objects, "Deployment", f"{RELEASE}-image-classifier")
-    return one_container(deployment)
-
-
-def one_container(workload: dict) -> dict:
-    (container,) = workload["spec"]["template"]["spec"]["containers"]
-    return container
-
-
-def flag(args: list[str], name: str) -> str:
-    values = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"--{name}=")]
-    assert len(values) == 1, (name, args)
-    return values[0]
 
 
 @pytest.fixture(scope="module")
@@ -376,62 +333,26 @@ def _base_env() -> dict[str, str]:
 
 def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_repository, tmp_path):
     """The Deployment's tritonserver command line, run with this machine's
-    tritonserver (the release of the chart's NGC image) as the pod would run it:
-    the repository mounted at its path, the key from the Secret's variable
-    expanded as the kubelet does. Loopback instead of 0.0.0.0 (this machine's
-    rule), our Python-based backends instead of the container's C++ ones."""
-    ports = {kind: free_port(LOOPBACK) for kind in ("http", "grpc", "metrics")}
-    container = triton_container(render("local", *(f"server.ports.{k}={v}" for k, v in ports.items())))
+    tritonserver (the release of the chart's NGC image) as the pod would run it
+    (tests/chart.py), the built repository at the claim's mount path."""
+    container = triton_container(render("local", *free_server_ports()))
     key = secrets.token_urlsafe(16)
-    mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "models")
-    args = [arg.replace("$(" + ADMIN_KEY_ENV + ")", key).replace("=0.0.0.0", f"={LOOPBACK}")
-            .replace(f"--model-repository={mount}", f"--model-repository={model_repository}")
-            for arg in container["args"]]
-    install = TritonInstall.from_pytriton()
-    backends = install.assemble_backends(tmp_path / "backends")
-    base = f"http://{LOOPBACK}:{ports['http']}"
-    with open(tmp_path / "tritonserver.log", "wb") as log:
-        process = subprocess.Popen([str(install.binary), *args, f"--backend-directory={backends}"],
-                                   env=install.environment(), stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    try:
-        startup = container["startupProbe"]["httpGet"]["path"]
-        deadline = time.monotonic() + 180
-        while _status(base + startup) != 200:
-            assert process.poll() is None and time.monotonic() < deadline, \
-                (tmp_path / "tritonserver.log").read_text()[-3000:]
-            time.sleep(0.2)
+    ref = next(e for e in container["env"] if e["name"] == ADMIN_KEY_ENV)["valueFrom"]["secretKeyRef"]
+    admin = (ref["name"], ref["key"])
+    with serve_rendered(container, {admin: key}, tmp_path, repository=str(model_repository)) as served:
+        base = f"http://{served.http_url}"
         for probe in HEALTH:
-            assert _status(base + container[probe]["httpGet"]["path"]) == 200, probe
-        # Restricted: statistics answer only with the key; inference is open.
-        assert _status(f"{base}/v2/models/stats") == 403
-        assert _status(f"{base}/v2/models/stats", {"tritonstack-admin-key": key}) == 200
-        with ClassifierClient(f"{LOOPBACK}:{ports['grpc']}", "grpc") as client:
+            assert http_status(base + container[probe]["httpGet"]["path"]) == 200, probe
+        # Restricted: statistics answer only with the Secret's key; inference is open.
+        assert http_status(f"{base}/v2/models/stats") == 403
+        assert http_status(f"{base}/v2/models/stats", {"tritonstack-admin-key": key}) == 200
+        with ClassifierClient(served.grpc_url, "grpc") as client:
             top = client.classify([photo_bytes("coffee.png")], top_k=1)[0]
         assert top[0].label in PHOTOS["coffee.png"]
         # SIGTERM (what the kubelet sends after preStop): Triton exits within its
         # exit timeout, inside the grace period the pod grants.
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=int(flag(args, "exit-timeout-secs")) + 5)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        try:  # the stubs of its process group
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        remove_orphaned_stub_regions()  # what a killed stub leaves in /dev/shm
-
-
-def _status(url: str, headers: dict[str, str] | None = None) -> int:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0
+        served.process.send_signal(signal.SIGTERM)
+        served.process.wait(timeout=int(flag(served.args, "exit-timeout-secs")) + 5)
 
 
 @pytest.mark.parametrize("setting", ["mode=laptop", "server.adminKey.key=sekrit", "autoscaling.kind=vpa",
