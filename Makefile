@@ -59,14 +59,16 @@ test: $(SETUP) tools
 	$(PY) build_pipelines.py check $(MODEL_REPOSITORY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Upload the built repository to object storage for Triton's --model-repository=s3://...
+# Upload a built repository (make build, or a --device gpu build) to object storage
+# for Triton's --model-repository=s3://..., after the offline check passes.
 # S3_URL=s3://bucket/path (AWS) or s3://host:port/bucket/path (MinIO and the like);
 # credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_DEFAULT_REGION or ~/.aws.
 S3_URL ?=
 UPLOAD_ARGS ?=
 
-upload-repository: build
-	@test -n "$(S3_URL)" || { echo "usage: make upload-repository S3_URL=s3://bucket/path"; exit 2; }
+upload-repository: $(INSTALLED)
+	@test -n "$(S3_URL)" || { echo "usage: make upload-repository S3_URL=s3://bucket/path [MODEL_REPOSITORY=...]"; exit 2; }
+	$(PY) build_pipelines.py check $(MODEL_REPOSITORY)
 	$(PY) deploy/s3_repository.py $(MODEL_REPOSITORY) $(S3_URL) $(UPLOAD_ARGS)
 
 # Load tests: bounded (users, seconds, requests), loopback; start a server unless

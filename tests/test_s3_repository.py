@@ -7,11 +7,14 @@ the session's server does from the local folder."""
 
 from __future__ import annotations
 
+import logging
+
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
 from deploy.s3_repository import S3Location, empty_folders, repository_files, upload
+from tests.chart import free_server_ports, pod_environment, render, serve_rendered, triton_container
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import DEFAULT_MODEL, DEFAULT_PRESET, preprocessing_name
 from tritonstack.samples import PHOTOS, photo_bytes
@@ -28,6 +31,7 @@ MODELS = (DEFAULT_MODEL, preprocessing_name(DEFAULT_PRESET), "efficientnet_lite0
 def s3_endpoint(monkeypatch_module):
     port = free_port(LOOPBACK)
     moto = ThreadedMotoServer(ip_address=LOOPBACK, port=port, verbose=False)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per S3 request otherwise
     # Triton's S3 client and boto3 both read these; moto accepts any credentials.
     for name, value in (("AWS_ACCESS_KEY_ID", "test-key-id"), ("AWS_SECRET_ACCESS_KEY", "test-secret"),
                         ("AWS_DEFAULT_REGION", "us-east-1")):
@@ -92,3 +96,18 @@ def test_served_from_s3_classifies_as_from_the_local_folder(uploaded, server):
     # And it is the right answer, where the photo has a known one (not merely the same).
     known = [(name, top) for name, top in zip(photos, served) if PHOTOS[name]]
     assert known and all(top[0].label in PHOTOS[name] for name, top in known), known
+
+
+def test_the_charts_cpu_mode_serves_from_s3_with_credentials_from_its_secret(uploaded, tmp_path):
+    """The chart's rendered server (cpu mode) on the uploaded repository: the S3
+    URL, region and credentials reach tritonserver only through the pod's
+    variables (the Secret's values given here), none from this process."""
+    container = triton_container(render("cpu", f"modelRepository.s3.url={uploaded.url}", *free_server_ports()))
+    given = {("image-classifier-admin", "admin-key"): "k" * 24,
+             ("image-classifier-s3", "AWS_ACCESS_KEY_ID"): "test-key-id",
+             ("image-classifier-s3", "AWS_SECRET_ACCESS_KEY"): "test-secret"}
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"} <= set(pod_environment(container, given))
+    with serve_rendered(container, given, tmp_path) as served:
+        with ClassifierClient(served.grpc_url, "grpc") as client:
+            top = client.classify([photo_bytes("coffee.png")], top_k=1)[0]
+    assert top[0].label in PHOTOS["coffee.png"]

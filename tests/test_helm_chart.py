@@ -1,0 +1,366 @@
+"""The Kubernetes chart (deploy/helm/image-classifier), offline: no cluster here.
+The real helm binary (`make tools`) lints and renders every mode; every rendered
+built-in object is checked against the Kubernetes JSON schemas of a current minor
+release (kubernetes-validate, strict: unknown fields are errors); then what the
+schemas cannot see: the autoscaler targets the Deployment, the metrics its query
+reads are ones our served Triton really exports, probes point at Triton's health
+endpoints, no secret in a ConfigMap, Locust workers reach their master."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtests.metrics import QUEUE_US, SUCCESS
+from tests.chart import (CHART, HELM, RELEASE, flag, free_server_ports, helm, http_status, one, one_container,
+                         render, serve_rendered, triton_container)
+from tests.conftest import PROJECT_ROOT
+from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.serve.network import LOOPBACK, free_port
+from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
+
+KUBERNETES_VERSION = "1.33.0"
+MODES = ("gpu", "cpu", "local")
+# Custom resources: kubernetes-validate has no schema for them (their operators' CRDs
+# define them); they are checked by the assertions below instead.
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("keda.sh/v1alpha1", "ScaledObject")}
+# Everything optional switched on, so that every template renders.
+EVERYTHING = ("locust.enabled=true", "metrics.serviceMonitor.enabled=true")
+HEALTH = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready",
+          "startupProbe": "/v2/health/ready"}
+LOADTEST_FILES = ("__init__.py", "locustfile.py", "users.py", "corpus.py")
+
+
+@pytest.fixture(scope="module")
+def exported_metric_names(server) -> set[str]:
+    """Metric families our real served Triton exports (the session's server)."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        return {family.name for family in text_string_to_metric_families(response.read().decode())}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lint_strict(mode):
+    helm("lint", "--strict", str(CHART), "-f", str(CHART / f"values-{mode}.yaml"),
+         *[arg for setting in EVERYTHING for arg in ("--set", setting)])
+
+
+@pytest.mark.parametrize("sets", [(), EVERYTHING, ("autoscaling.kind=keda", *EVERYTHING)],
+                         ids=["defaults", "everything", "keda"])
+@pytest.mark.parametrize("mode", MODES)
+def test_every_object_matches_the_kubernetes_schemas(mode, sets):
+    objects = render(mode, *sets)
+    skipped = set()
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in CRDS:
+            skipped.add(obj["kind"])
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {error.message} at {list(error.path)}")
+    assert {"Deployment", "Service"} <= {o["kind"] for o in objects}
+    if "metrics.serviceMonitor.enabled=true" in sets:
+        assert "ServiceMonitor" in skipped
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_probes_use_triton_health_endpoints_on_a_declared_port(mode):
+    container = triton_container(render(mode))
+    port_names = {port["name"] for port in container["ports"]}
+    for probe, path in HEALTH.items():
+        assert container[probe]["httpGet"] == {"path": path, "port": "http"}, probe
+    assert "http" in port_names
+    assert int(flag(container["args"], "http-port")) == next(
+        p["containerPort"] for p in container["ports"] if p["name"] == "http")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_server_binds_every_interface_and_drains_before_the_kill(mode):
+    objects = render(mode)
+    container = triton_container(objects)
+    args = container["args"]
+    for kind in ("http", "grpc", "metrics"):
+        assert flag(args, f"{kind}-address") == "0.0.0.0"
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + int(flag(args, "exit-timeout-secs"))
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert flag(args, "load-model") == DEFAULT_MODEL
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_admin_apis_are_restricted_with_the_key_from_a_secret(mode):
+    objects = render(mode, *EVERYTHING)
+    container = triton_container(objects)
+    # The same flags the launcher gives tritonserver, the key expanded by the kubelet.
+    expected = restriction_flags(RESTRICTED_APIS, f"$({ADMIN_KEY_ENV})")
+    assert [arg for arg in container["args"] if "restricted" in arg] == expected
+    key_env = next(env for env in container["env"] if env["name"] == ADMIN_KEY_ENV)
+    assert set(key_env) == {"name", "valueFrom"} and "secretKeyRef" in key_env["valueFrom"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_no_secret_value_is_rendered(mode):
+    objects = render(mode, *EVERYTHING)
+    assert "Secret" not in {o["kind"] for o in objects}  # Secrets exist before install
+    for obj in objects:
+        for container in _containers(obj):
+            for env in container.get("env", []):
+                if re.search(r"KEY|SECRET|TOKEN|PASSWORD", env["name"]) and env["name"] != "AWS_DEFAULT_REGION":
+                    assert "value" not in env, (obj["metadata"]["name"], env)
+    for config_map in (o for o in objects if o["kind"] == "ConfigMap"):
+        text = yaml.safe_dump(config_map["data"])
+        assert not re.search(r"AWS_SECRET_ACCESS_KEY\s*[=:]\s*\S|tritonstack-admin-key=(?!\$\()", text), \
+            config_map["metadata"]["name"]
+
+
+def _containers(obj: dict) -> list[dict]:
+    spec = obj.get("spec", {}).get("template", {}).get("spec", {})
+    return spec.get("containers", []) + spec.get("initContainers", [])
+
+
+def test_s3_credentials_and_pvc_per_mode():
+    for mode in ("gpu", "cpu"):
+        container = triton_container(render(mode))
+        assert flag(container["args"], "model-repository").startswith("s3://")
+        names = {env["name"]: env for env in container["env"]}
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert "secretKeyRef" in names[name]["valueFrom"], name
+    local = render("local")
+    container = triton_container(local)
+    claim = one(local, "PersistentVolumeClaim")["metadata"]["name"]
+    volumes = one(local, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"claimName": claim, "readOnly": True} in [v.get("persistentVolumeClaim") for v in volumes]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "models")
+    assert flag(container["args"], "model-repository") == mount["mountPath"]
+    assert not any(env["name"].startswith("AWS_") for env in container["env"])
+
+
+def test_gpu_mode_asks_for_a_gpu_and_the_others_do_not():
+    for mode in MODES:
+        resources = triton_container(render(mode))["resources"]
+        gpus = resources["limits"].get("nvidia.com/gpu")
+        assert (gpus == 1) == (mode == "gpu"), (mode, resources)
+
+
+def test_local_mode_runs_one_replica_without_autoscaling():
+    objects = render("local")
+    assert one(objects, "Deployment")["spec"]["replicas"] == 1
+    assert not {"HorizontalPodAutoscaler", "ScaledObject", "PodDisruptionBudget"} & {o["kind"] for o in objects}
+
+
+@pytest.mark.parametrize("mode", ("gpu", "cpu"))
+def test_hpa_scales_the_deployment_on_triton_queue_time(mode, exported_metric_names):
+    objects = render(mode)
+    deployment = one(objects, "Deployment")
+    assert "replicas" not in deployment["spec"]  # the autoscaler owns the count
+    hpa = one(objects, "HorizontalPodAutoscaler")
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"], target["name"]) == ("apps/v1", "Deployment",
+                                                                       deployment["metadata"]["name"])
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods" and metric["pods"]["target"]["type"] == "AverageValue"
+    rules = yaml.safe_load(one(objects, "ConfigMap", f"{RELEASE}-image-classifier-adapter-rules")["data"]["config.yaml"])
+    (rule,) = rules["rules"]
+    assert rule["name"]["as"] == metric["pods"]["metric"]["name"]
+    assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+    _check_query(rule["metricsQuery"], exported_metric_names)
+    snippet = yaml.safe_load(one(objects, "ConfigMap")["data"]["values-snippet.yaml"])
+    assert snippet["rules"]["custom"] == rules["rules"]
+
+
+def test_keda_scales_the_deployment_on_the_same_query(exported_metric_names):
+    objects = render("gpu", "autoscaling.kind=keda")
+    assert "HorizontalPodAutoscaler" not in {o["kind"] for o in objects}
+    scaled = one(objects, "ScaledObject")
+    deployment = one(objects, "Deployment")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    assert scaled["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "Value"
+    assert float(trigger["metadata"]["threshold"]) > 0
+    _check_query(trigger["metadata"]["query"], exported_metric_names)
+    assert f'pod=~"{deployment["metadata"]["name"]}-.*"' in trigger["metadata"]["query"]
+
+
+def _check_query(query: str, exported: set[str]):
+    """Queue time over successes of the entry model, names our Triton exports."""
+    assert re.findall(r"nv_\w+", query) == [QUEUE_US, SUCCESS]
+    assert {QUEUE_US, SUCCESS} <= exported, sorted(exported)
+    assert f'model=~"{DEFAULT_MODEL}"' in query
+    assert "rate(" in query and "delta(" not in query  # counters, not gauges
+
+
+def test_locust_workers_reach_the_master_and_the_server():
+    objects = render("cpu", "locust.enabled=true")
+    master_job = one(objects, "Job", f"{RELEASE}-image-classifier-locust-master")
+    master_service = one(objects, "Service", f"{RELEASE}-image-classifier-locust-master")
+    workers = one(objects, "Deployment", f"{RELEASE}-image-classifier-locust-worker")
+    triton_service = one(objects, "Service", f"{RELEASE}-image-classifier")
+    worker_args = one_container(workers)["args"]
+    master = one_container(master_job)
+
+    assert flag(worker_args, "master-host") == master_service["metadata"]["name"]
+    master_labels = master_job["spec"]["template"]["metadata"]["labels"]
+    assert master_service["spec"]["selector"].items() <= master_labels.items()
+    (port,) = master_service["spec"]["ports"]
+    assert int(flag(worker_args, "master-port")) == port["port"] == int(flag(master["args"], "master-bind-port"))
+    assert port["targetPort"] in {p["name"] for p in master["ports"]}
+    assert workers["spec"]["replicas"] == int(flag(master["args"], "expect-workers"))
+
+    http = next(p["port"] for p in triton_service["spec"]["ports"] if p["name"] == "http")
+    grpc = next(p["port"] for p in triton_service["spec"]["ports"] if p["name"] == "grpc")
+    for args in (worker_args, master["args"]):
+        assert flag(args, "host") == f"http://{triton_service['metadata']['name']}:{http}"
+        assert flag(args, "grpc-url") == f"{triton_service['metadata']['name']}:{grpc}"
+        assert "/locust/loadtests/locustfile.py" in args
+    # Headless and bounded: the run ends by itself and leaves its reports.
+    assert "--headless" in master["args"] and flag(master["args"], "run-time")
+    assert master_job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert flag(master["args"], "csv").startswith("/reports/")
+    assert "/reports" in {m["mountPath"] for m in master["volumeMounts"]}
+
+
+def test_locust_configmap_carries_the_projects_own_users():
+    objects = render("cpu", "locust.enabled=true")
+    data = one(objects, "ConfigMap", f"{RELEASE}-image-classifier-locust")["data"]
+    assert set(data) == set(LOADTEST_FILES)
+    for name in LOADTEST_FILES:
+        assert data[name] == (PROJECT_ROOT / "loadtests" / name).read_text(), name
+    # Everything the mounted files import from loadtests/ is mounted too.
+    imported = {m for text in data.values() for m in re.findall(r"^from loadtests\.(\w+) import", text, re.M)}
+    assert {f"{m}.py" for m in imported} <= set(data)
+    # The Locust image's Dockerfile installs what the users import besides.
+    dockerfile = (PROJECT_ROOT / "deploy" / "locust" / "Dockerfile").read_text()
+    assert all(package in dockerfile for package in ("locust", "gevent", "scikit-image", ".[client]"))
+
+
+
+def test_install_command_in_docs_renders():
+    """The GPU mode's documented install command is one the chart accepts."""
+    doc = (PROJECT_ROOT / "docs" / "kubernetes.md").read_text()
+    command = next(line for line in doc.splitlines() if line.startswith("helm install") and "values-gpu" in line)
+    args = shlex.split(command.replace("deploy/helm/image-classifier", str(CHART)))
+    assert args[:2] == ["helm", "install"]
+    helm("template", *args[2:])
+
+
+def test_local_mode_fill_pod_in_docs_is_a_valid_pod_on_the_charts_claim():
+    doc = (PROJECT_ROOT / "docs" / "kubernetes.md").read_text()
+    command = next(line for line in doc.splitlines() if line.startswith("kubectl run fill-models"))
+    overrides = json.loads(shlex.split(command.split("--overrides=", 1)[1])[0])
+    pod = {"kind": "Pod", "metadata": {"name": "fill-models"}, **overrides}
+    kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+    (volume,) = pod["spec"]["volumes"]
+    claim = one(render("local"), "PersistentVolumeClaim")["metadata"]["name"]
+    assert volume["persistentVolumeClaim"]["claimName"] == claim
+
+
+def test_rendered_locust_pods_run_a_bounded_test_against_the_server(server, tmp_path):
+    """The master's and the worker's rendered commands, run here as the pods would:
+    users from the ConfigMap's files only, cluster names mapped to loopback."""
+    http_port, grpc_port = server.http_url.rsplit(":", 1)[1], server.grpc_url.rsplit(":", 1)[1]
+    objects = render("local", "locust.enabled=true", "locust.workers=1", "locust.users=2", "locust.spawnRate=2",
+                     "locust.runTime=4s", f"locust.masterPort={free_port(LOOPBACK)}", "locust.workersMaxWaitSeconds=60",
+                     f"server.ports.http={http_port}", f"server.ports.grpc={grpc_port}",
+                     f"locust.extraArgs={{--master-bind-host={LOOPBACK}}}")
+    mount = tmp_path / "locust" / "loadtests"
+    mount.mkdir(parents=True)
+    for name, text in one(objects, "ConfigMap", f"{RELEASE}-image-classifier-locust")["data"].items():
+        (mount / name).write_text(text)
+    (tmp_path / "reports").mkdir()
+    names = {f"{RELEASE}-image-classifier-locust-master": LOOPBACK, f"{RELEASE}-image-classifier": LOOPBACK}
+
+    def as_here(container: dict) -> tuple[list[str], dict[str, str]]:
+        args = []
+        for arg in container["args"]:
+            arg = arg.replace("/locust/", f"{tmp_path}/locust/").replace("/reports/", f"{tmp_path}/reports/")
+            for service, address in names.items():  # the longer name first
+                arg = arg.replace(f"={service}", f"={address}").replace(f"//{service}:", f"//{address}:")
+            args.append(arg)
+        env = {e["name"]: e["value"].replace("/locust", f"{tmp_path}/locust") for e in container.get("env", [])}
+        (command,) = container["command"]
+        return [str(Path(sys.executable).parent / command), *args], env
+
+    processes = []
+    try:
+        for workload in (one(objects, "Job"), one(objects, "Deployment", f"{RELEASE}-image-classifier-locust-worker")):
+            command, env = as_here(one_container(workload))
+            # cwd: a folder without the project, so only the mounted users are importable.
+            processes.append(subprocess.Popen(command, cwd=tmp_path, env={**_base_env(), **env},
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        master, worker = processes
+        deadline = time.monotonic() + 120
+        while master.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert master.poll() == 0, master.stderr.read().decode()[-3000:] if master.poll() is not None else "hung"
+        while worker.poll() is None and time.monotonic() < deadline:  # the master told it to quit
+            time.sleep(0.2)
+        assert worker.poll() is not None, "the worker did not stop with its master"
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+    with open(tmp_path / "reports" / f"{RELEASE}_stats.csv") as stats:
+        total = next(row for row in csv.DictReader(stats) if row["Name"] == "Aggregated")
+    assert int(total["Request Count"]) > 0 and int(total["Failure Count"]) == 0, total
+    assert (tmp_path / "reports" / f"{RELEASE}.html").is_file()
+
+
+def _base_env() -> dict[str, str]:
+    """This environment without PYTHONPATH: the pod's own decides what imports."""
+    return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+
+
+def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_repository, tmp_path):
+    """The Deployment's tritonserver command line, run with this machine's
+    tritonserver (the release of the chart's NGC image) as the pod would run it
+    (tests/chart.py), the built repository at the claim's mount path."""
+    container = triton_container(render("local", *free_server_ports()))
+    key = secrets.token_urlsafe(16)
+    ref = next(e for e in container["env"] if e["name"] == ADMIN_KEY_ENV)["valueFrom"]["secretKeyRef"]
+    admin = (ref["name"], ref["key"])
+    with serve_rendered(container, {admin: key}, tmp_path, repository=str(model_repository)) as served:
+        base = f"http://{served.http_url}"
+        for probe in HEALTH:
+            assert http_status(base + container[probe]["httpGet"]["path"]) == 200, probe
+        # Restricted: statistics answer only with the Secret's key; inference is open.
+        assert http_status(f"{base}/v2/models/stats") == 403
+        assert http_status(f"{base}/v2/models/stats", {"tritonstack-admin-key": key}) == 200
+        with ClassifierClient(served.grpc_url, "grpc") as client:
+            top = client.classify([photo_bytes("coffee.png")], top_k=1)[0]
+        assert top[0].label in PHOTOS["coffee.png"]
+        # SIGTERM (what the kubelet sends after preStop): Triton exits within its
+        # exit timeout, inside the grace period the pod grants.
+        served.process.send_signal(signal.SIGTERM)
+        served.process.wait(timeout=int(flag(served.args, "exit-timeout-secs")) + 5)
+
+
+@pytest.mark.parametrize("setting", ["mode=laptop", "server.adminKey.key=sekrit", "autoscaling.kind=vpa",
+                                     "locust.runTime=forever", "modelRepository.s3.url=gs://bucket/models"])
+def test_values_schema_refuses_what_the_chart_cannot_serve(setting):
+    """A key in values, an unknown mode or autoscaler, an unbounded Locust run, a
+    non-S3 URL: refused at render time, before anything reaches a cluster."""
+    done = subprocess.run([str(HELM), "template", RELEASE, str(CHART), "--set", setting],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "values don't meet the specifications of the schema" in done.stderr, \
+        (setting, done.stderr[-500:])
