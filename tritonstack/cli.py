@@ -55,6 +55,13 @@ def parser(description: str | None, **kwargs) -> ArgumentParser:
     return made
 
 
+def subcommand(commands, name: str, **kwargs) -> ArgumentParser:
+    """A sub-command's parser (from add_subparsers()), with the help formatter and --debug."""
+    made = commands.add_parser(name, formatter_class=HelpFormatter, **kwargs)
+    add_debug_option(made)
+    return made
+
+
 def add_debug_option(parser_: argparse.ArgumentParser) -> None:
     parser_.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
 
