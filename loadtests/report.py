@@ -137,7 +137,7 @@ def plot_against_users(rows: list[dict[str, float]], path: Path, labels: PlotLab
     throughput.legend(loc="lower right")
     for percentile in PERCENTILES:
         latency.plot(users, [points[u][percentile] for u in users], marker="o", label=f"p{percentile[:-1]}")
-    latency.set_title("latency (median per number of users)", fontsize="medium")
+    latency.set_title("latency: median of the 10 s windows per number of users", fontsize="medium")
     latency.set_xlabel("users")
     latency.set_ylabel("latency ms")
     latency.set_ylim(bottom=0)
