@@ -119,8 +119,8 @@ def _floats3(text: str) -> tuple[float, float, float]:
 
 def _add_build_parser(commands) -> None:
     defaults = BuildOptions()
-    parser = commands.add_parser(
-        "build", help="write the model repository", formatter_class=cli.HelpFormatter,
+    parser = cli.subcommand(
+        commands, "build", help="write the model repository",
         description="Write the presets' models (all when none is named) into --out.")
     parser.add_argument("presets", nargs="*", metavar="PRESET",
                         help=f"presets to build (default: all): {', '.join(p.name for p in PRESETS)}")
@@ -158,7 +158,6 @@ def _add_build_parser(commands) -> None:
     own.add_argument("--std", type=_floats3, default=(58.395, 57.12, 57.375), metavar="R,G,B")
     own.add_argument("--preprocessors", nargs="+", choices=presets.PREPROCESSORS, default=("dali",),
                      help="which preprocessing models to build for it")
-    cli.add_debug_option(parser)
     parser.set_defaults(run=build)
 
 
@@ -172,26 +171,22 @@ def run(argv: list[str] | None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_build_parser(commands)
 
-    list_parser = commands.add_parser("list", help="list the presets")
-    cli.add_debug_option(list_parser)
-    list_parser.set_defaults(run=list_presets)
+    cli.subcommand(commands, "list", help="list the presets").set_defaults(run=list_presets)
 
-    check_parser = commands.add_parser(
-        "check", formatter_class=cli.HelpFormatter, help="validate a repository offline, as the backends will at load time",
+    check_parser = cli.subcommand(
+        commands, "check", help="validate a repository offline, as the backends will at load time",
         description="One line per problem (model: field 'tensor': what is wrong; what to do). "
                     "Exit 1 when there is any, 0 when the repository is clean.")
     check_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
-    cli.add_debug_option(check_parser)
     check_parser.set_defaults(run=check)
 
-    parity_parser = commands.add_parser(
-        "parity", formatter_class=cli.HelpFormatter, help="compare DALI and Pillow preprocessing on real photos",
+    parity_parser = cli.subcommand(
+        commands, "parity", help="compare DALI and Pillow preprocessing on real photos",
         description="Tensor differences and classifier top-1/top-5 agreement, DALI vs the Pillow baseline, "
                     "on scikit-image's photos and generated variants. Exit 1 unless top-1 agrees on all.")
     parity_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
     parity_parser.add_argument("--preset", default="dali_efficientnet_lite0", help="the DALI preset to compare")
     parity_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
-    cli.add_debug_option(parity_parser)
     parity_parser.set_defaults(run=parity)
 
     args = parser.parse_args(argv)

@@ -7,6 +7,7 @@ Reads `<prefix>_stats.csv` (totals per request name) and `<prefix>_stats_history
 from __future__ import annotations
 
 import csv
+import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,7 +138,7 @@ def plot_against_users(rows: list[dict[str, float]], path: Path, labels: PlotLab
     throughput.legend(loc="lower right")
     for percentile in PERCENTILES:
         latency.plot(users, [points[u][percentile] for u in users], marker="o", label=f"p{percentile[:-1]}")
-    latency.set_title("latency (median per number of users)", fontsize="medium")
+    latency.set_title("latency: median of the 10 s windows per number of users", fontsize="medium")
     latency.set_xlabel("users")
     latency.set_ylabel("latency ms")
     latency.set_ylim(bottom=0)
@@ -147,6 +148,26 @@ def plot_against_users(rows: list[dict[str, float]], path: Path, labels: PlotLab
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+PLOTS_SECTION_ID = "tritonstack-plots"
+
+
+def add_plots_to_html(page: Path, images: list[str], title: str) -> None:
+    """Locust's report.html charts only the run's last few seconds: the per-second
+    plots of the whole run go below its own sections (once)."""
+    if not page.exists():
+        return
+    text = page.read_text()
+    if PLOTS_SECTION_ID in text:
+        return
+    figures = "".join(f'<p><img src="{name}" alt="{name}" style="max-width:100%"></p>' for name in images)
+    section = (f'<section id="{PLOTS_SECTION_ID}" style="font-family:sans-serif;margin:2em 5%">'
+               f"<h2>{html.escape(title)}: the whole run, per second</h2>"
+               "<p>From Locust's CSV history; summary.md next to this file has the server-side "
+               f"breakdown per model.</p>{figures}</section>\n")
+    head, tail = text.rsplit("</body>", 1)  # the last one: the bundled script holds that string too
+    page.write_text(head + section + "</body>" + tail)
 
 
 def final_stats(prefix: Path) -> list[dict[str, str]]:
@@ -195,12 +216,14 @@ def write_report(prefix: Path, summary: RunSummary, labels: PlotLabels = PlotLab
     against_users = labels.target_rps is None
     if against_users:
         plot_against_users(rows, folder / "against_users.png", labels)
+    add_plots_to_html(folder / "report.html", ["over_time.png", *(["against_users.png"] if against_users else [])],
+                      labels.title)
     settings = "\n".join(f"- {key}: {value}" for key, value in summary.settings.items())
     files = "\n".join([
         f"- `over_time.png`: throughput, {'users' if against_users else 'target rate'} and p50/p95/p99 "
         "latency over time",
         *(["- `against_users.png`: throughput and latency per number of users"] if against_users else []),
-        "- `report.html`: Locust's report; `locust_*.csv`: Locust's statistics",
+        "- `report.html`: Locust's report, these plots added below its own charts; `locust_*.csv`: Locust's statistics",
     ])
     server = markdown_table(summary.server) if summary.server else "(no metrics endpoint given)"
     text = f"""# {summary.title}

@@ -60,5 +60,8 @@ def test_report_html_renders_its_charts_and_the_real_endpoint(server, report, tm
 
     dom = chromium(tmp_path, "--dump-dom", page)
     for text in ("Locust Test Report", "Total Requests per Second", "Response Times (ms)", "<canvas",
-                 f"grpc://{server.grpc_url}"):
+                 f"grpc://{server.grpc_url}",
+                 # our plots of the whole run, below Locust's charts of its last seconds
+                 'id="tritonstack-plots"', "ensemble_dali_efficientnet_lite0 over gRPC, closed shape",
+                 'src="over_time.png"', 'src="against_users.png"'):
         assert text in dom, text

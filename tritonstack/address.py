@@ -79,8 +79,8 @@ def parse_metrics_url(text: str) -> str:
 def resolve_protocol(address: Address | None, protocol: str | None, default: str = "http") -> str:
     """The protocol the scheme or --protocol names (they must agree), else `default`."""
     if address and address.scheme and protocol and address.scheme != protocol:
-        raise AddressError(f"--url {address.scheme}://{address.hostport} and --protocol {protocol} disagree: "
-                           "drop one of them")
+        raise AddressError(f"address {address.scheme}://{address.hostport} and protocol {protocol} disagree: "
+                           "drop the scheme or the protocol (--protocol)")
     return (address.scheme if address else None) or protocol or default
 
 

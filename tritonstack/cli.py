@@ -35,7 +35,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     has a default worth telling (not None, not a flag's False)."""
 
     def _get_help_string(self, action):
-        if action.default in (None, False) or "default" in (action.help or ""):
+        if action.default is None or action.default is False or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -51,6 +51,13 @@ def parser(description: str | None, **kwargs) -> ArgumentParser:
     """An ArgumentParser with the project's help formatter and --debug (give
     each sub-command's parser --debug too: add_debug_option)."""
     made = ArgumentParser(description=description, formatter_class=HelpFormatter, **kwargs)
+    add_debug_option(made)
+    return made
+
+
+def subcommand(commands, name: str, **kwargs) -> ArgumentParser:
+    """A sub-command's parser (from add_subparsers()), with the help formatter and --debug."""
+    made = commands.add_parser(name, formatter_class=HelpFormatter, **kwargs)
     add_debug_option(made)
     return made
 

@@ -20,6 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import triton_to_np_dtype
 
+from tritonstack.address import parse_address, resolve_protocol
 from tritonstack.client.retry import (
     RetryPolicy,
     ServerUnavailableError,
@@ -190,7 +191,11 @@ class ClientBase:
         headers: dict[str, str] | None = None,
     ):
         check_transport(protocol, shm)
-        self.url, self.protocol, self.model = url, protocol, model
+        # "http://host:port" and "grpc://host:port" too (tritonclient refuses a scheme);
+        # a scheme that names the other protocol is refused here.
+        address = parse_address(url)
+        resolve_protocol(address, protocol)
+        self.url, self.protocol, self.model = address.hostport, protocol, model
         self.timeout_s = timeout_s
         self.retry = retry
         self.shm = shm
