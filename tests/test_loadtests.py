@@ -5,10 +5,15 @@ Each run is a few seconds long, on loopback, and must end by itself (a gevent
 gRPC client once kept Locust alive past its run time)."""
 
 import csv
+import os
+import signal
+import threading
 import time
 
-from loadtests import run
+from loadtests import metrics, run
 from loadtests.report import GeneratorCpu, cpu_section, final_stats
+from tests.processes import wait_for
+from tritonstack.serve.launcher import TritonServer
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 STEPS = ("preprocess_dali_efficientnet_lite0", "efficientnet_lite0")
@@ -95,3 +100,42 @@ def test_cpu_guard_flags_a_saturated_worker():
     assert "load generator was the bottleneck" in busy and "worker 1" in busy
     idle = cpu_section([GeneratorCpu("local", 3.0, 10.0)])
     assert "bottleneck" not in idle
+
+
+STALL_S = 2.0
+
+
+def test_open_loop_latency_counts_from_the_scheduled_send(model_repository, tmp_path):
+    """A server frozen for STALL_S mid-run: the open loop keeps its schedule, and
+    the requests scheduled during the freeze report the wait they suffered (timed
+    from their scheduled send, also those that waited for a free connection): about
+    STALL_S*rate/2 requests take over STALL_S/2, so the 90th percentile is over
+    800 ms. A closed loop would send one request per user into the freeze and show
+    it in the maximum only."""
+    only_the_ensemble = ("--model-control-mode=explicit", f"--load-model={ENSEMBLE}")
+    with TritonServer(model_repository, extra_args=only_the_ensemble) as server:
+        outcome = {}
+        runner = threading.Thread(target=lambda: outcome.update(result=load(
+            server, tmp_path, "--user", "http", "--shape", "open", "--target-rps", "10",
+            "--open-loop-users", "1", "--run-time", "7")))
+        runner.start()
+        try:
+            wait_for(lambda: answered(server) >= 5, timeout_s=60, what="the open loop's first answers")
+            os.kill(server.pid, signal.SIGSTOP)
+            try:
+                threading.Event().wait(STALL_S)  # the fault's duration, not a synchronization
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+        finally:
+            runner.join(timeout=120)
+    code, folder, _ = outcome["result"]
+    assert code == 0
+    row = stats(folder)[("http", ENSEMBLE)]
+    assert row["Failure Count"] == "0"
+    assert int(row["Request Count"]) >= 40  # the schedule went on through the freeze
+    assert float(row["Max Response Time"]) >= STALL_S * 1000 * 0.9, row["Max Response Time"]
+    assert float(row["90%"]) >= 800, row["90%"]
+
+
+def answered(server) -> int:
+    return int(metrics.scrape(server.metrics_url).get(ENSEMBLE, {}).get("nv_inference_request_success", 0))
