@@ -5,10 +5,12 @@ Each run is a few seconds long, on loopback, and must end by itself (a gevent
 gRPC client once kept Locust alive past its run time)."""
 
 import csv
+import http.server
 import os
 import signal
 import threading
 import time
+import urllib.request
 
 from loadtests import metrics, run
 from loadtests.report import GeneratorCpu, cpu_section, final_stats
@@ -139,3 +141,54 @@ def test_open_loop_latency_counts_from_the_scheduled_send(model_repository, tmp_
 
 def answered(server) -> int:
     return int(metrics.scrape(server.metrics_url).get(ENSEMBLE, {}).get("nv_inference_request_success", 0))
+
+
+class TruncatingProxy(http.server.BaseHTTPRequestHandler):
+    """Forwards to the real server; its inference answers arrive cut in half (a
+    broken proxy or connection): status 200, a body that does not parse."""
+
+    upstream = ""
+    protocol_version = "HTTP/1.1"  # keep-alive, as Locust's client expects
+
+    def forward(self, body: bytes | None = None):
+        request = urllib.request.Request(f"http://{self.upstream}{self.path}", data=body, method=self.command,
+                                         headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            status, headers, content = answer.status, dict(answer.headers), answer.read()
+        if self.command == "POST":
+            content = content[: len(content) // 2]
+        self.send_response(status)
+        for name, value in headers.items():
+            if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(content)))
+        self.end_headers()
+        self.wfile.write(content)
+
+    def do_GET(self):
+        self.forward()
+
+    def do_POST(self):
+        self.forward(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_malformed_answer_counts_as_a_failure(server, tmp_path):
+    handler = type("Proxy", (TruncatingProxy,), {"upstream": server.http_url})
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    serving = threading.Thread(target=proxy.serve_forever, daemon=True)
+    serving.start()
+    try:
+        code = run.main(["--url", f"127.0.0.1:{proxy.server_address[1]}", "--grpc-url", server.grpc_url,
+                         "--metrics-url", server.metrics_url, "--out", str(tmp_path), "--user", "http",
+                         "--shape", "closed", "--users", "1", "--run-time", "5", "--max-requests", "10"])
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+        serving.join(timeout=10)
+    assert code == 1  # Locust's exit code when requests failed
+    row = stats(tmp_path)[("http", ENSEMBLE)]
+    assert int(row["Failure Count"]) == int(row["Request Count"]) > 0, row
+    assert "unreadable response" in (tmp_path / "locust_failures.csv").read_text()
