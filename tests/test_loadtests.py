@@ -15,7 +15,6 @@ import urllib.request
 from loadtests import metrics, run
 from loadtests.report import GeneratorCpu, cpu_section, final_stats
 from tests.processes import wait_for
-from tritonstack.serve.launcher import TritonServer
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 STEPS = ("preprocess_dali_efficientnet_lite0", "efficientnet_lite0")
@@ -107,29 +106,28 @@ def test_cpu_guard_flags_a_saturated_worker():
 STALL_S = 2.0
 
 
-def test_open_loop_latency_counts_from_the_scheduled_send(model_repository, tmp_path):
-    """A server frozen for STALL_S mid-run: the open loop keeps its schedule, and
-    the requests scheduled during the freeze report the wait they suffered (timed
-    from their scheduled send, also those that waited for a free connection): about
-    STALL_S*rate/2 requests take over STALL_S/2, so the 90th percentile is over
-    800 ms. A closed loop would send one request per user into the freeze and show
-    it in the maximum only."""
-    only_the_ensemble = ("--model-control-mode=explicit", f"--load-model={ENSEMBLE}")
-    with TritonServer(model_repository, extra_args=only_the_ensemble) as server:
-        outcome = {}
-        runner = threading.Thread(target=lambda: outcome.update(result=load(
-            server, tmp_path, "--user", "http", "--shape", "open", "--target-rps", "10",
-            "--open-loop-users", "1", "--run-time", "7")))
-        runner.start()
+def test_open_loop_latency_counts_from_the_scheduled_send(server, tmp_path):
+    """The session server frozen (SIGSTOP) for STALL_S mid-run: the open loop keeps
+    its schedule, and the requests scheduled during the freeze report the wait they
+    suffered (timed from their scheduled send, also those that waited for a free
+    connection): about STALL_S*rate/2 requests take over STALL_S/2, so the 90th
+    percentile is over 800 ms. A closed loop would send one request per user into
+    the freeze and show it in the maximum only."""
+    before = answered(server)
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=load(
+        server, tmp_path, "--user", "http", "--shape", "open", "--target-rps", "10",
+        "--open-loop-users", "1", "--run-time", "7")))
+    runner.start()
+    try:
+        wait_for(lambda: answered(server) >= before + 5, timeout_s=60, what="the open loop's first answers")
+        os.kill(server.pid, signal.SIGSTOP)
         try:
-            wait_for(lambda: answered(server) >= 5, timeout_s=60, what="the open loop's first answers")
-            os.kill(server.pid, signal.SIGSTOP)
-            try:
-                threading.Event().wait(STALL_S)  # the fault's duration, not a synchronization
-            finally:
-                os.kill(server.pid, signal.SIGCONT)
+            threading.Event().wait(STALL_S)  # the fault's duration, not a synchronization
         finally:
-            runner.join(timeout=120)
+            os.kill(server.pid, signal.SIGCONT)
+    finally:
+        runner.join(timeout=120)
     code, folder, _ = outcome["result"]
     assert code == 0
     row = stats(folder)[("http", ENSEMBLE)]
