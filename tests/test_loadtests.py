@@ -76,8 +76,10 @@ def test_request_count_bound_stops_the_run_early(server, tmp_path):
 
 def test_http_errors_count_as_failures(server, tmp_path):
     # The classifier alone wants FP32 pixels: encoded bytes are a bad request (HTTP 400).
+    # Bounded by a request count: Locust's run time starts before its users, so a
+    # short one on a loaded machine may end before the first request.
     code, folder, _ = load(server, tmp_path, "--user", "http", "--shape", "closed", "--users", "1",
-                           "--run-time", "2", "--model", "efficientnet_lite0")
+                           "--run-time", "20", "--max-requests", "5", "--model", "efficientnet_lite0")
     assert code == 1  # Locust's exit code when requests failed
     row = stats(folder)[("http", "efficientnet_lite0")]
     assert int(row["Failure Count"]) == int(row["Request Count"]) > 0
