@@ -123,8 +123,13 @@ def _write_final_stats_at_quit(environment, **_):
         return
 
     def write(**_):  # the quit event tells only the exit code
+        table = StatsCSV(environment, PERCENTILES_TO_REPORT)
         with open(f"{options.csv_prefix}_final_stats.csv", "w", newline="") as handle:
-            StatsCSV(environment, PERCENTILES_TO_REPORT).requests_csv(csv.writer(handle))
+            table.requests_csv(csv.writer(handle))
+        # The same for the failures: a run shorter than Locust's write interval (a
+        # --max-requests bound reached early) would leave its failures file empty.
+        with open(f"{options.csv_prefix}_failures.csv", "w", newline="") as handle:
+            table.failures_csv(csv.writer(handle))
 
     environment.events.quit.add_listener(write)
 

@@ -6,8 +6,9 @@ server's memory and file descriptors.
 Plain threads, one tritonclient per worker (no gevent: NOTES.md), batch-1
 requests so that good and bad images share the server's dynamic batches. Every
 valid image must come back with its label; a bad one must get a client error
-(HTTP 4xx, gRPC UNKNOWN or INVALID_ARGUMENT) or, when its bytes still decode, a
-classification; anything else (5xx, a dropped connection, a hang) is a failure.
+(HTTP 4xx, gRPC UNKNOWN or INVALID_ARGUMENT) that names the decoder or the limit
+it broke (a pipeline failing for another reason is not a refusal) or, when its
+bytes still decode, a classification; anything else (5xx, a dropped connection, a hang) is a failure.
 The resident memory (RSS) and open file descriptors of tritonserver and of each
 backend stub process are sampled over time (one sample a second).
 
@@ -78,9 +79,20 @@ def bad_samples(seed: int = 0) -> list[Sample]:
     ]
 
 
+# What a refusal of bad data names: the decoder that could not read it, or the
+# limit it broke. An UNKNOWN (or 400) without one of these is a pipeline failing
+# for another reason, which the soak counts as a server error.
+REFUSAL_REASONS = ("decoders.image", "max_pixels", "max_input_bytes")
+
+
 def is_client_error(error: BaseException) -> bool:
     status = str(error.status()) if isinstance(error, InferenceServerException) else ""
     return status.startswith("4") or status in CLIENT_ERRORS
+
+
+def is_refusal_of_bad_data(error: BaseException) -> bool:
+    """A client error that says what is wrong with the input."""
+    return is_client_error(error) and any(reason in str(error.message()) for reason in REFUSAL_REASONS)
 
 
 @dataclass
@@ -156,7 +168,7 @@ class MixedLoad:
         except Exception as error:  # every failure is counted, none ends the run
             if sample.valid:
                 return "valid_failed", error
-            return ("bad_refused" if is_client_error(error) else "bad_server_error"), error
+            return ("bad_refused" if is_refusal_of_bad_data(error) else "bad_server_error"), error
         if not sample.valid:
             return "bad_accepted", None
         if top.label in sample.labels:

@@ -123,6 +123,11 @@ def test_new_versions_load_under_load_without_a_failed_request(triton, fault_rep
     assert {name for name in live.values()} == {PREPROCESS, CLASSIFIER}
 
 
+def busy_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def test_shutdown_lets_requests_in_flight_finish(fault_repository):
     server = TritonServer(fault_repository)
     server.start()
@@ -143,10 +148,15 @@ def test_shutdown_lets_requests_in_flight_finish(fault_repository):
 
     senders = [threading.Thread(target=send, args=(protocol,)) for protocol in ("http", "grpc") * 2]
     try:
+        preprocessing = next(psutil.Process(pid) for pid, name in server_stubs(server.pid)[0].items()
+                             if name == PREPROCESS)
         for sender in senders:
             sender.start()
         ready.wait(timeout=120)
-        time.sleep(0.2)  # the four batches are in the server now
+        idle = busy_seconds(preprocessing)
+        # In flight: the DALI stub is decoding (CPU time rising well past the warm-up
+        # calls); the four requests were sent together before it, at the barrier.
+        wait_for(lambda: busy_seconds(preprocessing) - idle > 0.2, timeout_s=60, what="the batches executing")
         interrupted = time.monotonic()
         exit_code = server.stop()  # SIGINT; Triton waits for in-flight inferences
     finally:

@@ -5,14 +5,20 @@ Each run is a few seconds long, on loopback, and must end by itself (a gevent
 gRPC client once kept Locust alive past its run time)."""
 
 import csv
+import http.server
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 
-from loadtests import run
+from loadtests import metrics, run
 from loadtests.report import GeneratorCpu, cpu_section, final_stats
 from tests.conftest import PROJECT_ROOT
+from tests.processes import wait_for
 from tritonstack.serve.network import free_port
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
@@ -132,9 +138,12 @@ def test_request_count_bound_stops_the_run_early(server, tmp_path):
 
 def test_http_errors_count_as_failures(server, tmp_path):
     # The classifier alone wants FP32 pixels: encoded bytes are a bad request (HTTP 400).
-    # The preflight would refuse that model: skipped, to load the error path.
+    # The preflight would refuse that model: skipped, to load the error path. Bounded
+    # by a request count: Locust's run time starts before its users, so a short one
+    # on a loaded machine may end before the first request.
     code, folder, _ = load(server, tmp_path, "--user", "http", "--shape", "closed", "--users", "1",
-                           "--run-time", "2", "--model", "efficientnet_lite0", "--skip-preflight")
+                           "--run-time", "20", "--max-requests", "5", "--model", "efficientnet_lite0",
+                           "--skip-preflight")
     assert code == 1  # Locust's exit code when requests failed
     row = stats(folder)[("http", "efficientnet_lite0")]
     assert int(row["Failure Count"]) == int(row["Request Count"]) > 0
@@ -160,3 +169,92 @@ def test_cpu_guard_flags_a_saturated_worker():
     assert "load generator was the bottleneck" in busy and "worker 1" in busy
     idle = cpu_section([GeneratorCpu("local", 3.0, 10.0)])
     assert "bottleneck" not in idle
+
+
+STALL_S = 2.0
+
+
+def test_open_loop_latency_counts_from_the_scheduled_send(server, tmp_path):
+    """The session server frozen (SIGSTOP) for STALL_S mid-run: the open loop keeps
+    its schedule, and the requests scheduled during the freeze report the wait they
+    suffered (timed from their scheduled send, also those that waited for a free
+    connection): about STALL_S*rate/2 requests take over STALL_S/2, so the 90th
+    percentile is over 800 ms. A closed loop would send one request per user into
+    the freeze and show it in the maximum only."""
+    before = answered(server)
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=load(
+        server, tmp_path, "--user", "http", "--shape", "open", "--target-rps", "10",
+        "--open-loop-users", "1", "--run-time", "7")))
+    runner.start()
+    try:
+        wait_for(lambda: answered(server) >= before + 5, timeout_s=60, what="the open loop's first answers")
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            threading.Event().wait(STALL_S)  # the fault's duration, not a synchronization
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+    finally:
+        runner.join(timeout=120)
+    code, folder, _ = outcome["result"]
+    assert code == 0
+    row = stats(folder)[("http", ENSEMBLE)]
+    assert row["Failure Count"] == "0"
+    assert int(row["Request Count"]) >= 40  # the schedule went on through the freeze
+    assert float(row["Max Response Time"]) >= STALL_S * 1000 * 0.9, row["Max Response Time"]
+    assert float(row["90%"]) >= 800, row["90%"]
+
+
+def answered(server) -> int:
+    return int(metrics.scrape(server.metrics_url).get(ENSEMBLE, {}).get("nv_inference_request_success", 0))
+
+
+class TruncatingProxy(http.server.BaseHTTPRequestHandler):
+    """Forwards to the real server; its inference answers arrive cut in half (a
+    broken proxy or connection): status 200, a body that does not parse."""
+
+    upstream = ""
+    protocol_version = "HTTP/1.1"  # keep-alive, as Locust's client expects
+
+    def forward(self, body: bytes | None = None):
+        request = urllib.request.Request(f"http://{self.upstream}{self.path}", data=body, method=self.command,
+                                         headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            status, headers, content = answer.status, dict(answer.headers), answer.read()
+        if self.command == "POST":
+            content = content[: len(content) // 2]
+        self.send_response(status)
+        for name, value in headers.items():
+            if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(content)))
+        self.end_headers()
+        self.wfile.write(content)
+
+    def do_GET(self):
+        self.forward()
+
+    def do_POST(self):
+        self.forward(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_malformed_answer_counts_as_a_failure(server, tmp_path):
+    handler = type("Proxy", (TruncatingProxy,), {"upstream": server.http_url})
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    serving = threading.Thread(target=proxy.serve_forever, daemon=True)
+    serving.start()
+    try:
+        code = run.main(["--url", f"127.0.0.1:{proxy.server_address[1]}", "--grpc-url", server.grpc_url,
+                         "--metrics-url", server.metrics_url, "--out", str(tmp_path), "--user", "http",
+                         "--shape", "closed", "--users", "1", "--run-time", "5", "--max-requests", "10"])
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+        serving.join(timeout=10)
+    assert code == 1  # Locust's exit code when requests failed
+    row = stats(tmp_path)[("http", ENSEMBLE)]
+    assert int(row["Failure Count"]) == int(row["Request Count"]) > 0, row
+    assert "unreadable response" in (tmp_path / "locust_failures.csv").read_text()

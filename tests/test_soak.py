@@ -5,7 +5,12 @@ gross leak."""
 
 from __future__ import annotations
 
-from loadtests.soak import run_soak, summary
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from loadtests.soak import MixedLoad, bad_samples, is_refusal_of_bad_data, run_soak, summary
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.client.retry import NO_RETRY
 
 QUICK_S = 30
 GROSS_GROWTH_PCT = 20.0
@@ -25,3 +30,18 @@ def test_quick_soak_fails_no_valid_request_and_leaks_nothing_gross(server):
         rss, fds = report["rss_growth"][name], report["fd_growth"][name]
         assert rss["growth_pct"] < GROSS_GROWTH_PCT, (name, rss)
         assert fds["last"] <= fds["first"] + 4, (name, fds)  # no descriptor leak per request
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_oracle_tells_a_refusal_of_bad_data_from_a_pipeline_failure(server, protocol):
+    url = server.http_url if protocol == "http" else server.grpc_url
+    with ClassifierClient(url, protocol, retry=NO_RETRY) as client:
+        outcomes = [MixedLoad._send(client, sample) for sample in bad_samples()]
+    refused = [(outcome, error) for outcome, error in outcomes if outcome != "bad_accepted"]
+    assert refused, outcomes  # random bytes and text never decode
+    assert all(outcome == "bad_refused" and is_refusal_of_bad_data(error) for outcome, error in refused), outcomes
+    # The same status without the data's problem in it is a pipeline failing for
+    # another reason (here: Triton's words for a dead backend stub): not a refusal.
+    status = "400" if protocol == "http" else "StatusCode.UNKNOWN"
+    other = InferenceServerException("DALI pipeline failed: Stub process 'x_0_0' is not healthy.", status=status)
+    assert not is_refusal_of_bad_data(other)
