@@ -585,13 +585,20 @@ def capacity_at_slo(server, images: list[bytes], saturation: float, slo_ms: floa
                        "errors": phase.errors, "met": met})
         return met
 
-    low, high = 0.0, CAPACITY_MAX_FRACTION
-    if meets(high):
-        return high, probes
-    for _ in range(settings.capacity_probes):
+    return highest_passing(meets, CAPACITY_MAX_FRACTION, settings.capacity_probes), probes
+
+
+def highest_passing(meets: Callable[[float], bool], bound: float, steps: int) -> float:
+    """`bound` if it passes, else a bisection of [0, bound] in `steps` probes: the
+    highest passing value found (0 when none passed), within bound / 2**steps of
+    the threshold when passing is monotonic."""
+    if meets(bound):
+        return bound
+    low, high = 0.0, bound
+    for _ in range(steps):
         middle = (low + high) / 2
         low, high = (middle, high) if meets(middle) else (low, middle)
-    return low, probes
+    return low
 
 
 def _write_int8_agreement(results: dict, repository: Path) -> None:
