@@ -37,6 +37,8 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     assert written["capacity_probes"] and all(probe["rate"] > 0 for probe in written["capacity_probes"])
     assert 0 <= written["int8_top1_agreement"] <= 1 and 0 <= written["int8_top5_overlap"] <= 5
     assert 100 < written["server_rss_mb"] < 24 * 1024
+    assert {"tritonserver", "stub:preprocess_dali_efficientnet_lite0", "stub:efficientnet_lite0_int8"} <= set(
+        written["server_rss_mb_by_process"])
     assert written["versions"]["tritonserver"] and written["cpu_count"] >= 1
     assert isinstance(written["missed_targets"], list)
 
