@@ -49,6 +49,7 @@ import psutil  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 from nvidia.dali import Pipeline  # noqa: E402
 
+from loadtests import soak  # noqa: E402
 from loadtests.corpus import WeightedSampler, build_corpus  # noqa: E402
 from tritonstack.client.aio import AsyncClassifierClient  # noqa: E402
 from tritonstack.client.classifier import ClassifierClient  # noqa: E402
@@ -285,6 +286,19 @@ def server_cpu_seconds(server) -> float:
     return total
 
 
+def server_rss_mb_by_process(server) -> dict[str, float] | None:
+    """RSS of tritonserver and of each model's stub, by role (what a model costs)."""
+    if server.pid is None:
+        return None
+    named = {}
+    for name, process in soak.server_processes(server.pid).items():
+        try:
+            named[name] = process.memory_info().rss / 2**20
+        except psutil.NoSuchProcess:
+            pass
+    return named
+
+
 def server_rss_mb(server) -> float | None:
     processes = server_processes(server)
     if not processes:
@@ -469,6 +483,7 @@ def run(settings: Settings, repository: Path, log=print, server: TritonServer | 
         errors += sum(phase.errors for phases in rounds.values() for phase in phases)
         _write_rounds(results, rounds, settings)
         results["server_rss_mb"] = server_rss_mb(server)  # right after the rounds: steady state
+        results["server_rss_mb_by_process"] = server_rss_mb_by_process(server)
         log("single requests (concurrency 1): latency and where it goes...")
         errors += _write_single_requests(results, server, settings)
         errors += _write_open_loop(results, server, images, settings, log)
@@ -587,13 +602,20 @@ def capacity_at_slo(server, images: list[bytes], saturation: float, slo_ms: floa
                        "errors": phase.errors, "met": met})
         return met
 
-    low, high = 0.0, CAPACITY_MAX_FRACTION
-    if meets(high):
-        return high, probes
-    for _ in range(settings.capacity_probes):
+    return highest_passing(meets, CAPACITY_MAX_FRACTION, settings.capacity_probes), probes
+
+
+def highest_passing(meets: Callable[[float], bool], bound: float, steps: int) -> float:
+    """`bound` if it passes, else a bisection of [0, bound] in `steps` probes: the
+    highest passing value found (0 when none passed), within bound / 2**steps of
+    the threshold when passing is monotonic."""
+    if meets(bound):
+        return bound
+    low, high = 0.0, bound
+    for _ in range(steps):
         middle = (low + high) / 2
         low, high = (middle, high) if meets(middle) else (low, middle)
-    return low, probes
+    return low
 
 
 def _write_int8_agreement(results: dict, repository: Path) -> None:

@@ -5,6 +5,8 @@ Performance itself is never asserted here."""
 import json
 import math
 
+import pytest
+
 from loadtests import benchmark
 
 
@@ -35,6 +37,8 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     assert written["capacity_probes"] and all(probe["rate"] > 0 for probe in written["capacity_probes"])
     assert 0 <= written["int8_top1_agreement"] <= 1 and 0 <= written["int8_top5_overlap"] <= 5
     assert 100 < written["server_rss_mb"] < 24 * 1024
+    assert {"tritonserver", "stub:preprocess_dali_efficientnet_lite0", "stub:efficientnet_lite0_int8"} <= set(
+        written["server_rss_mb_by_process"])
     assert written["versions"]["tritonserver"] and written["cpu_count"] >= 1
     assert isinstance(written["missed_targets"], list)
 
@@ -47,3 +51,20 @@ def test_a_ratio_is_the_median_of_its_rounds_and_skips_empty_ones():
     assert results == {"r": 2.0, "r_spread": [0.0, 3.0]}
     benchmark.write_median(results, "empty", [])
     assert results["empty"] is None and results["empty_spread"] is None
+
+
+def test_capacity_search_is_a_bounded_bisection():
+    probed = []
+
+    def below(threshold):
+        def meets(fraction):
+            probed.append(fraction)
+            return fraction <= threshold
+        return meets
+
+    found = benchmark.highest_passing(below(0.8), 1.1, steps=4)
+    assert probed == pytest.approx([1.1, 0.55, 0.825, 0.6875, 0.75625])  # the bound, then 4 halvings
+    assert found == pytest.approx(0.75625) and 0.8 - found <= 1.1 / 2**4
+    probed.clear()
+    assert benchmark.highest_passing(below(2.0), 1.1, steps=4) == 1.1 and probed == [1.1]
+    assert benchmark.highest_passing(below(-1.0), 1.1, steps=3) == 0.0

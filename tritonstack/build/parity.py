@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from tritonstack.build.pillow_model import preprocess
+from tritonstack.build.pipelines import run_pipeline
 from tritonstack.build.presets import preset_named
 from tritonstack.build.repository import VERSION
-from tritonstack.contract import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME, PREPROCESS_INPUT, pad_batch
+from tritonstack.contract import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME
 from tritonstack.samples import PHOTOS, photo_bytes
 
 @dataclass(frozen=True)
@@ -124,16 +125,9 @@ def compare(repository: Path, preset_name: str = "dali_efficientnet_lite0",
 
 def dali_tensors(repository: Path, preset_name: str, encoded: list[bytes]) -> np.ndarray:
     """The preset's served DALI pipeline (its model.dali) run here on `encoded`."""
-    from nvidia.dali import Pipeline
-
     preset = preset_named(preset_name)
     serialized = (Path(repository) / preset.preprocessing_name / VERSION / DALI_MODEL_FILENAME).read_bytes()
-    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=len(encoded), num_threads=2,
-                                    device_id=None, prefetch_queue_depth=1)
-    pipeline.build()
-    pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch(encoded)))
-    (output,) = pipeline.run()
-    return np.asarray(output.as_tensor())
+    return run_pipeline(serialized, encoded)
 
 
 def classify(repository: Path, preset_name: str, batch: np.ndarray) -> np.ndarray:

@@ -11,11 +11,13 @@ import json
 from dataclasses import asdict
 
 import nvidia.dali
+import numpy as np
 from nvidia.dali._utils import dali_trace
 
 from tritonstack.build import dali_model
 from tritonstack.build.classifiers import Preprocessing
 from tritonstack.build.dali_model import classification_pipeline
+from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 
 DALI_VERSION = nvidia.dali.__version__
 
@@ -56,3 +58,16 @@ def dali_py_files(
         "dali.py": open(dali_model.__file__, "rb").read(),
         dali_model.PARAMETERS_FILENAME: (json.dumps(parameters, indent=2) + "\n").encode(),
     }
+
+
+def run_pipeline(serialized: bytes, encoded: list[bytes]) -> np.ndarray:
+    """A serialized pipeline run here, in one batch, on encoded images: the tensors
+    the DALI backend would give (for parity checks and INT8 calibration)."""
+    from nvidia.dali import Pipeline
+
+    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=len(encoded), num_threads=2,
+                                    device_id=None, prefetch_queue_depth=1)
+    pipeline.build()
+    pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch(encoded)))
+    (output,) = pipeline.run()
+    return np.asarray(output.as_tensor())

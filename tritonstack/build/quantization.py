@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 
 from tritonstack.build.classifiers import Classifier, export_onnx
-from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 from tritonstack.samples import PHOTOS, photo_bytes
 
 # The project's photos (samples.PHOTOS) and scikit-image's other colour photos of
@@ -38,18 +37,11 @@ CALIBRATION_PHOTOS = (*PHOTOS, "motorcycle_right.png", "coins.png", "camera.png"
 def calibration_tensors(classifier: Classifier) -> np.ndarray:
     """The calibration photos through the DALI pipeline the build serializes for
     this classifier's preprocessing (decode, resize, crop, normalize)."""
-    from nvidia.dali import Pipeline
-
-    from tritonstack.build.pipelines import serialize_pipeline
+    from tritonstack.build.pipelines import run_pipeline, serialize_pipeline
 
     encoded = [photo_bytes(name) for name in CALIBRATION_PHOTOS]
-    serialized = serialize_pipeline(classifier.preprocessing, max_batch_size=len(encoded), num_threads=1)
-    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=len(encoded), num_threads=1,
-                                    device_id=None, prefetch_queue_depth=1)
-    pipeline.build()
-    pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch(encoded)))
-    (output,) = pipeline.run()
-    return np.asarray(output.as_tensor())
+    return run_pipeline(serialize_pipeline(classifier.preprocessing, max_batch_size=len(encoded), num_threads=1),
+                        encoded)
 
 
 def quantize_int8(classifier: Classifier, fp32_path: Path, int8_path: Path) -> None:
