@@ -32,6 +32,7 @@ from tritonstack.contract import pad_batch
 from tritonstack.decode_budget import BudgetError, DecodeBudget, plan_parts
 from tritonstack.samples import photo_bytes
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.limits import MemoryLimits
 from tritonstack.serve.supervision import server_stubs
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
@@ -41,6 +42,9 @@ RECOVERY_S = 60  # a dead server must answer again within this
 ANSWER_S = 20  # any single hostile request is answered (or refused) within this
 MiB = 1 << 20
 # Small enough for the test machine: a 4000x4000 image is 16 MP.
+# A copy of the DALI model with a budget far above its memory ceiling: a runaway.
+UNBUDGETED = "preprocess_unbudgeted"
+LIMITS = MemoryLimits(server_bytes=8 << 30, stub_bytes=2 << 30)
 BUDGET = {"max_pixels": 20_000_000, "max_request_pixels": 40_000_000, "max_batch_pixels": 40_000_000,
           "release_above_pixels": 10_000_000}
 
@@ -50,15 +54,23 @@ def hostile_repository(model_repository, tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
     for name in (ENSEMBLE, PREPROCESS, CLASSIFIER):
         shutil.copytree(model_repository / name, root / name)
-    with open(root / PREPROCESS / "config.pbtxt", "a") as config:
-        for key, value in BUDGET.items():
-            config.write(f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n')
+    shutil.copytree(model_repository / PREPROCESS, root / UNBUDGETED)
+    unbudgeted = root / UNBUDGETED / "config.pbtxt"
+    unbudgeted.write_text(unbudgeted.read_text().replace(f'name: "{PREPROCESS}"', f'name: "{UNBUDGETED}"'))
+    add_parameters(root / PREPROCESS, BUDGET)
+    add_parameters(root / UNBUDGETED, {key: "10000000000" for key in BUDGET})
     return root
+
+
+def add_parameters(model_dir, parameters: dict) -> None:
+    with open(model_dir / "config.pbtxt", "a") as config:
+        for key, value in parameters.items():
+            config.write(f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n')
 
 
 @pytest.fixture(scope="module")
 def triton(hostile_repository):
-    with TritonServer(hostile_repository, stop_grace_s=5) as running:
+    with TritonServer(hostile_repository, stop_grace_s=5, memory_limits=LIMITS) as running:
         yield running
 
 
@@ -147,9 +159,9 @@ def infer_images(server: TritonServer, images: list[bytes]) -> np.ndarray:
         client.close()
 
 
-def dali_stub(server: TritonServer) -> psutil.Process:
+def dali_stub(server: TritonServer, model: str = PREPROCESS) -> psutil.Process:
     live, _ = server_stubs(server.pid)
-    return psutil.Process(next(pid for pid, model in live.items() if model == PREPROCESS))
+    return psutil.Process(next(pid for pid, name in live.items() if name == model))
 
 
 def test_plan_parts_keeps_each_run_under_the_batch_budget():
@@ -221,3 +233,38 @@ def test_burst_of_large_images_runs_in_parts_and_memory_returns(triton):
           f"{time.monotonic() - started:.1f} s")
     assert peak - warm < 600 * MiB  # 40 MP per run at ~5 B/pixel, not 128 MP
     assert after < warm * 1.2, (warm, after)
+
+
+# --- memory ceilings ------------------------------------------------------------------
+
+def test_server_and_each_stub_have_their_memory_ceiling(triton):
+    server = psutil.Process(triton.pid)
+    assert server.rlimit(psutil.RLIMIT_AS) == (LIMITS.server_bytes,) * 2
+    live, _ = server_stubs(triton.pid)
+    assert poll(lambda: all(psutil.Process(pid).rlimit(psutil.RLIMIT_AS) == (LIMITS.stub_bytes,) * 2
+                            for pid in live), 5)
+    assert len(live) == 3
+
+
+def test_a_runaway_model_fails_alone_at_its_ceiling(triton):
+    """A model whose budget is above its memory: 24 real 4000x4000 images (384 MP,
+    1.1 GB decoded) in one request hit the stub's 2 GiB ceiling. That request gets
+    an error saying so; the stub, the server and the other models keep serving."""
+    stub = dali_stub(triton, UNBUDGETED)
+    client = httpclient.InferenceServerClient(triton.http_url, network_timeout=ANSWER_S)
+    batch = pad_batch([png(4000, 4000)] * 24)
+    tensor = httpclient.InferInput("DALI_INPUT_0", list(batch.shape), "UINT8")
+    tensor.set_data_from_numpy(batch, binary_data=True)
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException) as failed:
+        client.infer(UNBUDGETED, [tensor])
+    assert time.monotonic() - started < ANSWER_S
+    assert failed.value.status() == "400"
+    assert "memory ceiling" in failed.value.message()
+    assert stub.is_running() and stub.memory_info().rss < LIMITS.stub_bytes
+    assert triton.is_ready() and classify_coffee(triton) == "espresso"
+    small = pad_batch([photo_bytes("coffee.png")])
+    tensor = httpclient.InferInput("DALI_INPUT_0", list(small.shape), "UINT8")
+    tensor.set_data_from_numpy(small, binary_data=True)
+    assert client.infer(UNBUDGETED, [tensor]).as_numpy("DALI_OUTPUT_0").shape == (1, 3, 224, 224)
+    client.close()

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from tritonstack.contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV, admin_headers
 from tritonstack.serve.install import TritonInstall
+from tritonstack.serve.limits import MemoryLimits, limit_address_space
 from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
 from tritonstack.serve import security
 from tritonstack.serve.security import RESTRICTED_APIS
@@ -74,6 +75,8 @@ class TritonServer:
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
         supervise: bool = True,
         restart: bool = True,
+        memory_limits: MemoryLimits | None = None,
+        limit_memory: bool = True,
     ):
         self.model_repository = Path(model_repository).resolve()
         self.host = host
@@ -89,6 +92,8 @@ class TritonServer:
         self.max_input_bytes = max_input_bytes
         self.supervise = supervise
         self.restart = restart
+        # Address-space ceilings (tritonstack.serve.limits); None: the defaults.
+        self.memory_limits = (memory_limits or MemoryLimits.default()) if limit_memory else None
         self.process: subprocess.Popen | None = None
         self.supervisor: StubSupervisor | None = None
         self.restarter: ServerRestarter | None = None
@@ -182,6 +187,7 @@ class TritonServer:
         env = self.install.environment()
         env[REPOSITORY_ENV] = str(self.model_repository)
         env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
+        env.update(self.memory_limits.environment() if self.memory_limits else {})
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(self._backends),
@@ -190,6 +196,8 @@ class TritonServer:
                 env=env,
                 start_new_session=True,  # its own process group, stubs included
             )
+        if self.memory_limits:  # before it loads models: the stubs inherit it
+            limit_address_space(self.process.pid, self.memory_limits.server_bytes)
         self.wait_ready()
         for callback in self.on_ready:
             callback(self)
@@ -279,7 +287,10 @@ def _supervise_stubs(server: TritonServer) -> None:
     if server.supervisor is not None:
         server.supervisor.stop()
     reload = functools.partial(reload_model, server.http_url, server.admin_headers("http"))
-    server.supervisor = StubSupervisor(server.process.pid, reload if server.explicit_model_control else None)
+    limit = (functools.partial(limit_address_space, limit_bytes=server.memory_limits.stub_bytes)
+             if server.memory_limits else None)
+    server.supervisor = StubSupervisor(server.process.pid, reload if server.explicit_model_control else None,
+                                       on_new_stub=limit)
     server.supervisor.start()
 
 
