@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import io
 import os
+import json
 import signal
 import shutil
+import socket
 import threading
 import time
 
@@ -22,6 +24,7 @@ import numpy as np
 import psutil
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
@@ -268,3 +271,196 @@ def test_a_runaway_model_fails_alone_at_its_ceiling(triton):
     tensor.set_data_from_numpy(small, binary_data=True)
     assert client.infer(UNBUDGETED, [tensor]).as_numpy("DALI_OUTPUT_0").shape == (1, 3, 224, 224)
     client.close()
+
+
+# --- hostile requests, one table ----------------------------------------------------
+# Each case returns (HTTP status, or "closed" when Triton answers nothing, and the
+# answer's text). Expected: status and words of the message.
+
+def post_infer(server: TritonServer, header: dict, binary: bytes = b"", model: str = ENSEMBLE):
+    body = json.dumps(header).encode()
+    response = requests.post(f"http://{server.http_url}/v2/models/{model}/infer", data=body + binary,
+                             headers={"Inference-Header-Content-Length": str(len(body))}, timeout=ANSWER_S)
+    return response.status_code, response.text
+
+
+def binary_input(shape, size: int, datatype: str = "UINT8") -> dict:
+    return {"inputs": [{"name": "INPUT", "shape": shape, "datatype": datatype,
+                        "parameters": {"binary_data_size": size}}]}
+
+
+def raw_http(server: TritonServer, request: bytes):
+    """Send bytes as they are; (status, text) or ("closed", "") when the
+    connection ends with no answer."""
+    with socket.create_connection((server.host, server.http_port), timeout=ANSWER_S) as connection:
+        connection.sendall(request)
+        answer = b""
+        try:
+            while chunk := connection.recv(65536):
+                answer += chunk
+                if b"\r\n\r\n" in answer:
+                    break
+        except ConnectionResetError:
+            pass
+    if not answer:
+        return "closed", ""
+    return int(answer.split()[1]), answer.decode(errors="replace")
+
+
+def header_bomb() -> bytes:
+    """A 16x16 JPEG whose header declares 60000x60000."""
+    data = bytearray(png_or_jpeg := _jpeg(16, 16))
+    marker = data.index(b"\xff\xc0")
+    data[marker + 5:marker + 9] = (60000).to_bytes(2, "big") * 2
+    return bytes(data)
+
+
+def _jpeg(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), "gray").save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def image_request(images: list[bytes]) -> tuple[dict, bytes]:
+    batch = pad_batch(images)
+    return binary_input(list(batch.shape), batch.size), batch.tobytes()
+
+
+def case_shape_lie(server):  # shape says 100 bytes, 10 are sent
+    return post_infer(server, binary_input([1, 100], 10), bytes(10))
+
+
+def case_negative_dim(server):
+    return post_infer(server, binary_input([1, -5], 10), bytes(10))
+
+
+def case_negative_binary_size(server):
+    return post_infer(server, binary_input([1, 10], -10), bytes(10))
+
+
+def case_dtype_lie(server):  # 4 bytes per element declared, 1 sent
+    return post_infer(server, binary_input([1, 10], 10, "FP32"), bytes(10))
+
+
+def case_json_data_not_numbers(server):
+    return post_infer(server, {"inputs": [{"name": "INPUT", "shape": [1, 3], "datatype": "UINT8",
+                                           "data": ["a", {"b": 1}, None]}]})
+
+
+def case_large_json_body(server):  # 10 MB of JSON numbers, not an image
+    count = 3_000_000
+    return post_infer(server, {"inputs": [{"name": "INPUT", "shape": [1, count], "datatype": "UINT8",
+                                           "data": [255] * count}]})
+
+
+def case_json_nested_100000(server):
+    body = deep_json(100_000)
+    response = requests.post(f"http://{server.http_url}/v2/models/{ENSEMBLE}/infer", data=body, timeout=ANSWER_S)
+    return response.status_code, response.text
+
+
+def case_url_8kb(server):
+    return raw_http(server, f"GET /v2/models/{'x' * 8192}/ready HTTP/1.1\r\nHost: a\r\n\r\n".encode())
+
+
+def case_header_16kb(server):
+    return raw_http(server, f"GET /v2/health/ready HTTP/1.1\r\nHost: a\r\nX-Big: {'x' * 16384}\r\n\r\n".encode())
+
+
+def case_bomb_by_header(server):
+    return post_infer(server, *image_request([header_bomb()]))
+
+
+def case_bomb_by_real_size(server):  # 3 real 4000x4000 images: 48 MP, 170 KB sent
+    return post_infer(server, *image_request([png(4000, 4000)] * 3))
+
+
+def case_shm_key_linux_refuses(server):
+    """A system shared-memory key with a slash inside: the admin API (403 without
+    the key; with it, Triton's own 500)."""
+    url = f"http://{server.http_url}/v2/systemsharedmemory/region/r1/register"
+    body = {"key": "/a/b/c", "offset": 0, "byte_size": 64}
+    refused = requests.post(url, json=body, timeout=ANSWER_S)
+    assert refused.status_code == 403
+    response = requests.post(url, json=body, headers=server.admin_headers("http"), timeout=ANSWER_S)
+    return response.status_code, response.text
+
+
+def case_grpc_70mb_refused(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("INPUT", [1, 70 * MiB], "UINT8")
+    tensor.set_data_from_numpy(np.zeros((1, 70 * MiB), np.uint8))
+    try:
+        client.infer(ENSEMBLE, [tensor], client_timeout=ANSWER_S)
+        return 200, ""
+    except InferenceServerException as error:
+        return 400 if error.status() == "StatusCode.INVALID_ARGUMENT" else error.status(), error.message()
+    finally:
+        client.close()
+
+
+def case_slow_client(server):
+    """A client that sends its headers a byte at a time (~2 s): others are served
+    meanwhile, and it is answered at the end. (Its request line is sent whole: sent
+    a byte at a time too, Triton 2.51 answered 404.)"""
+    headers = b"Host: a\r\nX-Slow: " + b"x" * 20 + b"\r\n\r\n"
+    with socket.create_connection((server.host, server.http_port), timeout=ANSWER_S) as slow:
+        slow.sendall(b"GET /v2/health/ready HTTP/1.1\r\n")
+        for index, byte in enumerate(headers):
+            slow.send(bytes([byte]))
+            if index % 15 == 0:
+                assert classify_coffee(server) == "espresso"
+            time.sleep(0.05)
+        answer = slow.recv(4096)
+    return (int(answer.split()[1]), "answered at last") if answer else ("closed", "")
+
+
+def case_1000_idle_connections(server):
+    idle = []
+    try:
+        for _ in range(1000):
+            idle.append(socket.create_connection((server.host, server.http_port), timeout=ANSWER_S))
+        assert classify_coffee(server) == "espresso"
+        return 200, "served with 1000 idle connections open"
+    finally:
+        for connection in idle:
+            connection.close()
+
+
+# case: (expected status, words of the answer); "closed" = no answer at all.
+HOSTILE = {
+    case_shape_lie: (400, ["byte size mismatch", "Expected 100, got 10"]),
+    case_negative_dim: (500, []),  # Triton 2.51's own parser: a client error answered as 500
+    case_negative_binary_size: (500, []),  # the same
+    case_dtype_lie: (400, ["INPUT", "FP32"]),
+    case_json_data_not_numbers: (500, ["Unable to parse 'data'"]),  # Triton's own parser
+    case_large_json_body: (400, ["DALI pipeline failed"]),
+    case_json_nested_100000: (400, []),
+    case_url_8kb: ("closed", []),  # Triton 2.51 closes, no 414
+    case_header_16kb: ("closed", []),  # no 431
+    case_bomb_by_header: (400, ["60000x60000", "max_pixels 20000000"]),
+    case_bomb_by_real_size: (400, ["48000000 pixels in total", "max_request_pixels 40000000"]),
+    case_shm_key_linux_refuses: (500, []),  # Triton's: only the admin gets here
+    case_grpc_70mb_refused: (400, ["max_input_bytes"]),
+    case_slow_client: (200, []),
+    case_1000_idle_connections: (200, []),
+}
+# tritonserver's RSS may grow by this much in one case (a refused 70 MB gRPC request
+# leaves ~150 MB in Triton 2.51; the rest far less).
+SERVER_GROWTH = 400 * MiB
+
+
+@pytest.mark.parametrize("case", list(HOSTILE), ids=[case.__name__.removeprefix("case_") for case in HOSTILE])
+def test_hostile_request_is_answered_and_the_server_serves_on(triton, case):
+    expected_status, words = HOSTILE[case]
+    server = psutil.Process(triton.pid)
+    pid, before = triton.pid, server.memory_info().rss
+    started = time.monotonic()
+    status, text = case(triton)
+    took = time.monotonic() - started
+    assert status == expected_status, (status, text[:500])
+    assert all(word in text for word in words), text[:500]
+    assert took < ANSWER_S
+    assert triton.pid == pid  # no crash, no restart
+    assert triton.is_ready() and classify_coffee(triton) == "espresso"
+    assert server.memory_info().rss - before < SERVER_GROWTH
