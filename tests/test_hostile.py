@@ -41,6 +41,7 @@ from tritonstack.serve.supervision import server_stubs
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"
 CLASSIFIER = "efficientnet_lite0"
+PILLOW_ENSEMBLE, PILLOW = "ensemble_python_efficientnet_lite0", "preprocess_python_efficientnet_lite0"
 RECOVERY_S = 60  # a dead server must answer again within this
 ANSWER_S = 20  # any single hostile request is answered (or refused) within this
 MiB = 1 << 20
@@ -55,8 +56,9 @@ BUDGET = {"max_pixels": 20_000_000, "max_request_pixels": 40_000_000, "max_batch
 @pytest.fixture(scope="module")
 def hostile_repository(model_repository, tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
-    for name in (ENSEMBLE, PREPROCESS, CLASSIFIER):
+    for name in (ENSEMBLE, PREPROCESS, CLASSIFIER, PILLOW_ENSEMBLE, PILLOW):
         shutil.copytree(model_repository / name, root / name)
+    add_parameters(root / PILLOW, BUDGET)
     shutil.copytree(model_repository / PREPROCESS, root / UNBUDGETED)
     unbudgeted = root / UNBUDGETED / "config.pbtxt"
     unbudgeted.write_text(unbudgeted.read_text().replace(f'name: "{PREPROCESS}"', f'name: "{UNBUDGETED}"'))
@@ -105,6 +107,7 @@ def poll(condition, timeout_s: float, every_s: float = 0.1) -> bool:
 
 def assert_crash_survived(server: TritonServer, old_pid: int, started: float, restarts_before: int) -> None:
     recovered = wait_until_it_answers(server, started + RECOVERY_S)
+    print(f"answered again {recovered - started:.1f} s after the crash")  # shown with -s
     assert server.pid != old_pid
     # Ready (answering) comes a moment before the restarter records the restart.
     assert poll(lambda: len(server.restarter.restarts) > restarts_before, 10)
@@ -246,7 +249,7 @@ def test_server_and_each_stub_have_their_memory_ceiling(triton):
     live, _ = server_stubs(triton.pid)
     assert poll(lambda: all(psutil.Process(pid).rlimit(psutil.RLIMIT_AS) == (LIMITS.stub_bytes,) * 2
                             for pid in live), 5)
-    assert len(live) == 3
+    assert len(live) == 4
 
 
 def test_a_runaway_model_fails_alone_at_its_ceiling(triton):
@@ -375,6 +378,14 @@ def case_bomb_by_real_size(server):  # 3 real 4000x4000 images: 48 MP, 170 KB se
     return post_infer(server, *image_request([png(4000, 4000)] * 3))
 
 
+def case_bomb_by_real_size_pillow_model(server):  # the same budget module, in the Pillow model
+    return post_infer(server, *image_request([png(4000, 4000)] * 3), model=PILLOW_ENSEMBLE)
+
+
+def case_bomb_by_header_pillow_model(server):
+    return post_infer(server, *image_request([header_bomb()]), model=PILLOW_ENSEMBLE)
+
+
 def case_shm_key_linux_refuses(server):
     """A system shared-memory key with a slash inside: the admin API (403 without
     the key; with it, Triton's own 500)."""
@@ -440,6 +451,8 @@ HOSTILE = {
     case_header_16kb: ("closed", []),  # no 431
     case_bomb_by_header: (400, ["60000x60000", "max_pixels 20000000"]),
     case_bomb_by_real_size: (400, ["48000000 pixels in total", "max_request_pixels 40000000"]),
+    case_bomb_by_real_size_pillow_model: (400, ["48000000 pixels in total", "max_request_pixels 40000000"]),
+    case_bomb_by_header_pillow_model: (400, ["60000x60000", "max_pixels 20000000"]),
     case_shm_key_linux_refuses: (500, []),  # Triton's: only the admin gets here
     case_grpc_70mb_refused: (400, ["max_input_bytes"]),
     case_slow_client: (200, []),
@@ -458,6 +471,7 @@ def test_hostile_request_is_answered_and_the_server_serves_on(triton, case):
     started = time.monotonic()
     status, text = case(triton)
     took = time.monotonic() - started
+    print(f"{case.__name__}: {status} in {took:.2f} s: {text[:300]}")  # shown with -s
     assert status == expected_status, (status, text[:500])
     assert all(word in text for word in words), text[:500]
     assert took < ANSWER_S
