@@ -478,3 +478,22 @@ def test_hostile_request_is_answered_and_the_server_serves_on(triton, case):
     assert triton.pid == pid  # no crash, no restart
     assert triton.is_ready() and classify_coffee(triton) == "espresso"
     assert server.memory_info().rss - before < SERVER_GROWTH
+
+
+def test_restarts_are_bounded_and_the_cause_logged(tmp_path, caplog):
+    """A server that cannot start again (its model repository gone while it is
+    dead) is retried a bounded number of times, then given up on, causes logged."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    server = TritonServer(repository, stop_grace_s=5).start()  # no models: starts in seconds
+    try:
+        server.restarter.attempts, server.restarter.first_wait_s = 2, 0.1
+        repository.rmdir()
+        os.kill(server.pid, signal.SIGKILL)
+        assert server.restarter.gave_up.wait(RECOVERY_S)
+        assert server.restarter.deaths[0][1] == "killed by SIGKILL" and not server.restarter.restarts
+        assert "tritonserver died while it should run (killed by SIGKILL)" in caplog.text
+        assert "did not come back after 2 attempts" in caplog.text
+        assert "failed to stat file" in caplog.text  # the start-up error says why
+    finally:
+        server.stop()

@@ -169,7 +169,8 @@ class TritonServer:
             LOGGER.warning("model control, shared memory and statistics APIs are open to any client")
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonstack-"))
         self._backends = self.install.assemble_backends(self._workdir / "backends")
-        if self.supervise:
+        self._stopping.clear()
+        if self.supervise and _supervise_stubs not in self.on_ready:
             self.on_ready.append(_supervise_stubs)
         try:
             self.launch()
