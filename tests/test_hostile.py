@@ -497,3 +497,16 @@ def test_restarts_are_bounded_and_the_cause_logged(tmp_path, caplog):
         assert "failed to stat file" in caplog.text  # the start-up error says why
     finally:
         server.stop()
+
+
+def test_check_refuses_a_budget_that_refuses_everything(model_repository, tmp_path):
+    from tritonstack.build.check import check_repository
+
+    shutil.copytree(model_repository / PILLOW, tmp_path / PILLOW)
+    assert check_repository(tmp_path) == []
+    add_parameters(tmp_path / PILLOW, {"max_request_pixels": "500", "max_batch_pixels": "100"})
+    messages = [problem.message for problem in check_repository(tmp_path)]
+    assert any("max_request_pixels 500 is above max_batch_pixels 100" in m for m in messages), messages
+    problems = check_repository(tmp_path)
+    assert any(p.field.startswith("model_warmup") and "(451x300), above this model's max_request_pixels 500"
+               in p.message for p in problems), problems  # its own warmup image would be refused
