@@ -30,6 +30,7 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from tests.test_bad_input import decompression_bomb  # a 16x16 JPEG declaring 60000x60000
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
 from tritonstack.contract import pad_batch
@@ -311,20 +312,6 @@ def raw_http(server: TritonServer, request: bytes):
     return int(answer.split()[1]), answer.decode(errors="replace")
 
 
-def header_bomb() -> bytes:
-    """A 16x16 JPEG whose header declares 60000x60000."""
-    data = bytearray(png_or_jpeg := _jpeg(16, 16))
-    marker = data.index(b"\xff\xc0")
-    data[marker + 5:marker + 9] = (60000).to_bytes(2, "big") * 2
-    return bytes(data)
-
-
-def _jpeg(width: int, height: int) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (width, height), "gray").save(buffer, "JPEG")
-    return buffer.getvalue()
-
-
 def image_request(images: list[bytes]) -> tuple[dict, bytes]:
     batch = pad_batch(images)
     return binary_input(list(batch.shape), batch.size), batch.tobytes()
@@ -372,7 +359,7 @@ def case_header_16kb(server):
 
 
 def case_bomb_by_header(server):
-    return post_infer(server, *image_request([header_bomb()]))
+    return post_infer(server, *image_request([decompression_bomb()]))
 
 
 def case_bomb_by_real_size(server):  # 3 real 4000x4000 images: 48 MP, 170 KB sent
@@ -384,7 +371,7 @@ def case_bomb_by_real_size_pillow_model(server):  # the same budget module, in t
 
 
 def case_bomb_by_header_pillow_model(server):
-    return post_infer(server, *image_request([header_bomb()]), model=PILLOW_ENSEMBLE)
+    return post_infer(server, *image_request([decompression_bomb()]), model=PILLOW_ENSEMBLE)
 
 
 def case_shm_key_linux_refuses(server):
