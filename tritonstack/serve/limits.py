@@ -3,12 +3,13 @@ runaway is that model's failure, never the machine's.
 
 The ceiling is RLIMIT_AS (address space), set with prlimit on the running process:
 it needs no privilege to lower, works in any container, and is per process, so
-every stub has its own. cgroup v2 would bound resident memory instead, but it is
-writable only where the machine delegates it (not on this project's machines: a
-hybrid cgroup v1 layout), so it is not used. What happens at the ceiling: an
-allocation fails. In a stub, DALI or ONNX Runtime raise (that request gets an
-error) or the stub dies (the stub supervisor reloads its model); in tritonserver,
-it aborts (the restarter starts it again).
+every stub has its own. cgroup v2 would bound resident memory instead, but needs a
+delegated hierarchy with the memory controller: on this project's machines the
+unified (v2) hierarchy has no controllers (memory is on cgroup v1, a hybrid layout),
+so it is not used. What happens at the ceiling: an allocation fails. In the DALI
+stub, DALI raises std::bad_alloc and that request gets an error (tested); a stub
+that dies of it instead is reloaded by the stub supervisor; a tritonserver that
+aborts on it (not tried) is started again by the restarter.
 
 The server's ceiling is set right after it is spawned (before it starts any stub:
 stubs inherit it); each stub's, lower, is set by the stub supervisor when it first
