@@ -412,7 +412,9 @@ def _explain(error: RuntimeError) -> str:
     noise = ("Critical error in pipeline:", "Current pipeline object is no longer valid.")
     lines = [line.strip() for line in str(error).splitlines()]
     text = " ".join(line for line in lines if line and line not in noise)
-    if "decoders" in text:
+    if "bad_alloc" in text:  # the stub's memory ceiling (tritonstack.serve.limits)
+        text += " (out of memory: this model's memory ceiling was reached; send fewer or smaller images)"
+    elif "decoders" in text:
         text += " (the input is not a complete image in a format the decoder supports)"
     return "DALI pipeline failed: " + text
 

@@ -15,6 +15,7 @@ import time
 from tritonstack import cli
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, DEFAULT_MAX_INPUT_BYTES
 from tritonstack.serve.launcher import ServerStartError, TritonServer, UnservableRepository
+from tritonstack.serve.limits import MemoryLimits
 from tritonstack.serve.network import LOOPBACK, port_in_use
 from tritonstack.serve.security import RESTRICTED_APIS
 
@@ -26,7 +27,7 @@ def _interrupt(signum, frame):
 
 
 def _restarting(server: TritonServer) -> bool:
-    return server.restarter is not None and not server.restarter.gave_up.is_set()
+    return server.restarter is not None and server.restarter.is_alive()
 
 
 def check_free_ports(host: str, ports: dict[str, int]) -> None:
@@ -58,6 +59,13 @@ def serve(argv: list[str] | None) -> int:
                              f"(default: they need the header {ADMIN_HEADER}: ${ADMIN_KEY_ENV})")
     parser.add_argument("--max-input-bytes", type=cli.positive_int, default=DEFAULT_MAX_INPUT_BYTES,
                         help="largest request accepted, in bytes")
+    defaults = MemoryLimits.default()
+    parser.add_argument("--server-memory-bytes", type=int, default=defaults.server_bytes,
+                        help="tritonserver's address-space ceiling (default: half the machine's memory, >= 8 GiB)")
+    parser.add_argument("--stub-memory-bytes", type=int, default=defaults.stub_bytes,
+                        help="each backend stub's ceiling, and its decode budgets' share "
+                             "(default: a quarter of the machine's memory, >= 4 GiB)")
+    parser.add_argument("--no-memory-limits", action="store_true", help="no memory ceilings")
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -73,6 +81,8 @@ def serve(argv: list[str] | None) -> int:
         extra_args=tuple(args.extra),
         restricted_apis=() if args.open_apis else RESTRICTED_APIS,
         max_input_bytes=args.max_input_bytes,
+        memory_limits=MemoryLimits(args.server_memory_bytes, args.stub_memory_bytes),
+        limit_memory=not args.no_memory_limits,
     )
     try:
         server.check_repository()  # before anything else is said: one line, exit 2

@@ -49,6 +49,7 @@ from pathlib import Path
 from tritonstack.contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV, admin_headers
 from tritonstack.rules import unservable_reason
 from tritonstack.serve.install import TritonInstall
+from tritonstack.serve.limits import MemoryLimits, limit_address_space
 from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
 from tritonstack.serve import security
 from tritonstack.serve.security import RESTRICTED_APIS
@@ -91,6 +92,8 @@ class TritonServer:
         supervise: bool = True,
         restart: bool = True,
         environment: dict[str, str] | None = None,
+        memory_limits: MemoryLimits | None = None,
+        limit_memory: bool = True,
     ):
         # Object storage (s3://, gs://, as://) is fetched by Triton itself.
         self.model_repository = (str(model_repository) if is_remote_repository(model_repository)
@@ -111,6 +114,8 @@ class TritonServer:
         # Added to the server's (and its stubs') environment; None: the launcher's
         # allocator settings (tritonstack/serve/stub_environment.py).
         self.environment = dict(STUB_ENVIRONMENT if environment is None else environment)
+        # Address-space ceilings (tritonstack.serve.limits); None: the defaults.
+        self.memory_limits = (memory_limits or MemoryLimits.default()) if limit_memory else None
         self.process: subprocess.Popen | None = None
         self.supervisor: StubSupervisor | None = None
         self.restarter: ServerRestarter | None = None
@@ -197,7 +202,8 @@ class TritonServer:
         self._backends = self.install.assemble_backends(self._workdir / "backends")
         if isinstance(self.model_repository, Path):
             self._bytecode_before = _bytecode_folders(self.model_repository)
-        if self.supervise:
+        self._stopping.clear()
+        if self.supervise and _supervise_stubs not in self.on_ready:
             self.on_ready.append(_supervise_stubs)
         try:
             self.launch()
@@ -219,6 +225,7 @@ class TritonServer:
             env[REPOSITORY_ENV] = str(self.model_repository)
         env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
         env.update(self.environment)
+        env.update(self.memory_limits.environment() if self.memory_limits else {})
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(self._backends),
@@ -228,6 +235,8 @@ class TritonServer:
                 start_new_session=True,  # its own process group, stubs included
                 preexec_fn=die_with_launcher(os.getpid()),
             )
+        if self.memory_limits:  # before it loads models: the stubs inherit it
+            limit_address_space(self.process.pid, self.memory_limits.server_bytes)
         self.wait_ready()
         for callback in self.on_ready:
             callback(self)
@@ -346,7 +355,10 @@ def _supervise_stubs(server: TritonServer) -> None:
     if server.supervisor is not None:
         server.supervisor.stop()
     reload = functools.partial(reload_model, server.http_url, server.admin_headers("http"))
-    server.supervisor = StubSupervisor(server.process.pid, reload if server.explicit_model_control else None)
+    limit = (functools.partial(limit_address_space, limit_bytes=server.memory_limits.stub_bytes)
+             if server.memory_limits else None)
+    server.supervisor = StubSupervisor(server.process.pid, reload if server.explicit_model_control else None,
+                                       on_new_stub=limit)
     server.supervisor.start()
 
 

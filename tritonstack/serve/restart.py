@@ -98,7 +98,7 @@ class ServerRestarter(threading.Thread):
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.attempts),
             wait=tenacity.wait_exponential(multiplier=self.first_wait_s, max=self.max_wait_s),
-            retry=tenacity.retry_if_exception_type(RuntimeError),
+            retry=tenacity.retry_if_exception_type((RuntimeError, OSError)),
             before_sleep=lambda state: LOGGER.warning(
                 "restarting tritonserver failed (attempt %d): %s",
                 state.attempt_number, state.outcome.exception()),
@@ -112,7 +112,7 @@ class ServerRestarter(threading.Thread):
                         return True
                     LOGGER.warning("restarting tritonserver on %s", self.server.http_url)
                     self.relaunch()
-        except RuntimeError as error:
+        except (RuntimeError, OSError) as error:
             LOGGER.error("tritonserver did not come back after %d attempts: %s", self.attempts, error)
             return False
         if not self._stopping.is_set():

@@ -70,17 +70,20 @@ def reload_model(http_url: str, admin_headers: dict[str, str], model: str) -> bo
 class StubSupervisor(threading.Thread):
     """Watches the stubs of the server process `server_pid`; calls `reload(model)`
     for a model whose stub died (None: explicit model control is off, so it can
-    only say so)."""
+    only say so), and `on_new_stub(pid)` for each stub when first seen alive."""
 
-    def __init__(self, server_pid: int, reload: Callable[[str], bool] | None, poll_s: float = 0.5):
+    def __init__(self, server_pid: int, reload: Callable[[str], bool] | None, poll_s: float = 0.5,
+                 on_new_stub: Callable[[int], object] | None = None):
         super().__init__(name="stub-supervisor", daemon=True)
         self.server_pid = server_pid
         self.reload = reload
         self.poll_s = poll_s
+        self.on_new_stub = on_new_stub
         self.reloads: list[tuple[float, str]] = []  # (time.monotonic(), model)
         self._stopping = threading.Event()
         # Seen now, before start() returns: a stub killed right after is still caught.
-        self._models: dict[int, str] = server_stubs(server_pid)[0]  # pid -> model, ever seen alive
+        self._models: dict[int, str] = {}  # pid -> model, ever seen alive
+        self._seen(server_stubs(server_pid)[0])
 
     def stop(self) -> None:
         self._stopping.set()
@@ -94,11 +97,17 @@ class StubSupervisor(threading.Thread):
                 live, dead = server_stubs(self.server_pid)
             except psutil.NoSuchProcess:
                 return  # the server itself is gone: the launcher reports that
-            self._models.update(live)
+            self._seen(live)
             for pid in sorted(dead - handled):
                 handled.add(pid)
                 if pid in self._models and not self._stopping.is_set():
                     self._stub_died(self._models.pop(pid))
+
+    def _seen(self, live: dict[int, str]) -> None:
+        for pid in live.keys() - self._models.keys():
+            if self.on_new_stub is not None:
+                self.on_new_stub(pid)
+        self._models.update(live)
 
     def _stub_died(self, model: str) -> None:
         if self.reload is None:

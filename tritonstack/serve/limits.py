@@ -1,0 +1,70 @@
+"""Memory ceilings for tritonserver and each backend stub, so that one model's
+runaway is that model's failure, never the machine's.
+
+The ceiling is RLIMIT_AS (address space), set with prlimit on the running process:
+it needs no privilege to lower, works in any container, and is per process, so
+every stub has its own. cgroup v2 would bound resident memory instead, but needs a
+delegated hierarchy with the memory controller: on this project's machines the
+unified (v2) hierarchy has no controllers (memory is on cgroup v1, a hybrid layout),
+so it is not used. What happens at the ceiling: an allocation fails. In the DALI
+stub, DALI raises std::bad_alloc and that request gets an error (tested); a stub
+that dies of it instead is reloaded by the stub supervisor; a tritonserver that
+aborts on it (not tried) is started again by the restarter.
+
+The server's ceiling is set right after it is spawned (before it starts any stub:
+stubs inherit it); each stub's, lower, is set by the stub supervisor when it first
+sees the stub, and is exported to the backends ($TRITONSTACK_STUB_MEMORY_BYTES) as
+the memory share their decode budgets derive from. Address space counts reserved,
+not only used, memory (tritonserver reserves ~2.7 GB of thread stacks idle, a DALI
+stub ~1.2 GB), hence the floors below.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import psutil
+
+from tritonstack.decode_budget import STUB_MEMORY_ENV
+
+LOGGER = logging.getLogger("tritonstack.serve")
+GiB = 1 << 30
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@dataclass(frozen=True)
+class MemoryLimits:
+    server_bytes: int  # tritonserver's address space
+    stub_bytes: int  # each backend stub's address space
+
+    @classmethod
+    def default(cls) -> "MemoryLimits":
+        """Half the machine's memory for the server, a quarter for each stub, with
+        floors above what they reserve when idle."""
+        memory = physical_memory_bytes()
+        return cls(server_bytes=max(8 * GiB, memory // 2), stub_bytes=max(4 * GiB, memory // 4))
+
+    def environment(self) -> dict[str, str]:
+        """What the backends are told: their share, for the decode budget."""
+        return {STUB_MEMORY_ENV: str(self.stub_bytes)}
+
+
+def limit_address_space(pid: int, limit_bytes: int) -> bool:
+    """Lower a process's RLIMIT_AS (soft and hard) to limit_bytes; False when the
+    process is gone."""
+    try:
+        process = psutil.Process(pid)
+        _, hard = process.rlimit(psutil.RLIMIT_AS)
+        limit = limit_bytes if hard == psutil.RLIM_INFINITY else min(limit_bytes, hard)
+        process.rlimit(psutil.RLIMIT_AS, (limit, limit))
+        return True
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except (psutil.AccessDenied, OSError) as error:
+        LOGGER.warning("cannot limit the memory of process %d: %s", pid, error)
+        return False
