@@ -651,6 +651,8 @@ REQUIRED_KEYS = (
     "inprocess_images_per_s", "server_images_per_s", "dali_preprocess_images_per_s", "pil_preprocess_images_per_s",
     *RATIO_KEYS, *(f"{key}_spread" for key in RATIO_KEYS),
     "capacity_at_slo", "int8_top1_agreement", "int8_top5_overlap",
+    # what loadtests/plan.py reads
+    "latency_ms_p50_concurrency_1", "open_loop_rate", "open_loop_ms_p50", "open_loop_ms_p99",
     "server_rss_mb", "errors", "versions", "cpu_model", "cpu_count",
 )
 

@@ -16,7 +16,9 @@ from tests.conftest import PROJECT_ROOT
 from tests.test_build import build
 from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import ModelConfig, Tensor, read_config
+from tritonstack import rules
 from tritonstack.contract import CONFIG_FILENAME
+from tritonstack.dali_proto import parse_pipeline
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"
@@ -225,12 +227,21 @@ def test_invalid_model_dali(repo):
 
 
 def test_pipeline_external_source_without_config_input(repo):
-    """The other half of 'inputs by name, both ways': a source no config input feeds."""
+    """The other half of 'inputs by name, both ways'. Auto-complete adds a source the
+    config leaves out, as the C++ backend's does (dali_backend
+    src/config_tools/config_tools.cc, AutofillConfig), so check accepts it; with
+    auto-complete off (Triton's --disable-auto-complete-config) the backend applies
+    the rule to the config as written."""
     config = rf.dali_config("two_sources", inputs=(Tensor("A", "FP32", (-1,)),),
                             outputs=(Tensor("SUM", "FP32", (-1,)), Tensor("PRODUCT", "FP32", (-1,))))
-    rf.write_model(repo, config, {"model.dali": rf.serialized(rf.two_in_two_out_pipeline)})
+    pipeline = rf.serialized(rf.two_in_two_out_pipeline)
+    rf.write_model(repo, config, {"model.dali": pipeline})
+    assert problems_of(repo) == []
+    written = {"name": "two_sources", "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [-1]}],
+               "output": [{"name": "SUM", "data_type": "TYPE_FP32", "dims": [-1]},
+                          {"name": "PRODUCT", "data_type": "TYPE_FP32", "dims": [-1]}]}
     assert "two_sources: input 'B': the pipeline's external source has no config input; add an input " \
-           "named 'B' (config inputs: A)" in problems_of(repo)
+           "named 'B' (config inputs: A)" in [str(p) for p in rules.dali_problems(written, parse_pipeline(pipeline))]
 
 
 @pipeline_def(batch_size=1, num_threads=1, device_id=None)

@@ -13,6 +13,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
+from tests.processes import wait_for
 from tritonstack.build.model_config import DynamicBatching, Tensor
 from tritonstack.samples import photo_bytes
 from tritonstack.serve.launcher import TritonServer
@@ -262,8 +263,9 @@ def test_serializing_dali_version_differing_is_logged(repository, http, triton):
     name = rf.write_model(repository, rf.identity_config("old_pipeline"),
                           {"model.dali": rf.serialized(rf.identity_pipeline), "model.dali.version": "1.0.0\n"})
     http.load_model(name)
-    log = triton.log_path.read_text(errors="replace")
-    assert "pipeline serialized with DALI 1.0.0, served with DALI 2.4" in log
+    # The stub's log lines reach Triton's log through its IPC queue: maybe after the load returned.
+    wait_for(lambda: "pipeline serialized with DALI 1.0.0, served with DALI 2.4"
+             in triton.log_path.read_text(errors="replace"), timeout_s=30, what="the version-skew warning")
 
 
 def test_per_model_max_input_bytes_overrides_the_launchers(repository, http, identity):
