@@ -6,7 +6,10 @@ heap kept the freed image buffers)."""
 
 from __future__ import annotations
 
+import psutil
+
 from loadtests.memory_probe import MODEL, RoundSender, rss_mib, rss_parts_mib, sized_photos, stub_pid
+from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
 
 ROUNDS = 3
 REQUESTS_PER_ROUND = 300  # the 15 images 20 times, from 4 threads
@@ -38,3 +41,10 @@ def test_dali_stub_rss_stays_flat_over_identical_rounds_of_varied_sizes(server):
     print(f"{MODEL} RSS after each round: {[round(value, 1) for value in rss]} MiB; {parts}")
     assert stub_pid(server.pid, MODEL) == pid, "the stub was restarted during the test"
     assert rss[2] - rss[1] < MAX_THIRD_ROUND_GROWTH_MIB, (rss, parts)
+
+
+def test_the_dali_stub_runs_with_the_launchers_allocator_settings(server):
+    """The rounds above pass with glibc's defaults too once a burst has grown the
+    heap (docs/memory.md): the setting that keeps the heap small is checked here."""
+    environ = psutil.Process(stub_pid(server.pid, MODEL)).environ()
+    assert STUB_ENVIRONMENT and {key: environ.get(key) for key in STUB_ENVIRONMENT} == STUB_ENVIRONMENT
