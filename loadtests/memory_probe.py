@@ -42,6 +42,7 @@ from tritonstack.contract import (
     PREPROCESS_OUTPUT,
     preprocessing_name,
 )
+from loadtests.soak import bad_samples, good_samples, rss_parts_mib
 from tritonstack.samples import PHOTOS, photo_path
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
@@ -99,17 +100,6 @@ def stub_pid(server_pid: int, model: str = MODEL) -> int:
 
 def rss_mib(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / 2**20
-
-
-def rss_parts_mib(pid: int) -> dict[str, float]:
-    """RSS split by kind (Linux): anonymous (the heap), file-backed (libraries),
-    shared memory (the Python backend's /dev/shm region)."""
-    parts = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("RssAnon", "RssFile", "RssShmem"):
-            parts[key] = round(int(value.split()[0]) / 1024, 2)
-    return parts
 
 
 class RoundSender:
@@ -182,8 +172,6 @@ class VariantRun:
 
 def bad_inputs() -> list[bytes]:
     """The soak's bad inputs: the decoder fails on each, the pipeline is rebuilt."""
-    from loadtests.soak import bad_samples
-
     return [sample.data for sample in bad_samples()]
 
 
@@ -205,10 +193,14 @@ def start_variant(stack: ExitStack, name: str, repository: Path, workdir: Path, 
 
 def run_probe(repository: Path, variants: list[str], rounds: int, requests: int, sizes=SIZES,
               workers: int = 4, inputs: str = "photos", log=print) -> dict:
-    """inputs: "photos" (sized_photos), "bad" (the soak's bad inputs) or "mixed"
-    (the photos, then the bad inputs, in each round)."""
-    bad = bad_inputs() if inputs in ("bad", "mixed") else []
-    images = (sized_photos(sizes) if inputs in ("photos", "mixed") else []) + bad
+    """inputs: "photos" (sized_photos), "bad" (the soak's bad inputs), "mixed"
+    (the photos, then the bad inputs, in each round) or "soak" (the soak's own good
+    photos as they ship, PNG and JPEG, three times, then its bad inputs)."""
+    bad = bad_inputs() if inputs in ("bad", "mixed", "soak") else []
+    if inputs == "soak":
+        images = [sample.data for sample in good_samples()] * 3 + bad
+    else:
+        images = (sized_photos(sizes) if inputs in ("photos", "mixed") else []) + bad
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="memory-probe-") as workdir:
         runs = [start_variant(stack, name, repository, Path(workdir), workers, frozenset(bad)) for name in variants]
         for run in runs:
@@ -258,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=600, help="requests per round")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="longer sides, px")
     parser.add_argument("--workers", type=int, default=4, help="client threads")
-    parser.add_argument("--inputs", choices=("photos", "bad", "mixed"), default="photos",
+    parser.add_argument("--inputs", choices=("photos", "bad", "mixed", "soak"), default="photos",
                         help="bad: the soak's bad inputs (pipeline errors and rebuilds); mixed: both")
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--out", type=Path, default=Path("reports/memory_probe.json"))

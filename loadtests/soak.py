@@ -172,6 +172,18 @@ def server_processes(server_pid: int) -> dict[str, psutil.Process]:
     return processes
 
 
+def rss_parts_mib(pid: int) -> dict[str, float]:
+    """RSS split by kind (Linux): anonymous (the heap), file-backed (libraries),
+    shared memory (the Python backend's /dev/shm region, mapped by the server and
+    by each stub: its pages touched count in both)."""
+    parts = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssFile", "RssShmem"):
+            parts[key] = round(int(value.split()[0]) / 1024, 2)
+    return parts
+
+
 class ResourceSampler(threading.Thread):
     """RSS (MiB) and open file descriptors of the server's processes, every period."""
 
@@ -184,12 +196,14 @@ class ResourceSampler(threading.Thread):
         self._t0 = time.monotonic()
 
     def sample(self) -> None:
-        row = {"t_s": round(time.monotonic() - self._t0, 2), "rss_mib": {}, "fds": {}}
+        row = {"t_s": round(time.monotonic() - self._t0, 2), "rss_mib": {}, "fds": {}, "anon_mib": {}, "shmem_mib": {}}
         for name, process in server_processes(self.server_pid).items():
             try:
                 row["rss_mib"][name] = round(process.memory_info().rss / 2**20, 2)
                 row["fds"][name] = process.num_fds()
-            except psutil.NoSuchProcess:
+                parts = rss_parts_mib(process.pid)
+                row["anon_mib"][name], row["shmem_mib"][name] = parts["RssAnon"], parts["RssShmem"]
+            except (psutil.NoSuchProcess, FileNotFoundError, KeyError):
                 continue
         self.samples.append(row)
 
@@ -228,6 +242,9 @@ def analyse(tally: Tally, samples: list[dict], duration_s: float, warmup_s: floa
     processes = sorted({name for row in samples for name in row["rss_mib"]})
     rss = {name: growth(samples, "rss_mib", name, warmup_s) for name in processes}
     fds = {name: growth(samples, "fds", name, warmup_s) for name in processes}
+    # Where the RSS growth lies: the heap, or the shared-memory region's pages (bounded).
+    anon = {name: growth(samples, "anon_mib", name, warmup_s) for name in processes}
+    shmem = {name: growth(samples, "shmem_mib", name, warmup_s) for name in processes}
     worst = max((g["growth_pct"] for g in rss.values() if g and g["growth_pct"] is not None), default=0.0)
     window = max((g["window_s"] for g in rss.values() if g), default=0.0)
     memory_judged = window >= MIN_JUDGED_WINDOW_S
@@ -244,6 +261,8 @@ def analyse(tally: Tally, samples: list[dict], duration_s: float, warmup_s: floa
         "failures": tally.failures,
         "rss_growth": rss,
         "fd_growth": fds,
+        "anon_growth": anon,
+        "shmem_growth": shmem,
         "worst_rss_growth_pct": worst,
         "max_rss_growth_pct": MAX_GROWTH_PCT,
         "judged_window_s": window,
@@ -286,6 +305,10 @@ def summary(report: dict) -> str:
             lines.append(f"    {name:48s} RSS {rss['first']:8.1f} -> {rss['last']:8.1f} MiB, "
                          f"slope {rss['slope_per_min']:+8.3f} MiB/min, growth {rss['growth_pct']:+6.2f}%; "
                          f"fds {fds['first']:.0f} -> {fds['last']:.0f}")
+            anon, shmem = report["anon_growth"].get(name), report["shmem_growth"].get(name)
+            if anon and shmem:
+                lines.append(f"    {'':48s} of which heap (RssAnon) {anon['fitted_start']:.1f} -> {anon['fitted_end']:.1f}, "
+                             f"shared memory (RssShmem) {shmem['fitted_start']:.1f} -> {shmem['fitted_end']:.1f} MiB (fitted)")
     lines += [f"  failure: {failure}" for failure in report["failures"]]
     if report["memory_passed"] is None:
         lines.append(f"  memory not judged: {report['judged_window_s']:.0f} s after warm-up, "
