@@ -73,8 +73,8 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
-def sized_photos(sizes=SIZES, photos=tuple(PHOTOS)) -> list[bytes]:
-    """Each photo resized so its longer side is each size, as JPEG (quality 90)."""
+def sized_photos(sizes=SIZES, photos=tuple(PHOTOS), image_format: str = "JPEG") -> list[bytes]:
+    """Each photo resized so its longer side is each size, as JPEG (quality 90) or PNG."""
     images = []
     for name in photos:
         with Image.open(photo_path(name)) as photo:
@@ -84,7 +84,7 @@ def sized_photos(sizes=SIZES, photos=tuple(PHOTOS)) -> list[bytes]:
             resized = rgb.resize((max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale))),
                                  Image.Resampling.BILINEAR)
             encoded = io.BytesIO()
-            resized.save(encoded, format="JPEG", quality=90)
+            resized.save(encoded, format=image_format, **({"quality": 90} if image_format == "JPEG" else {}))
             images.append(encoded.getvalue())
     return images
 
@@ -192,7 +192,7 @@ def start_variant(stack: ExitStack, name: str, repository: Path, workdir: Path, 
 
 
 def run_probe(repository: Path, variants: list[str], rounds: int, requests: int, sizes=SIZES,
-              workers: int = 4, inputs: str = "photos", log=print) -> dict:
+              workers: int = 4, inputs: str = "photos", image_format: str = "JPEG", log=print) -> dict:
     """inputs: "photos" (sized_photos), "bad" (the soak's bad inputs), "mixed"
     (the photos, then the bad inputs, in each round) or "soak" (the soak's own good
     photos as they ship, PNG and JPEG, three times, then its bad inputs)."""
@@ -200,7 +200,7 @@ def run_probe(repository: Path, variants: list[str], rounds: int, requests: int,
     if inputs == "soak":
         images = [sample.data for sample in good_samples()] * 3 + bad
     else:
-        images = (sized_photos(sizes) if inputs in ("photos", "mixed") else []) + bad
+        images = (sized_photos(sizes, image_format=image_format) if inputs in ("photos", "mixed") else []) + bad
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="memory-probe-") as workdir:
         runs = [start_variant(stack, name, repository, Path(workdir), workers, frozenset(bad)) for name in variants]
         for run in runs:
@@ -213,7 +213,7 @@ def run_probe(repository: Path, variants: list[str], rounds: int, requests: int,
                     f"{row['seconds']:.1f} s{trace_line(row)}")
         return {
             "model": MODEL, "inputs": inputs, "sizes": list(sizes), "images": len(images),
-            "requests_per_round": requests,
+            "requests_per_round": requests, "format": image_format,
             "workers": workers,
             "variants": {run.name: {"environment": VARIANTS[run.name], "rounds": run.rounds} for run in runs},
         }
@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=600, help="requests per round")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="longer sides, px")
     parser.add_argument("--workers", type=int, default=4, help="client threads")
+    parser.add_argument("--format", choices=("JPEG", "PNG"), default="JPEG", help="of the sized photos")
     parser.add_argument("--inputs", choices=("photos", "bad", "mixed", "soak"), default="photos",
                         help="bad: the soak's bad inputs (pipeline errors and rebuilds); mixed: both")
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     report = run_probe(args.model_repository, variants, args.rounds, args.requests,
-                       tuple(int(size) for size in args.sizes.split(",")), args.workers, args.inputs)
+                       tuple(int(size) for size in args.sizes.split(",")), args.workers, args.inputs, args.format)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(summary(report))
