@@ -1,7 +1,7 @@
 """Soak: mixed good and bad images over HTTP and gRPC for a while, watching the
 server's memory and file descriptors.
 
-    python loadtests/soak.py --duration 600 --out reports/soak.json   # make soak DURATION=600
+    python -m loadtests.soak --duration 1800 --out reports/soak.json   # make soak
 
 Plain threads, one tritonclient per worker (no gevent: NOTES.md), batch-1
 requests so that good and bad images share the server's dynamic batches. Every
@@ -14,8 +14,9 @@ backend stub process are sampled over time (one sample a second).
 The memory verdict (docs/memory.md): for each process, a least-squares line through
 its RSS samples after warm-up (default: the first quarter of the run, when buffers,
 the Python backend's shared memory and the allocator's pools reach their working
-size); its growth is the line's rise over the window, as a percentage of the line's
-value at the window's start, and must stay under MAX_GROWTH_PCT. A line, not the
+size; before the run, bursts of full batches bring the batch-sized ones there, see
+`saturate`); its growth is the line's rise over the window, as a percentage of the
+line's value at the window's start, and must stay under MAX_GROWTH_PCT. A line, not the
 first and last samples: the stub's RSS swings by a few MiB with the dynamic batch
 sizes, and a fit over hundreds of samples is not fooled by one swing. The window
 must last MIN_JUDGED_WINDOW_S at least: over a shorter one a slow leak hides in
@@ -48,6 +49,8 @@ from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.supervision import server_stubs
 
 MAX_GROWTH_PCT = 2.0
+# Simultaneous requests of the burst before the run: the models' max_batch_size.
+BURST_CONCURRENCY = 32
 # Shortest window after warm-up over which the memory is judged (docs/memory.md).
 MIN_JUDGED_WINDOW_S = 600.0
 CLIENT_ERRORS = {"StatusCode.UNKNOWN", "StatusCode.INVALID_ARGUMENT"}
@@ -126,6 +129,12 @@ class MixedLoad:
                 worker.start()
                 self._threads.append(worker)
         return self
+
+    def join(self) -> Tally:
+        """Wait until the request budget is spent."""
+        for worker in self._threads:
+            worker.join()
+        return self.tally
 
     def stop(self) -> Tally:
         self._stopping.set()
@@ -274,11 +283,23 @@ def analyse(tally: Tally, samples: list[dict], duration_s: float, warmup_s: floa
     }
 
 
+def saturate(server: TritonServer, concurrency: int = BURST_CONCURRENCY, rounds: int = 3) -> Tally:
+    """Bursts of `concurrency` simultaneous valid requests: the dynamic batcher forms
+    full batches, so DALI's reused buffers and the Python backend's shared-memory
+    region reach the working size of the largest batch before the run is measured
+    (docs/memory.md: their pages, touched only by larger batches, would otherwise
+    rise whenever a busy moment first forms one)."""
+    burst = MixedLoad({"http": server.http_url, "grpc": server.grpc_url}, concurrency // 2, bad_ratio=0.0,
+                      max_requests=concurrency * rounds).start()
+    return burst.join()
+
+
 def run_soak(server: TritonServer, duration_s: float, warmup_s: float | None = None,
              workers_per_protocol: int = 2, bad_ratio: float = 0.25, period_s: float = 1.0,
-             max_requests: int = 1_000_000) -> dict:
+             max_requests: int = 1_000_000, burst: bool = True) -> dict:
     """Soak a running server; the report says whether it passed and why."""
     warmup_s = duration_s / 4 if warmup_s is None else warmup_s
+    burst_tally = saturate(server) if burst else None
     sampler = ResourceSampler(server.process.pid, period_s)
     sampler.start()
     started = time.monotonic()
@@ -286,7 +307,9 @@ def run_soak(server: TritonServer, duration_s: float, warmup_s: float | None = N
                      workers_per_protocol, bad_ratio, max_requests).start()
     time.sleep(duration_s)
     tally = load.stop()
-    return analyse(tally, sampler.stop(), time.monotonic() - started, warmup_s)
+    report = analyse(tally, sampler.stop(), time.monotonic() - started, warmup_s)
+    report["burst_counts"] = dict(burst_tally.counts) if burst_tally else None
+    return report
 
 
 def summary(report: dict) -> str:
