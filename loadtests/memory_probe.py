@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 from PIL import Image
 
 from tritonstack.contract import (
@@ -41,6 +42,7 @@ from tritonstack.contract import (
     PREPROCESS_OUTPUT,
     preprocessing_name,
 )
+from loadtests.soak import bad_samples, good_samples, rss_parts_mib
 from tritonstack.samples import PHOTOS, photo_path
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
@@ -59,6 +61,7 @@ MMAP_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 VARIANTS: dict[str, dict[str, str]] = {
     "glibc-default": NO_TRIM,
     "launcher": STUB_ENVIRONMENT,
+    "launcher-trim-every-8": {**STUB_ENVIRONMENT, MALLOC_TRIM_ENV: "8"},
     "arena-max-2": {**NO_TRIM, "MALLOC_ARENA_MAX": "2"},
     "arena-max-1": {**NO_TRIM, "MALLOC_ARENA_MAX": "1"},
     "mmap-threshold": {**NO_TRIM, **MMAP_THRESHOLD},
@@ -70,8 +73,8 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
-def sized_photos(sizes=SIZES, photos=tuple(PHOTOS)) -> list[bytes]:
-    """Each photo resized so its longer side is each size, as JPEG (quality 90)."""
+def sized_photos(sizes=SIZES, photos=tuple(PHOTOS), image_format: str = "JPEG") -> list[bytes]:
+    """Each photo resized so its longer side is each size, as JPEG (quality 90) or PNG."""
     images = []
     for name in photos:
         with Image.open(photo_path(name)) as photo:
@@ -81,7 +84,7 @@ def sized_photos(sizes=SIZES, photos=tuple(PHOTOS)) -> list[bytes]:
             resized = rgb.resize((max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale))),
                                  Image.Resampling.BILINEAR)
             encoded = io.BytesIO()
-            resized.save(encoded, format="JPEG", quality=90)
+            resized.save(encoded, format=image_format, **({"quality": 90} if image_format == "JPEG" else {}))
             images.append(encoded.getvalue())
     return images
 
@@ -99,23 +102,12 @@ def rss_mib(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
-def rss_parts_mib(pid: int) -> dict[str, float]:
-    """RSS split by kind (Linux): anonymous (the heap), file-backed (libraries),
-    shared memory (the Python backend's /dev/shm region)."""
-    parts = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("RssAnon", "RssFile", "RssShmem"):
-            parts[key] = round(int(value.split()[0]) / 1024, 2)
-    return parts
-
-
 class RoundSender:
     """Sends a round of batch-1 requests over HTTP from a few threads; one
     tritonclient per thread (the sync HTTP client is not thread-safe)."""
 
-    def __init__(self, url: str, workers: int = 4, model: str = MODEL):
-        self.url, self.workers, self.model = url, workers, model
+    def __init__(self, url: str, workers: int = 4, model: str = MODEL, bad_images: frozenset[bytes] = frozenset()):
+        self.url, self.workers, self.model, self.bad_images = url, workers, model, bad_images
         self._local = threading.local()
         self._clients: list[httpclient.InferenceServerClient] = []
         self._lock = threading.Lock()
@@ -131,8 +123,16 @@ class RoundSender:
         data = np.frombuffer(image, dtype=np.uint8)[np.newaxis]
         tensor = httpclient.InferInput(PREPROCESS_INPUT, list(data.shape), "UINT8")
         tensor.set_data_from_numpy(data, binary_data=True)
-        result = self._client().infer(self.model, [tensor], outputs=[
-            httpclient.InferRequestedOutput(PREPROCESS_OUTPUT, binary_data=True)])
+        outputs = [httpclient.InferRequestedOutput(PREPROCESS_OUTPUT, binary_data=True)]
+        if image in self.bad_images:  # the pipeline fails on it and is rebuilt: a client error is the answer
+            try:
+                self._client().infer(self.model, [tensor], outputs=outputs)
+            except InferenceServerException as error:
+                if str(error.status()).startswith("4"):
+                    return
+                raise
+            raise RuntimeError("a bad input was accepted")
+        result = self._client().infer(self.model, [tensor], outputs=outputs)
         if result.as_numpy(PREPROCESS_OUTPUT).shape != (1, 3, 224, 224):
             raise RuntimeError(f"unexpected output shape {result.as_numpy(PREPROCESS_OUTPUT).shape}")
 
@@ -170,7 +170,13 @@ class VariantRun:
         return row
 
 
-def start_variant(stack: ExitStack, name: str, repository: Path, workdir: Path, workers: int) -> VariantRun:
+def bad_inputs() -> list[bytes]:
+    """The soak's bad inputs: the decoder fails on each, the pipeline is rebuilt."""
+    return [sample.data for sample in bad_samples()]
+
+
+def start_variant(stack: ExitStack, name: str, repository: Path, workdir: Path, workers: int,
+                  bad_images: frozenset[bytes] = frozenset()) -> VariantRun:
     environment = dict(VARIANTS[name])
     trace_path = None
     if name.startswith("traced"):
@@ -180,16 +186,23 @@ def start_variant(stack: ExitStack, name: str, repository: Path, workdir: Path, 
     server = stack.enter_context(TritonServer(
         repository, environment=environment,
         extra_args=("--model-control-mode=explicit", f"--load-model={MODEL}")))
-    sender = RoundSender(server.http_url, workers)
+    sender = RoundSender(server.http_url, workers, bad_images=bad_images)
     stack.callback(sender.close)
     return VariantRun(name, server, sender, trace_path)
 
 
 def run_probe(repository: Path, variants: list[str], rounds: int, requests: int, sizes=SIZES,
-              workers: int = 4, log=print) -> dict:
-    images = sized_photos(sizes)
+              workers: int = 4, inputs: str = "photos", image_format: str = "JPEG", log=print) -> dict:
+    """inputs: "photos" (sized_photos), "bad" (the soak's bad inputs), "mixed"
+    (the photos, then the bad inputs, in each round) or "soak" (the soak's own good
+    photos as they ship, PNG and JPEG, three times, then its bad inputs)."""
+    bad = bad_inputs() if inputs in ("bad", "mixed", "soak") else []
+    if inputs == "soak":
+        images = [sample.data for sample in good_samples()] * 3 + bad
+    else:
+        images = (sized_photos(sizes, image_format=image_format) if inputs in ("photos", "mixed") else []) + bad
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="memory-probe-") as workdir:
-        runs = [start_variant(stack, name, repository, Path(workdir), workers) for name in variants]
+        runs = [start_variant(stack, name, repository, Path(workdir), workers, frozenset(bad)) for name in variants]
         for run in runs:
             run.record(0, 0.0)  # after start-up and warm-up, before any request
         for round_index in range(1, rounds + 1):
@@ -199,7 +212,8 @@ def run_probe(repository: Path, variants: list[str], rounds: int, requests: int,
                 log(f"round {round_index} {run.name:17s} stub RSS {row['stub_rss_mib']:8.2f} MiB ({parts}) "
                     f"{row['seconds']:.1f} s{trace_line(row)}")
         return {
-            "model": MODEL, "sizes": list(sizes), "images": len(images), "requests_per_round": requests,
+            "model": MODEL, "inputs": inputs, "sizes": list(sizes), "images": len(images),
+            "requests_per_round": requests, "format": image_format,
             "workers": workers,
             "variants": {run.name: {"environment": VARIANTS[run.name], "rounds": run.rounds} for run in runs},
         }
@@ -236,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=600, help="requests per round")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="longer sides, px")
     parser.add_argument("--workers", type=int, default=4, help="client threads")
+    parser.add_argument("--format", choices=("JPEG", "PNG"), default="JPEG", help="of the sized photos")
+    parser.add_argument("--inputs", choices=("photos", "bad", "mixed", "soak"), default="photos",
+                        help="bad: the soak's bad inputs (pipeline errors and rebuilds); mixed: both")
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--out", type=Path, default=Path("reports/memory_probe.json"))
     args = parser.parse_args(argv)
@@ -244,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     report = run_probe(args.model_repository, variants, args.rounds, args.requests,
-                       tuple(int(size) for size in args.sizes.split(",")), args.workers)
+                       tuple(int(size) for size in args.sizes.split(",")), args.workers, args.inputs, args.format)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(summary(report))

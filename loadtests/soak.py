@@ -1,7 +1,7 @@
 """Soak: mixed good and bad images over HTTP and gRPC for a while, watching the
 server's memory and file descriptors.
 
-    python loadtests/soak.py --duration 600 --out reports/soak.json   # make soak DURATION=600
+    python -m loadtests.soak --duration 1800 --out reports/soak.json   # make soak
 
 Plain threads, one tritonclient per worker (no gevent: NOTES.md), batch-1
 requests so that good and bad images share the server's dynamic batches. Every
@@ -15,8 +15,9 @@ backend stub process are sampled over time (one sample a second).
 The memory verdict (docs/memory.md): for each process, a least-squares line through
 its RSS samples after warm-up (default: the first quarter of the run, when buffers,
 the Python backend's shared memory and the allocator's pools reach their working
-size); its growth is the line's rise over the window, as a percentage of the line's
-value at the window's start, and must stay under MAX_GROWTH_PCT. A line, not the
+size; before the run, bursts of full batches bring the batch-sized ones there, see
+`saturate`); its growth is the line's rise over the window, as a percentage of the
+line's value at the window's start, and must stay under MAX_GROWTH_PCT. A line, not the
 first and last samples: the stub's RSS swings by a few MiB with the dynamic batch
 sizes, and a fit over hundreds of samples is not fooled by one swing. The window
 must last MIN_JUDGED_WINDOW_S at least: over a shorter one a slow leak hides in
@@ -50,6 +51,8 @@ from tritonstack.serve.supervision import server_stubs
 from tritonstack.rules import unservable_reason
 
 MAX_GROWTH_PCT = 2.0
+# Simultaneous requests of the burst before the run: the models' max_batch_size.
+BURST_CONCURRENCY = 32
 # Shortest window after warm-up over which the memory is judged (docs/memory.md).
 MIN_JUDGED_WINDOW_S = 600.0
 CLIENT_ERRORS = {"StatusCode.UNKNOWN", "StatusCode.INVALID_ARGUMENT"}
@@ -140,6 +143,12 @@ class MixedLoad:
                 self._threads.append(worker)
         return self
 
+    def join(self) -> Tally:
+        """Wait until the request budget is spent."""
+        for worker in self._threads:
+            worker.join()
+        return self.tally
+
     def stop(self) -> Tally:
         self._stopping.set()
         for worker in self._threads:
@@ -185,6 +194,18 @@ def server_processes(server_pid: int) -> dict[str, psutil.Process]:
     return processes
 
 
+def rss_parts_mib(pid: int) -> dict[str, float]:
+    """RSS split by kind (Linux): anonymous (the heap), file-backed (libraries),
+    shared memory (the Python backend's /dev/shm region, mapped by the server and
+    by each stub: its pages touched count in both)."""
+    parts = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssFile", "RssShmem"):
+            parts[key] = round(int(value.split()[0]) / 1024, 2)
+    return parts
+
+
 class ResourceSampler(threading.Thread):
     """RSS (MiB) and open file descriptors of the server's processes, every period."""
 
@@ -197,12 +218,14 @@ class ResourceSampler(threading.Thread):
         self._t0 = time.monotonic()
 
     def sample(self) -> None:
-        row = {"t_s": round(time.monotonic() - self._t0, 2), "rss_mib": {}, "fds": {}}
+        row = {"t_s": round(time.monotonic() - self._t0, 2), "rss_mib": {}, "fds": {}, "anon_mib": {}, "shmem_mib": {}}
         for name, process in server_processes(self.server_pid).items():
             try:
                 row["rss_mib"][name] = round(process.memory_info().rss / 2**20, 2)
                 row["fds"][name] = process.num_fds()
-            except psutil.NoSuchProcess:
+                parts = rss_parts_mib(process.pid)
+                row["anon_mib"][name], row["shmem_mib"][name] = parts["RssAnon"], parts["RssShmem"]
+            except (psutil.NoSuchProcess, FileNotFoundError, KeyError):
                 continue
         self.samples.append(row)
 
@@ -241,6 +264,9 @@ def analyse(tally: Tally, samples: list[dict], duration_s: float, warmup_s: floa
     processes = sorted({name for row in samples for name in row["rss_mib"]})
     rss = {name: growth(samples, "rss_mib", name, warmup_s) for name in processes}
     fds = {name: growth(samples, "fds", name, warmup_s) for name in processes}
+    # Where the RSS growth lies: the heap, or the shared-memory region's pages (bounded).
+    anon = {name: growth(samples, "anon_mib", name, warmup_s) for name in processes}
+    shmem = {name: growth(samples, "shmem_mib", name, warmup_s) for name in processes}
     worst = max((g["growth_pct"] for g in rss.values() if g and g["growth_pct"] is not None), default=0.0)
     window = max((g["window_s"] for g in rss.values() if g), default=0.0)
     memory_judged = window >= MIN_JUDGED_WINDOW_S
@@ -257,6 +283,8 @@ def analyse(tally: Tally, samples: list[dict], duration_s: float, warmup_s: floa
         "failures": tally.failures,
         "rss_growth": rss,
         "fd_growth": fds,
+        "anon_growth": anon,
+        "shmem_growth": shmem,
         "worst_rss_growth_pct": worst,
         "max_rss_growth_pct": MAX_GROWTH_PCT,
         "judged_window_s": window,
@@ -268,11 +296,23 @@ def analyse(tally: Tally, samples: list[dict], duration_s: float, warmup_s: floa
     }
 
 
+def saturate(server: TritonServer, concurrency: int = BURST_CONCURRENCY, rounds: int = 3) -> Tally:
+    """Bursts of `concurrency` simultaneous valid requests: the dynamic batcher forms
+    full batches, so DALI's reused buffers and the Python backend's shared-memory
+    region reach the working size of the largest batch before the run is measured
+    (docs/memory.md: their pages, touched only by larger batches, would otherwise
+    rise whenever a busy moment first forms one)."""
+    burst = MixedLoad({"http": server.http_url, "grpc": server.grpc_url}, concurrency // 2, bad_ratio=0.0,
+                      max_requests=concurrency * rounds).start()
+    return burst.join()
+
+
 def run_soak(server: TritonServer, duration_s: float, warmup_s: float | None = None,
              workers_per_protocol: int = 2, bad_ratio: float = 0.25, period_s: float = 1.0,
-             max_requests: int = 1_000_000) -> dict:
+             max_requests: int = 1_000_000, burst: bool = True) -> dict:
     """Soak a running server; the report says whether it passed and why."""
     warmup_s = duration_s / 4 if warmup_s is None else warmup_s
+    burst_tally = saturate(server) if burst else None
     sampler = ResourceSampler(server.process.pid, period_s)
     sampler.start()
     started = time.monotonic()
@@ -280,7 +320,9 @@ def run_soak(server: TritonServer, duration_s: float, warmup_s: float | None = N
                      workers_per_protocol, bad_ratio, max_requests).start()
     time.sleep(duration_s)
     tally = load.stop()
-    return analyse(tally, sampler.stop(), time.monotonic() - started, warmup_s)
+    report = analyse(tally, sampler.stop(), time.monotonic() - started, warmup_s)
+    report["burst_counts"] = dict(burst_tally.counts) if burst_tally else None
+    return report
 
 
 def summary(report: dict) -> str:
@@ -299,6 +341,10 @@ def summary(report: dict) -> str:
             lines.append(f"    {name:48s} RSS {rss['first']:8.1f} -> {rss['last']:8.1f} MiB, "
                          f"slope {rss['slope_per_min']:+8.3f} MiB/min, growth {rss['growth_pct']:+6.2f}%; "
                          f"fds {fds['first']:.0f} -> {fds['last']:.0f}")
+            anon, shmem = report["anon_growth"].get(name), report["shmem_growth"].get(name)
+            if anon and shmem:
+                lines.append(f"    {'':48s} of which heap (RssAnon) {anon['fitted_start']:.1f} -> {anon['fitted_end']:.1f}, "
+                             f"shared memory (RssShmem) {shmem['fitted_start']:.1f} -> {shmem['fitted_end']:.1f} MiB (fitted)")
     lines += [f"  failure: {failure}" for failure in report["failures"]]
     if report["memory_passed"] is None:
         lines.append(f"  memory not judged: {report['judged_window_s']:.0f} s after warm-up, "

@@ -1,7 +1,7 @@
 """The soak's short version, against the session's server: mixed good and bad
-images over HTTP and gRPC for half a minute. The memory-growth limit (5% after
-warm-up) is judged by `make soak` runs of minutes; half a minute only catches a
-gross leak."""
+images over HTTP and gRPC for half a minute. The memory-growth limit (2% after
+warm-up, over 600 s or more) is judged by `make soak` (30 minutes); half a minute only
+catches a gross leak."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def test_quick_soak_fails_no_valid_request_and_leaks_nothing_gross(server):
     assert report["bad_server_errors"] == 0, report["failures"]
     assert counts["valid_ok"] > 50 and counts["bad_refused"] > 10
     assert counts["http_requests"] > 20 and counts["grpc_requests"] > 20
+    assert report["memory_passed"] is None  # 20 s after warm-up: too short to judge
     processes = set(report["rss_growth"])
     assert {"tritonserver", "stub:preprocess_dali_efficientnet_lite0", "stub:efficientnet_lite0"} <= processes
     for name in processes:
