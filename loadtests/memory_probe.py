@@ -53,8 +53,9 @@ SIZES = (320, 640, 1280)
 
 # Variant name -> the environment its server gets beyond the launcher's basics
 # (libraries, PATH, the repository). "glibc-default" is the server as it was before
-# docs/memory.md's fix: glibc's defaults, no malloc_trim; "launcher" is the fix, the
-# launcher's default (STUB_ENVIRONMENT, and the dali backend trimming after every
+# docs/memory.md's fix and the launcher's default again: glibc's defaults, no
+# malloc_trim; "launcher" is the fix, the launcher's --compact-memory
+# (STUB_ENVIRONMENT: the mmap threshold, and the dali backend trimming after every
 # batch); the others take one measure at a time.
 NO_TRIM = {MALLOC_TRIM_ENV: "0"}
 MMAP_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": "131072"}

@@ -6,9 +6,12 @@ heap kept the freed image buffers)."""
 
 from __future__ import annotations
 
+import pytest
+
 import psutil
 
 from loadtests.memory_probe import MODEL, RoundSender, rss_mib, rss_parts_mib, sized_photos, stub_pid
+from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
 
 ROUNDS = 3
@@ -20,7 +23,18 @@ BURST_WORKERS, BURST_REQUESTS = 32, 96
 MAX_THIRD_ROUND_GROWTH_MIB = 2.0
 
 
-def test_dali_stub_rss_stays_flat_over_identical_rounds_of_varied_sizes(server):
+@pytest.fixture(scope="module")
+def compact_server(model_repository):
+    """The launcher's --compact-memory (an opt-in: it costs throughput), with only
+    the DALI model loaded."""
+    server = TritonServer(model_repository, environment=STUB_ENVIRONMENT,
+                          extra_args=("--model-control-mode=explicit", f"--load-model={MODEL}"))
+    with server:
+        yield server
+
+
+def test_dali_stub_rss_stays_flat_over_identical_rounds_of_varied_sizes(compact_server):
+    server = compact_server
     images = sized_photos()  # 5 photos x 320/640/1280 px
     assert len(images) == 15 and len({len(image) for image in images}) == 15
     pid = stub_pid(server.pid, MODEL)
@@ -43,7 +57,8 @@ def test_dali_stub_rss_stays_flat_over_identical_rounds_of_varied_sizes(server):
     assert rss[2] - rss[1] < MAX_THIRD_ROUND_GROWTH_MIB, (rss, parts)
 
 
-def test_the_dali_stub_runs_with_the_launchers_allocator_settings(server):
+def test_the_dali_stub_runs_with_the_launchers_allocator_settings(compact_server):
+    server = compact_server
     """The rounds above pass with glibc's defaults too once a burst has grown the
     heap (docs/memory.md): the setting that keeps the heap small is checked here."""
     environ = psutil.Process(stub_pid(server.pid, MODEL)).environ()

@@ -64,7 +64,7 @@ MEMORY_TRACE_ENV = "TRITONSTACK_MEMORY_TRACE"
 # The dali backend calls glibc's malloc_trim(0) after every N batches, N from here
 # (default 1; 0: never): it hands the heap's free pages back (docs/memory.md).
 MALLOC_TRIM_ENV = "TRITONSTACK_MALLOC_TRIM_EVERY"
-DEFAULT_MALLOC_TRIM_EVERY = 1
+DEFAULT_MALLOC_TRIM_EVERY = 0  # off unless the launcher is asked for compact memory
 
 # --- the restricted (admin) APIs --------------------------------------------------------
 

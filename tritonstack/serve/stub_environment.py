@@ -11,12 +11,22 @@ keeps (it returns only the heap's top): the stub's RSS grew by several MiB per
 round of the same requests while its live allocations stayed flat. Setting the
 threshold explicitly turns the adjustment off: image buffers are mmapped and
 returned whole, and RSS stays flat.
+
+Opt-in (`python -m tritonstack.serve --compact-memory`), not the default: measured
+side by side on a quiet 2-core machine (`benchmark.py --quick`), these settings cost
+20 % of the ensemble's throughput (144-150 against 182 images/s), a third of the DALI
+model's and two thirds of the Pillow model's (every image-sized buffer is mapped,
+faulted in and unmapped again), while the soak's mix still creeps (issue 17,
+docs/memory.md).
 """
 
 from __future__ import annotations
+
+from tritonstack.contract import MALLOC_TRIM_ENV
 
 # glibc's own starting value, fixed. An M_MMAP_THRESHOLD set by the environment
 # also fixes M_TRIM_THRESHOLD (no dynamic adjustment of either).
 MMAP_THRESHOLD_BYTES = 128 * 1024
 
-STUB_ENVIRONMENT: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
+# ... and the dali backend calls malloc_trim(0) after every batch.
+STUB_ENVIRONMENT: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), MALLOC_TRIM_ENV: "1"}
