@@ -19,7 +19,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: install build demo serve test check clean loadtest loadtest-distributed benchmark soak tools upload-repository
+.PHONY: install build demo serve test check clean chromium loadtest loadtest-distributed benchmark soak tools upload-repository
 
 # Every extra of pyproject.toml (client, serve, build, loadtest, test), each version
 # pinned in constraints.txt.
@@ -55,7 +55,14 @@ serve: $(INSTALLED)
 tools: $(INSTALLED)
 	$(PY) deploy/install_tools.py --out $(VENV)/bin
 
-test: $(SETUP) tools
+# Debian's chromium renders the load test's report.html in tests/test_report_html.py:
+# installed here on a root machine with apt-get (CI); elsewhere that test says why it skips.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; } \
+		|| echo "chromium is not installed: tests/test_report_html.py will skip" >&2
+
+test: $(SETUP) tools chromium
 	$(PY) build_pipelines.py check $(MODEL_REPOSITORY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -30,6 +30,7 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from tests import repo_factory as rf
 from tests.test_bad_input import decompression_bomb  # a 16x16 JPEG declaring 60000x60000
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
@@ -159,10 +160,7 @@ def png(width: int, height: int) -> bytes:
 def infer_images(server: TritonServer, images: list[bytes]) -> np.ndarray:
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=ANSWER_S)
     try:
-        batch = pad_batch(images)
-        tensor = httpclient.InferInput("INPUT", list(batch.shape), "UINT8")
-        tensor.set_data_from_numpy(batch, binary_data=True)
-        return client.infer(ENSEMBLE, [tensor]).as_numpy("OUTPUT")
+        return rf.infer_http(client, ENSEMBLE, {"INPUT": pad_batch(images)}, ["OUTPUT"]).as_numpy("OUTPUT")
     finally:
         client.close()
 

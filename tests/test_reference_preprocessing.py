@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests import repo_factory as rf
 from tests.reference import levels, preprocess, read_labels
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import pad_batch
@@ -20,10 +21,8 @@ LITE0 = {"resize_shorter": 256, "crop": 224, "mean": (127.0, 127.0, 127.0), "std
 def served_preprocessing(server, model: str, images: list[bytes]) -> np.ndarray:
     client = httpclient.InferenceServerClient(server.http_url)
     try:
-        batch = pad_batch(images)
-        tensor = httpclient.InferInput("DALI_INPUT_0", list(batch.shape), "UINT8")
-        tensor.set_data_from_numpy(batch, binary_data=True)
-        return client.infer(model, [tensor]).as_numpy("DALI_OUTPUT_0")
+        return rf.infer_http(client, model, {"DALI_INPUT_0": pad_batch(images)}, ["DALI_OUTPUT_0"]).as_numpy(
+            "DALI_OUTPUT_0")
     finally:
         client.close()
 

@@ -47,8 +47,9 @@ def report(server, tmp_path_factory):
     return folder
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (Debian package `chromium`; "
-                                             ".ci/run installs it): report.html cannot be rendered here")
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine: `make test` installs Debian's "
+                                             "`chromium` when run as root with apt-get; elsewhere install it "
+                                             "to render report.html")
 def test_report_html_renders_its_charts_and_the_real_endpoint(server, report, tmp_path):
     page = f"file://{report / 'report.html'}"
     screenshot = tmp_path / "report.png"

@@ -149,6 +149,8 @@ def warn_on_version_skew(version_dir: Path) -> None:
 
 # --- memory diagnostics (loadtests/memory_probe.py) --------------------------------
 
+_LIBC = ctypes.CDLL(None)  # the C library this process runs on (malloc_trim, mallinfo2)
+
 class _MallInfo2(ctypes.Structure):
     # glibc's struct mallinfo2 (glibc >= 2.33): totals over all arenas.
     _fields_ = [(name, ctypes.c_size_t) for name in (
@@ -168,8 +170,7 @@ class MemoryTrace:
         self.batches = 0
         self._first_snapshot = None
         self._top: list[str] = []
-        libc = ctypes.CDLL(None)
-        self._mallinfo2 = getattr(libc, "mallinfo2", None)
+        self._mallinfo2 = getattr(_LIBC, "mallinfo2", None)
         if self._mallinfo2 is not None:
             self._mallinfo2.restype = _MallInfo2
         tracemalloc.start()
@@ -367,7 +368,7 @@ def raise_budget_problems(budget: DecodeBudget) -> None:
 
 
 # glibc only (None elsewhere: nothing to trim).
-_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
+_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)
 
 
 def _malloc_trim() -> None:

@@ -46,6 +46,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from tritonstack.address import METRICS_PATH
 from tritonstack.contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV, admin_headers
 from tritonstack.rules import unservable_reason
 from tritonstack.serve.install import TritonInstall
@@ -135,7 +136,7 @@ class TritonServer:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}{METRICS_PATH}"
 
     @property
     def pid(self) -> int | None:
