@@ -3,7 +3,7 @@ DALI stub's resident memory after each round, for several server variants side b
 side (each variant is a server of its own, with its own environment; the variants'
 rounds are interleaved, so a busy machine weighs on them alike).
 
-    python -m loadtests.memory_probe --variants glibc-default,launcher --rounds 5
+    python -m loadtests.memory_probe --variants glibc-default,default --inputs soak --rounds 10
     python -m loadtests.memory_probe --variants traced --rounds 4      # + tracemalloc, mallinfo2
 
 A round sends `--requests` batch-1 requests (the images in a fixed order, from
@@ -35,6 +35,7 @@ from tritonclient.utils import InferenceServerException
 from PIL import Image
 
 from tritonstack.contract import (
+    DALI_HOST_POOL_ENV,
     DEFAULT_PRESET,
     MALLOC_TRIM_ENV,
     MEMORY_TRACE_ENV,
@@ -52,25 +53,35 @@ MODEL = preprocessing_name(DEFAULT_PRESET)
 SIZES = (320, 640, 1280)
 
 # Variant name -> the environment its server gets beyond the launcher's basics
-# (libraries, PATH, the repository). "glibc-default" is the server as it was before
-# docs/memory.md's fix and the launcher's default again: glibc's defaults, no
-# malloc_trim; "launcher" is the fix, the launcher's --compact-memory
-# (STUB_ENVIRONMENT: the mmap threshold, and the dali backend trimming after every
-# batch); the others take one measure at a time.
-NO_TRIM = {MALLOC_TRIM_ENV: "0"}
+# (libraries, PATH, the repository). "default" is the server as the launcher starts
+# it: DALI's host pool for buffers of 128 KiB and more (the dali backend's default),
+# glibc's defaults; "compact-memory" is the launcher's --compact-memory on top of it.
+# The others pin the settings of docs/memory.md's earlier probes: "glibc-default" is
+# the server before the pool (every DALI buffer from malloc, glibc's defaults, no
+# malloc_trim), "launcher" the --compact-memory of then, and the rest take one
+# measure at a time on that base.
+BEFORE_POOL = {DALI_HOST_POOL_ENV: "0", MALLOC_TRIM_ENV: "0"}
 MMAP_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 VARIANTS: dict[str, dict[str, str]] = {
-    "glibc-default": NO_TRIM,
-    "launcher": STUB_ENVIRONMENT,
-    "launcher-trim-every-8": {**STUB_ENVIRONMENT, MALLOC_TRIM_ENV: "8"},
-    "arena-max-2": {**NO_TRIM, "MALLOC_ARENA_MAX": "2"},
-    "arena-max-1": {**NO_TRIM, "MALLOC_ARENA_MAX": "1"},
-    "mmap-threshold": {**NO_TRIM, **MMAP_THRESHOLD},
-    "mmap-threshold-1m": {**NO_TRIM, "MALLOC_MMAP_THRESHOLD_": "1048576"},
-    "malloc-trim": {MALLOC_TRIM_ENV: "1"},
-    "jemalloc": {**NO_TRIM, "LD_PRELOAD": "libjemalloc.so.2"},  # Debian's libjemalloc2, when installed
-    "traced": NO_TRIM,  # + MEMORY_TRACE_ENV, set per run
-    "traced-launcher": STUB_ENVIRONMENT,
+    "default": {},
+    "compact-memory": STUB_ENVIRONMENT,
+    "glibc-default": BEFORE_POOL,
+    "launcher": {**BEFORE_POOL, **STUB_ENVIRONMENT},
+    "launcher-trim-every-8": {**BEFORE_POOL, **STUB_ENVIRONMENT, MALLOC_TRIM_ENV: "8"},
+    "arena-max-2": {**BEFORE_POOL, "MALLOC_ARENA_MAX": "2"},
+    "arena-max-1": {**BEFORE_POOL, "MALLOC_ARENA_MAX": "1"},
+    "mmap-threshold": {**BEFORE_POOL, **MMAP_THRESHOLD},
+    "mmap-threshold-1m": {**BEFORE_POOL, "MALLOC_MMAP_THRESHOLD_": "1048576"},
+    "malloc-trim": {**BEFORE_POOL, MALLOC_TRIM_ENV: "1"},
+    "jemalloc": {**BEFORE_POOL, "LD_PRELOAD": "libjemalloc.so.2"},  # Debian's libjemalloc2, when installed
+    # DALI's pool from other sizes up (DALI_MALLOC_POOL_THRESHOLD: the largest buffer
+    # DALI takes from malloc; 0 sends every buffer to malloc).
+    "dali-pool-1m": {DALI_HOST_POOL_ENV: "1M"},
+    "dali-pool-4m": {DALI_HOST_POOL_ENV: "4M"},
+    "dali-pool-1m-mmap": {**MMAP_THRESHOLD, DALI_HOST_POOL_ENV: "1M"},
+    "traced": {},  # + MEMORY_TRACE_ENV, set per run
+    "traced-glibc-default": BEFORE_POOL,
+    "traced-launcher": {**BEFORE_POOL, **STUB_ENVIRONMENT},
 }
 
 
@@ -195,10 +206,11 @@ def start_variant(stack: ExitStack, name: str, repository: Path, workdir: Path, 
 def run_probe(repository: Path, variants: list[str], rounds: int, requests: int, sizes=SIZES,
               workers: int = 4, inputs: str = "photos", image_format: str = "JPEG", log=print) -> dict:
     """inputs: "photos" (sized_photos), "bad" (the soak's bad inputs), "mixed"
-    (the photos, then the bad inputs, in each round) or "soak" (the soak's own good
-    photos as they ship, PNG and JPEG, three times, then its bad inputs)."""
+    (the photos, then the bad inputs, in each round), "soak" (the soak's own good
+    photos as they ship, PNG and JPEG, three times, then its bad inputs) or
+    "soak-good" (the same without the bad inputs)."""
     bad = bad_inputs() if inputs in ("bad", "mixed", "soak") else []
-    if inputs == "soak":
+    if inputs in ("soak", "soak-good"):
         images = [sample.data for sample in good_samples()] * 3 + bad
     else:
         images = (sized_photos(sizes, image_format=image_format) if inputs in ("photos", "mixed") else []) + bad
@@ -245,14 +257,14 @@ def summary(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", default="glibc-default,launcher",
+    parser.add_argument("--variants", default="glibc-default,default",
                         help=f"comma-separated, of: {', '.join(VARIANTS)}")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=600, help="requests per round")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="longer sides, px")
     parser.add_argument("--workers", type=int, default=4, help="client threads")
     parser.add_argument("--format", choices=("JPEG", "PNG"), default="JPEG", help="of the sized photos")
-    parser.add_argument("--inputs", choices=("photos", "bad", "mixed", "soak"), default="photos",
+    parser.add_argument("--inputs", choices=("photos", "bad", "mixed", "soak", "soak-good"), default="photos",
                         help="bad: the soak's bad inputs (pipeline errors and rebuilds); mixed: both")
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--out", type=Path, default=Path("reports/memory_probe.json"))

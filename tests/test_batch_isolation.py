@@ -18,6 +18,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
+from tests.test_decodable import corrupt_png_with_valid_crcs
 from tritonstack.build.model_config import DynamicBatching, ModelConfig, Tensor
 from tritonstack.serve.launcher import TritonServer
 
@@ -71,7 +72,9 @@ def raw(data: bytes) -> np.ndarray:
 
 def test_bad_images_fail_alone_inside_one_dali_execution(http):
     colours = {0: (255, 0, 0), 2: (0, 200, 0), 4: (10, 20, 250)}
-    bad = {1: raw(b"this is a sentence, not an image " * 8), 3: raw(bytes(range(256)) * 4)}
+    # 1 is refused before the pipeline runs (tritonstack.decodable); 3 passes that
+    # screen and fails inside the decoder, in the merged run: the others are re-run.
+    bad = {1: raw(b"this is a sentence, not an image " * 8), 3: raw(corrupt_png_with_valid_crcs())}
     requests = [{"ENCODED": solid_png(colours[i]) if i in colours else bad[i]} for i in range(N)]
     before = counts(http, "isolated_decoder")
     results = rf.infer_concurrently(http, "isolated_decoder", requests, ["IMAGE"])

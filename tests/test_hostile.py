@@ -206,14 +206,32 @@ def test_request_above_its_pixel_budget_is_refused_before_decoding(triton):
     assert classify_coffee(triton) == "espresso"
 
 
-def test_burst_of_large_images_runs_in_parts_and_memory_returns(triton):
+def test_burst_of_large_images_runs_in_parts_and_memory_plateaus(triton):
     """4 clients at once, 2 images of 16 MP each: 128 MP merged, run in parts of at
-    most 40 MP; afterwards the DALI stub is back within 20% of its warm RSS."""
+    most 40 MP. DALI's host pool keeps the buffers of the largest run for reuse
+    (docs/memory.md): after the burst the stub holds at most one run's worth more
+    than warm, and a second identical burst adds nothing."""
     for _ in range(3):
         classify_coffee(triton)
     stub = dali_stub(triton)
     warm = stub.memory_info().rss
     large = png(4000, 4000)
+    peaks, afters = [], []
+    for _ in range(2):
+        peak, elapsed = burst_of_large_images(triton, stub, large)
+        after = stub.memory_info().rss  # before any other request
+        assert classify_coffee(triton) == "espresso"
+        peaks.append(peak)
+        afters.append(after)
+        print(f"DALI stub RSS: warm {warm / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB, after {after / MiB:.0f} MiB, "
+              f"{elapsed:.1f} s")
+    assert max(peaks) - warm < 600 * MiB  # 40 MP per run at ~5 B/pixel, not 128 MP
+    assert afters[0] - warm < BUDGET["max_batch_pixels"] * 5, (warm, afters)  # one run's buffers at most
+    assert afters[1] - afters[0] < 0.05 * afters[0], (warm, afters)  # a plateau, not a climb
+
+
+def burst_of_large_images(triton, stub, large: bytes) -> tuple[int, float]:
+    """Four threads send two large images each at once; the stub's peak RSS."""
     results: list = [None] * 4
 
     def send(index: int) -> None:
@@ -226,19 +244,14 @@ def test_burst_of_large_images_runs_in_parts_and_memory_returns(triton):
     threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
     for thread in threads:
         thread.start()
-    peak = warm
+    peak = stub.memory_info().rss
     while any(thread.is_alive() for thread in threads) and time.monotonic() - started < 60:
         peak = max(peak, stub.memory_info().rss)
         time.sleep(0.05)
     for thread in threads:
         thread.join(timeout=5)
     assert results == [(2, 1000)] * 4, results
-    after = stub.memory_info().rss  # before any other request: released by the burst's own runs
-    assert classify_coffee(triton) == "espresso"
-    print(f"DALI stub RSS: warm {warm / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB, after {after / MiB:.0f} MiB, "
-          f"{time.monotonic() - started:.1f} s")
-    assert peak - warm < 600 * MiB  # 40 MP per run at ~5 B/pixel, not 128 MP
-    assert after < warm * 1.2, (warm, after)
+    return peak, time.monotonic() - started
 
 
 # --- memory ceilings ------------------------------------------------------------------

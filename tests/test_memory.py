@@ -1,68 +1,79 @@
-"""The DALI stub's memory under the same requests over photos of several sizes:
-after a burst of full batches and two rounds (DALI's buffers reach the largest
-image, the Python backend's shared memory its largest batch), a third identical
-round must not raise the stub's RSS. Before docs/memory.md's fix each round added several MiB (glibc's
-heap kept the freed image buffers)."""
+"""The DALI stub's memory under the same requests, round after round: photos of
+several sizes and the soak's bad inputs. After a burst of full batches and two rounds
+(DALI's host pool reaches the largest run, the Python backend's shared memory its
+largest batch), a third identical round must raise the stub's RSS by less than
+2 MiB (issue 17). Before docs/memory.md's fixes each round added several MiB: glibc's
+heaps kept the freed image buffers, and every bad input rebuilt the pipeline, whose
+image decoder leaves ~2.3 KB behind."""
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
-import psutil
-
-from loadtests.memory_probe import MODEL, RoundSender, rss_mib, rss_parts_mib, sized_photos, stub_pid
+from loadtests.memory_probe import MODEL, RoundSender, bad_inputs, rss_mib, rss_parts_mib, sized_photos, stub_pid
+from tritonstack.contract import DALI_HOST_POOL_ENV, MALLOC_TRIM_ENV
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
 
 ROUNDS = 3
-REQUESTS_PER_ROUND = 300  # the 15 images 20 times, from 4 threads
+IMAGES = 20  # the 15 sized photos and 5 bad inputs, a quarter bad as in the soak
+REQUESTS_PER_ROUND = 400  # the 20 images 20 times, from 4 threads
 # A burst of as many concurrent requests as the model's max_batch_size: full
 # dynamic batches bring the Python backend's shared-memory region (its pages touched
 # by the stub count in the stub's RSS) to its working size before the rounds.
 BURST_WORKERS, BURST_REQUESTS = 32, 96
-# Issue 17 asks for < 2 MiB and stays open: in full suite runs on a quiet machine the
-# third round still added 2.4 and 3.0 MiB of heap (0 in isolated runs), so this guards
-# against the growth coming back (several MiB a round before the fix), not the target.
-MAX_THIRD_ROUND_GROWTH_MIB = 8.0
+MAX_THIRD_ROUND_GROWTH_MIB = 2.0
+ENVIRONMENTS = {"default": {}, "compact-memory": STUB_ENVIRONMENT}
 
 
-@pytest.fixture(scope="module")
-def compact_server(model_repository):
-    """The launcher's --compact-memory (an opt-in: it costs throughput), with only
-    the DALI model loaded."""
-    server = TritonServer(model_repository, environment=STUB_ENVIRONMENT,
+@pytest.fixture(scope="module", params=sorted(ENVIRONMENTS))
+def dali_server(request, model_repository):
+    """The launcher's default, and its --compact-memory, with only the DALI model."""
+    server = TritonServer(model_repository, environment=ENVIRONMENTS[request.param],
                           extra_args=("--model-control-mode=explicit", f"--load-model={MODEL}"))
     with server:
-        yield server
+        yield request.param, server
 
 
-def test_dali_stub_rss_stays_flat_over_identical_rounds_of_varied_sizes(compact_server):
-    server = compact_server
-    images = sized_photos()  # 5 photos x 320/640/1280 px
-    assert len(images) == 15 and len({len(image) for image in images}) == 15
+def round_images() -> tuple[list[bytes], frozenset[bytes]]:
+    photos = sized_photos()  # 5 photos x 320/640/1280 px
+    bad = (bad_inputs() * 2)[:IMAGES - len(photos)]
+    assert len(photos) == 15 and len({len(image) for image in photos}) == 15
+    # Interleaved, so that bad inputs share dynamic batches with good ones.
+    images = [image for pair in zip(photos[::3], bad) for image in pair] + [
+        image for index, image in enumerate(photos) if index % 3]
+    assert len(images) == IMAGES
+    return images, frozenset(bad)
+
+
+def test_dali_stub_rss_stays_flat_over_identical_rounds(dali_server):
+    name, server = dali_server
+    images, bad = round_images()
     pid = stub_pid(server.pid, MODEL)
     burst = RoundSender(server.http_url, workers=BURST_WORKERS)
     try:
-        burst.send_round(images, BURST_REQUESTS)
+        burst.send_round([image for image in images if image not in bad], BURST_REQUESTS)
     finally:
         burst.close()
-    sender = RoundSender(server.http_url, workers=4)
+    sender = RoundSender(server.http_url, workers=4, bad_images=bad)
     rss, parts = [], []
     try:
         for _ in range(ROUNDS):
-            sender.send_round(images, REQUESTS_PER_ROUND)  # raises on any failed request
+            sender.send_round(images, REQUESTS_PER_ROUND)  # raises on a failed good or an accepted bad one
             rss.append(rss_mib(pid))
             parts.append(rss_parts_mib(pid))
     finally:
         sender.close()
-    print(f"{MODEL} RSS after each round: {[round(value, 1) for value in rss]} MiB; {parts}")
+    print(f"{name}: {MODEL} RSS after each round: {[round(value, 2) for value in rss]} MiB; {parts}")
     assert stub_pid(server.pid, MODEL) == pid, "the stub was restarted during the test"
     assert rss[2] - rss[1] < MAX_THIRD_ROUND_GROWTH_MIB, (rss, parts)
 
 
-def test_the_dali_stub_runs_with_the_launchers_allocator_settings(compact_server):
-    server = compact_server
-    """The rounds above pass with glibc's defaults too once a burst has grown the
-    heap (docs/memory.md): the setting that keeps the heap small is checked here."""
+def test_the_dali_stub_runs_with_the_allocator_settings_it_was_given(dali_server):
+    """By default nothing overrides the dali backend's own choice (DALI's host pool);
+    --compact-memory adds its glibc settings."""
+    name, server = dali_server
     environ = psutil.Process(stub_pid(server.pid, MODEL)).environ()
-    assert STUB_ENVIRONMENT and {key: environ.get(key) for key in STUB_ENVIRONMENT} == STUB_ENVIRONMENT
+    keys = (DALI_HOST_POOL_ENV, MALLOC_TRIM_ENV, *STUB_ENVIRONMENT)
+    assert {key: environ.get(key) for key in keys} == {key: ENVIRONMENTS[name].get(key) for key in keys}

@@ -61,8 +61,12 @@ DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024
 # Diagnostics for loadtests/memory_probe.py: a file path; the dali backend then
 # traces Python allocations and writes its memory figures there after every batch.
 MEMORY_TRACE_ENV = "TRITONSTACK_MEMORY_TRACE"
+# DALI's threshold between malloc and its own host memory pool (docs/memory.md): the
+# dali backend's default, which the stub's environment may override.
+DALI_HOST_POOL_ENV = "DALI_MALLOC_POOL_THRESHOLD"
+DALI_HOST_POOL_THRESHOLD = "128k"
 # The dali backend calls glibc's malloc_trim(0) after every N batches, N from here
-# (default 1; 0: never): it hands the heap's free pages back (docs/memory.md).
+# (default 0: never; --compact-memory: 1): it hands the heap's free pages back (docs/memory.md).
 MALLOC_TRIM_ENV = "TRITONSTACK_MALLOC_TRIM_EVERY"
 DEFAULT_MALLOC_TRIM_EVERY = 0  # off unless the launcher is asked for compact memory
 

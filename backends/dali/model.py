@@ -18,12 +18,16 @@ so that one model repository serves with either:
 - a pipeline error answers TRITONSERVER_ERROR_UNKNOWN (HTTP 400, gRPC UNKNOWN)
   naming the failing operator, and the pipeline is rebuilt for the next request;
 - GPU or mixed operators on a KIND_CPU instance fail the load.
-Beyond the C++ backend: when several requests merged into one batch fail together,
+Beyond the C++ backend: an encoded image the decoder is certain to refuse (no image,
+a format it does not read, a truncated JPEG or PNG: tritonstack.decodable) gets the
+decoder's status before the pipeline runs, so it costs no rebuild; when several
+requests merged into one batch fail together,
 each is run again alone, so only the bad request gets the error; and encoded images
 and requests are held to a decode budget read from the images' headers before the
 decoder allocates anything (tritonstack.decode_budget: pixels per image, per
 request, per decoder run; a merged batch above the per-run budget runs in parts,
-and after a run above `release_above_pixels` the decoder's buffers are returned);
+and, with DALI's host pool off, after a run above `release_above_pixels` the
+decoder's buffers are returned);
 and an input tensor larger than `max_input_bytes` (parameter, else
 $TRITONSTACK_MAX_INPUT_BYTES from the launcher, else 64 MiB) is refused before its
 data is read.
@@ -40,12 +44,17 @@ import sys
 import tracemalloc
 from pathlib import Path
 
-# Measured with DALI 2.4 on the CPU: by default its host buffers keep their
-# high-water mark for good (8 decoded 4000x4000 images: +390 MB, kept through later
-# small batches, a pipeline rebuild, ReleaseUnusedMemory and malloc_trim); with
-# this variable at 0 they are freed when the pipeline is rebuilt. Read when DALI
-# loads: set before the import.
-os.environ.setdefault("DALI_MALLOC_POOL_THRESHOLD", "0")
+# DALI's own pool for its host buffers of DALI_HOST_POOL_THRESHOLD and more (decoded
+# images, resized and normalized batches): kept and reused from batch to batch and
+# across pipeline rebuilds rather than taken from malloc, whose heaps fragment under
+# images of varied sizes (the stub's RSS crept by ~0.2 MiB every 1 200 requests,
+# docs/memory.md). The pool keeps the largest run's buffers (DALI 2.4 never hands
+# them back), which the decode budget's max_batch_pixels bounds.
+# DALI reads it when it loads: set before the import.
+# The environment may set another value (0: every buffer from malloc).
+from tritonstack.contract import DALI_HOST_POOL_ENV, DALI_HOST_POOL_THRESHOLD  # noqa: E402
+
+os.environ.setdefault(DALI_HOST_POOL_ENV, DALI_HOST_POOL_THRESHOLD)
 
 import numpy as np  # noqa: E402
 import nvidia.dali  # noqa: E402
@@ -70,6 +79,7 @@ from tritonstack.contract import (  # noqa: E402
 # The one reader of model.dali and the one set of load rules, shared with
 # build_pipelines.py check.
 from tritonstack.dali_proto import parse_pipeline  # noqa: E402
+from tritonstack.decodable import undecodable_reason  # noqa: E402
 from tritonstack.decode_budget import BudgetError, DecodeBudget, plan_parts  # noqa: E402
 from tritonstack.rules import (  # noqa: E402
     dali_autocomplete,
@@ -85,6 +95,11 @@ class PipelineError(Exception):
 
 class InputError(Exception):
     """A request's data was refused before it reached the pipeline."""
+
+
+class UndecodableError(InputError):
+    """An encoded image the decoder is certain to refuse, refused before it runs:
+    its failure would cost a pipeline rebuild (tritonstack.decodable)."""
 
 
 # --- where the pipeline comes from ------------------------------------------------
@@ -245,6 +260,9 @@ class TritonPythonModel:
             for tensor in config["output"]
         ]
         self._pipeline = self._build_pipeline()
+        # With DALI's host pool on, a rebuilt pipeline's buffers go back to the pool,
+        # not to the system: releasing after large runs would only cost a rebuild.
+        self._buffers_return = _pool_threshold_bytes(os.environ[DALI_HOST_POOL_ENV]) == 0
         self._memory_trace = MemoryTrace(os.environ[MEMORY_TRACE_ENV]) if os.environ.get(MEMORY_TRACE_ENV) else None
         self._trim_every = int(os.environ.get(MALLOC_TRIM_ENV) or DEFAULT_MALLOC_TRIM_EVERY)
         self._batches = 0
@@ -270,6 +288,10 @@ class TritonPythonModel:
         for index, request in enumerate(requests):
             try:
                 feed, declared = self._samples_of(request)
+            except UndecodableError as error:
+                # The status the decoder's own failure has (as in the C++ backend).
+                responses[index] = _error_response(error)
+                continue
             except (InputError, BudgetError) as error:
                 responses[index] = _error_response(error, pb_utils.TritonError.INVALID_ARG)
                 continue
@@ -280,7 +302,7 @@ class TritonPythonModel:
             fed = [runnable[i] for i in part]
             for (index, _), response in zip(fed, self._execute_fed(fed)):
                 responses[index] = response
-            if sum(pixels[i] for i in part) > self._budget.release_above_pixels:
+            if self._buffers_return and sum(pixels[i] for i in part) > self._budget.release_above_pixels:
                 self._release_buffers()
         self._batches += 1
         if self._trim_every and self._batches % self._trim_every == 0:
@@ -327,6 +349,12 @@ class TritonPythonModel:
             feed = {name: array[np.newaxis] for name, array in feed.items()}
         pixels = sum(self._budget.request_pixels((sample.data for sample in feed[name]), name)
                      for name in self._decoded_inputs)
+        for name in self._decoded_inputs:
+            for row, sample in enumerate(feed[name]):
+                reason = undecodable_reason(sample.data)
+                if reason:
+                    raise UndecodableError(f"input '{name}' sample {row} cannot be decoded: {reason}; refused "
+                                           "before the pipeline's image decoder (decoders.image) ran")
         return feed, pixels
 
     def _respond(self, outputs):
@@ -400,6 +428,12 @@ def _rows(output, start: int, end: int, batched: bool) -> np.ndarray:
             "request: a Triton output is one dense tensor per request"
         )
     return np.stack(samples)
+
+
+def _pool_threshold_bytes(value: str) -> int:
+    """DALI_MALLOC_POOL_THRESHOLD's value ("128k", "1M", "0") in bytes."""
+    units = {"k": 1 << 10, "M": 1 << 20}
+    return int(value[:-1]) * units[value[-1]] if value[-1:] in units else int(value or 0)
 
 
 def _int_parameter(parameters: dict, key: str) -> int | None:

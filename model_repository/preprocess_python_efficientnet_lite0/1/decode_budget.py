@@ -14,7 +14,9 @@ before anything is decoded (Pillow's open reads the header only):
 
 And `release_above_pixels`: after a run above it, the backend returns the decoder's
 buffers to the system, so one burst of large images does not stay as the stub's
-high-water mark.
+high-water mark (the Pillow model; the dali backend only with DALI's host pool off,
+DALI_MALLOC_POOL_THRESHOLD=0: with it on, DALI keeps the largest run's buffers for
+reuse, which `max_batch_pixels` bounds; docs/memory.md).
 
 Each is a model config parameter (`parameters { key: "max_batch_pixels" value {
 string_value: "..." } }`); absent ones default from the instance's memory share:
