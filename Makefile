@@ -96,7 +96,7 @@ benchmark: $(INSTALLED)
 # Soak: mixed good/bad images over HTTP and gRPC for DURATION seconds on a server
 # of its own (loopback); fails on a failed valid request or >2% RSS growth after the
 # first quarter (least-squares line, judged over 600 s or more). A 30-minute run's
-# figures: docs/memory.md (the DALI stub still above 2% with the soak's mix: open).
+# figures: docs/memory.md.
 DURATION ?= 1800
 SOAK_ARGS ?=
 

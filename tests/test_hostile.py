@@ -448,7 +448,7 @@ HOSTILE = {
     case_negative_binary_size: (500, []),  # the same
     case_dtype_lie: (400, ["INPUT", "FP32"]),
     case_json_data_not_numbers: (500, ["Unable to parse 'data'"]),  # Triton's own parser
-    case_large_json_body: (400, ["DALI pipeline failed"]),
+    case_large_json_body: (400, ["cannot be decoded", "decoders.image"]),
     case_json_nested_100000: (400, []),
     case_url_8kb: ("closed", []),  # Triton 2.51 closes, no 414
     case_header_16kb: ("closed", []),  # no 431

@@ -19,8 +19,8 @@ from tritonstack.samples import photo_path
 
 PACKAGE = PROJECT_ROOT / "tritonstack"
 ROOMS = ("tritonstack.build", "tritonstack.serve", "tritonstack.client")
-SHARED = ("tritonstack.contract", "tritonstack.dali_proto", "tritonstack.decode_budget", "tritonstack.rules",
-          "tritonstack.samples", "tritonstack.address", "tritonstack.cli")
+SHARED = ("tritonstack.contract", "tritonstack.dali_proto", "tritonstack.decode_budget", "tritonstack.decodable",
+          "tritonstack.rules", "tritonstack.samples", "tritonstack.address", "tritonstack.cli")
 # What a client user must not have to install (or pay for at import).
 SERVER_STACK = ("nvidia.dali", "pytriton", "psutil", "torch", "onnxruntime", "onnx", "tritonstack.serve",
                 "tritonstack.build", "skimage")

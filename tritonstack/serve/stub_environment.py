@@ -16,8 +16,9 @@ Opt-in (`python -m tritonstack.serve --compact-memory`), not the default: measur
 side by side on a quiet 2-core machine (`benchmark.py --quick`), these settings cost
 20 % of the ensemble's throughput (144-150 against 182 images/s), a third of the DALI
 model's and two thirds of the Pillow model's (every image-sized buffer is mapped,
-faulted in and unmapped again), while the soak's mix still creeps (issue 17,
-docs/memory.md).
+faulted in and unmapped again). The DALI stub no longer needs them to stay flat: the
+dali backend gives its image buffers to DALI's own pool (docs/memory.md); they keep
+the other stubs' heaps and tritonserver's smaller, at that price.
 """
 
 from __future__ import annotations
