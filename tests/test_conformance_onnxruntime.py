@@ -96,6 +96,32 @@ def test_thread_parameters_and_merged_batches(repository, http):
     assert stats["execution_count"] < stats["inference_count"] == 4, stats
 
 
+def test_memory_parameters_of_the_cpp_backend(repository, http):
+    """enable_mem_arena / enable_mem_pattern as the C++ backend reads them: the
+    model loads and serves with both off; an unreadable value fails the load
+    naming the parameter."""
+    io = {"inputs": (Tensor("X", "FP32", (4,)),), "outputs": (Tensor("Y", "FP32", (4,)),)}
+    config = ort_config("arena_off", parameters={"enable_mem_arena": "false", "enable_mem_pattern": "FALSE"}, **io)
+    http.load_model(rf.write_model(repository, config, {"model.onnx": rf.add_graph()}))
+    result = rf.infer_http(http, config.name, {"X": np.ones((3, 4), np.float32)}, ["Y"])
+    np.testing.assert_array_equal(result.as_numpy("Y"), np.full((3, 4), 2, np.float32))
+
+    unreadable = ort_config("arena_maybe", parameters={"enable_mem_arena": "maybe"}, **io)
+    message = rf.load_error(http, rf.write_model(repository, unreadable, {"model.onnx": rf.add_graph()}))
+    assert "enable_mem_arena" in message and "'maybe'" in message and "boolean" in message, message
+
+
+def test_unreadable_boolean_parameter_is_a_load_problem():
+    from tritonstack.rules import bool_parameter, onnx_problems
+
+    assert [bool_parameter({"k": {"string_value": v}}, "k") for v in ("true", "1", "False", "0")] == \
+        [True, True, False, False]
+    assert bool_parameter({}, "k") is None
+    problems = onnx_problems({"name": "m", "parameters": {"enable_mem_pattern": {"string_value": "yes please"}}},
+                             [], [])
+    assert [(p.field, p.tensor) for p in problems] == [("parameters", "enable_mem_pattern")], problems
+
+
 MISMATCHES = {
     "ort_wrong_type": ((Tensor("X", "INT32", (4,)),), ["'X'", "TYPE_INT32", "TYPE_FP32"]),
     "ort_wrong_shape": ((Tensor("X", "FP32", (5,)),), ["'X'", "shape", "[5]", "[-1, 4]"]),

@@ -218,11 +218,36 @@ class GraphTensor:
     shape: tuple[int, ...]
 
 
+# Boolean `parameters` of the C++ onnxruntime backend (src/onnxruntime.cc) and the
+# ONNX Runtime session option each sets: the CPU memory arena (on by default; off, a
+# session's memory follows its batches down again, at a cost in throughput measured
+# in docs/performance.md) and memory pattern planning.
+ONNX_BOOL_PARAMETERS = {"enable_mem_arena": "enable_cpu_mem_arena", "enable_mem_pattern": "enable_mem_pattern"}
+_BOOL_WORDS = {"true": True, "1": True, "false": False, "0": False}
+
+
+def bool_parameter(parameters: dict, key: str) -> bool | None:
+    """A boolean `parameters` entry ("true"/"false"/"1"/"0", any case) or None when
+    absent; ValueError naming the parameter otherwise."""
+    value = parameters.get(key, {}).get("string_value")
+    if value is None:
+        return None
+    if value.lower() not in _BOOL_WORDS:
+        raise ValueError(f"failed to convert {key} '{value}' to boolean value")
+    return _BOOL_WORDS[value.lower()]
+
+
 def onnx_problems(config: dict, inputs: list[GraphTensor], outputs: list[GraphTensor]) -> list[Problem]:
     """Config tensors map by name to the graph's; types equal; shapes compatible
-    (the config's dims after a batch axis when batching, -1 matching anything)."""
+    (the config's dims after a batch axis when batching, -1 matching anything);
+    boolean parameters readable."""
     model = config.get("name", "")
     problems = []
+    for key in ONNX_BOOL_PARAMETERS:
+        try:
+            bool_parameter(config.get("parameters", {}), key)
+        except ValueError as error:
+            problems.append(Problem(model, "parameters", key, str(error), "use true or false"))
     for kind, tensors, graph in (("input", config.get("input", []), inputs),
                                  ("output", config.get("output", []), outputs)):
         by_name = {tensor.name: tensor for tensor in graph}

@@ -10,7 +10,8 @@ It keeps the contract of the C++ backend (triton-inference-server/onnxruntime_ba
   config's `max_batch_size` or 4 (the C++ backend's default-max-batch-size) and
   `dynamic_batching`;
 - `parameters` `intra_op_thread_count` and `inter_op_thread_count` size ONNX
-  Runtime's thread pools;
+  Runtime's thread pools; `enable_mem_arena` and `enable_mem_pattern` ("true" or
+  "false") switch its CPU memory arena and memory pattern planning;
 - all requests of one execute call run as one batch; a run that ONNX Runtime
   refuses answers HTTP 400 / gRPC INVALID_ARGUMENT with its message, and a merged
   batch that fails is re-run per request so only the bad request fails.
@@ -28,7 +29,14 @@ import triton_python_backend_utils as pb_utils
 
 from tritonstack.contract import ONNX_MODEL_FILENAME, REPOSITORY_ENV, latest_version_dir, onnx_type
 # The load rules shared with build_pipelines.py check.
-from tritonstack.rules import GraphTensor, onnx_autocomplete, onnx_problems, raise_problems
+from tritonstack.rules import (
+    ONNX_BOOL_PARAMETERS,
+    GraphTensor,
+    bool_parameter,
+    onnx_autocomplete,
+    onnx_problems,
+    raise_problems,
+)
 
 
 class RunError(Exception):
@@ -151,4 +159,8 @@ def _session_options(parameters) -> ort.SessionOptions:
         options.intra_op_num_threads = int(intra)
     if inter:
         options.inter_op_num_threads = int(inter)
+    for key, option in ONNX_BOOL_PARAMETERS.items():
+        value = bool_parameter(parameters, key)  # raises on an unreadable value, naming it: the load fails
+        if value is not None:
+            setattr(options, option, value)
     return options
