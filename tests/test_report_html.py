@@ -1,5 +1,5 @@
 """The load test's report.html as a person sees it: rendered by headless Chromium
-(Debian's `chromium`, which .ci/run installs), it draws its charts and names the
+(Debian's `chromium`, which `make test` installs as root), it draws its charts and names the
 endpoint the users really talked to."""
 
 from __future__ import annotations
@@ -47,9 +47,11 @@ def report(server, tmp_path_factory):
     return folder
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine: `make test` installs Debian's "
-                                             "`chromium` when run as root with apt-get; elsewhere install it "
-                                             "to render report.html")
+# `make test` installs chromium where it can (root and apt-get) and fails if that
+# install fails; only a machine where it cannot skips this one test, saying how to run it.
+@pytest.mark.skipif(CHROMIUM is None, reason="needs a headless Chromium to render report.html, and this machine "
+                                             "has none (`make test` installs it only as root with apt-get): "
+                                             "`sudo apt-get install chromium` runs this test")
 def test_report_html_renders_its_charts_and_the_real_endpoint(server, report, tmp_path):
     page = f"file://{report / 'report.html'}"
     screenshot = tmp_path / "report.png"
