@@ -12,6 +12,11 @@ formats it does not read, a JPEG cut before its end-of-image marker, a PNG whose
 chunks are cut or fail their CRC. Anything else, including images Pillow cannot
 parse but whose header names a format the decoder reads, is left to the decoder.
 
+Its price, per image on the request path (measured on the project's photos): 70 us for
+a 110 KB JPEG, 280-290 us for a 240-470 KB PNG (`verify()` reads every chunk and its
+CRC), against ~6 ms of CPU for DALI to decode and preprocess one image; the header
+read that the decode budget also makes costs 25-40 us of it.
+
 Standard library and Pillow only: the dali backend imports it in the stub.
 """
 

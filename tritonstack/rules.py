@@ -237,17 +237,23 @@ def bool_parameter(parameters: dict, key: str) -> bool | None:
     return _BOOL_WORDS[value.lower()]
 
 
-def onnx_problems(config: dict, inputs: list[GraphTensor], outputs: list[GraphTensor]) -> list[Problem]:
-    """Config tensors map by name to the graph's; types equal; shapes compatible
-    (the config's dims after a batch axis when batching, -1 matching anything);
-    boolean parameters readable."""
-    model = config.get("name", "")
+def onnx_parameter_problems(config: dict) -> list[Problem]:
+    """The boolean parameters readable: checked before a session is built from them."""
     problems = []
     for key in ONNX_BOOL_PARAMETERS:
         try:
             bool_parameter(config.get("parameters", {}), key)
         except ValueError as error:
-            problems.append(Problem(model, "parameters", key, str(error), "use true or false"))
+            problems.append(Problem(config.get("name", ""), "parameters", key, str(error), "use true or false"))
+    return problems
+
+
+def onnx_problems(config: dict, inputs: list[GraphTensor], outputs: list[GraphTensor]) -> list[Problem]:
+    """Config tensors map by name to the graph's; types equal; shapes compatible
+    (the config's dims after a batch axis when batching, -1 matching anything);
+    boolean parameters readable."""
+    model = config.get("name", "")
+    problems = onnx_parameter_problems(config)
     for kind, tensors, graph in (("input", config.get("input", []), inputs),
                                  ("output", config.get("output", []), outputs)):
         by_name = {tensor.name: tensor for tensor in graph}

@@ -34,6 +34,7 @@ from tritonstack.rules import (
     GraphTensor,
     bool_parameter,
     onnx_autocomplete,
+    onnx_parameter_problems,
     onnx_problems,
     raise_problems,
 )
@@ -80,6 +81,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
+        raise_problems(onnx_parameter_problems(config))  # before a session is built from them
         self._session = _session(model_path(version_dir, config), config.get("parameters", {}))
         raise_problems(onnx_problems(config, graph_tensors(self._session.get_inputs()),
                                      graph_tensors(self._session.get_outputs())))
@@ -160,7 +162,7 @@ def _session_options(parameters) -> ort.SessionOptions:
     if inter:
         options.inter_op_num_threads = int(inter)
     for key, option in ONNX_BOOL_PARAMETERS.items():
-        value = bool_parameter(parameters, key)  # raises on an unreadable value, naming it: the load fails
+        value = bool_parameter(parameters, key)  # readable: onnx_parameter_problems came first
         if value is not None:
             setattr(options, option, value)
     return options
