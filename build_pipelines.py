@@ -42,6 +42,7 @@ def build(args: argparse.Namespace) -> int:
         intra_op_threads=args.intra_op_threads,
         instances=args.instances,
         max_queue_delay_us=args.max_queue_delay_us,
+        classifier_batch=args.classifier_batch,
         device=args.device,
         format=args.format,
     )
@@ -143,6 +144,10 @@ def _add_build_parser(commands) -> None:
                              "parameter, fixed like --num-threads")
     parser.add_argument("--max-queue-delay-us", type=int, default=defaults.max_queue_delay_us,
                         help="how long the dynamic batcher waits to fill a batch")
+    parser.add_argument("--classifier-batch", type=cli.non_negative_int, default=defaults.classifier_batch, metavar="N",
+                        help="on the CPU, the batch the classifier's dynamic batcher forms from queued "
+                             "requests (preferred_batch_size; 0: none): ONNX Runtime's best rate per image "
+                             "and a bounded arena. Requests of more images still run whole")
     own = parser.add_argument_group(
         "bring your own classifier",
         "An ONNX classifier taking FP32 NCHW images (0..255 RGB normalized with --mean/--std) gets its "

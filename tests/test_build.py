@@ -79,6 +79,15 @@ def test_options_reach_the_configs_and_the_pipeline(tmp_path, model_repository):
     assert check_repository(out) == []
 
 
+def test_classifier_batch_is_a_cpu_preference_below_max_batch_size(tmp_path, model_repository):
+    for args, preferred in ((("--classifier-batch", "4"), [4]), (("--classifier-batch", "0"), []),
+                            (("--max-batch-size", "8"), []), (("--device", "gpu"), [])):
+        out = tmp_path / "-".join(args)
+        build(out, "dali_efficientnet_lite0", *args)
+        assert list(read_config(out / LITE0).dynamic_batching.preferred_batch_size) == preferred, args
+        assert list(read_config(out / PREPROCESS).dynamic_batching.preferred_batch_size) == [], args
+
+
 def test_warmup_is_a_real_jpeg_of_the_declared_size(model_repository):
     from PIL import Image
 

@@ -23,6 +23,12 @@ class BuildOptions:
     intra_op_threads: int = 2
     instances: int = 1
     max_queue_delay_us: int = 0
+    # The batch the classifier's dynamic batcher forms from queued requests on the
+    # CPU (`preferred_batch_size`; 0: none, batches up to max_batch_size). ONNX
+    # Runtime's CPU rate per image is highest at batches of 4-8 and its arena keeps
+    # the memory of the largest batch it ran: measured in docs/performance.md.
+    # A request of more images still runs whole, up to max_batch_size.
+    classifier_batch: int = 8
     device: str = "cpu"  # "gpu": nvJPEG decoding, GPU resize/normalize, KIND_GPU
     format: str = "model.dali"  # or "dali.py": serialized by the DALI backend at load
 
@@ -34,8 +40,17 @@ class BuildOptions:
         for name in ("max_batch_size", "num_threads", "intra_op_threads", "instances"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.classifier_batch < 0:
+            raise ValueError(f"classifier_batch must be >= 0, not {self.classifier_batch}")
         if self.max_queue_delay_us < 0:
             raise ValueError(f"max_queue_delay_us must be >= 0, not {self.max_queue_delay_us}")
+
+    @property
+    def classifier_preferred_batches(self) -> tuple[int, ...]:
+        """Only on the CPU (a GPU gains from large batches), and only below max_batch_size."""
+        if self.device != "cpu" or not 0 < self.classifier_batch < self.max_batch_size:
+            return ()
+        return (self.classifier_batch,)
 
     @property
     def instance_kind(self) -> str:

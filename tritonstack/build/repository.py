@@ -59,8 +59,8 @@ EXPORT_SECONDS = 15
 WARMUP_SAMPLE = "sample.jpg"
 
 
-def _batching(options: BuildOptions) -> DynamicBatching:
-    return DynamicBatching(max_queue_delay_us=options.max_queue_delay_us)
+def _batching(options: BuildOptions, preferred_batch_sizes: tuple[int, ...] = ()) -> DynamicBatching:
+    return DynamicBatching(max_queue_delay_us=options.max_queue_delay_us, preferred_batch_sizes=preferred_batch_sizes)
 
 
 def _preprocessed(classifier: Classifier) -> Tensor:
@@ -116,7 +116,7 @@ def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelCon
         outputs=(
             Tensor(classifier.output_name, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),
         ),
-        dynamic_batching=_batching(options),
+        dynamic_batching=_batching(options, options.classifier_preferred_batches),
         instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
         parameters={"intra_op_thread_count": str(options.intra_op_threads)},
         # Only the GPU variant: the C++ backend builds TensorRT engines from it on
