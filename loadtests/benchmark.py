@@ -467,7 +467,7 @@ def cpu_model() -> str:
 def run(settings: Settings, repository: Path, log=print, server: TritonServer | GivenServer | None = None) -> dict:
     """All measurements; on `server` if given (it must serve `repository`), else on
     a server started and stopped here."""
-    images = [image.data for image in _weighted_sequence(400)]
+    images = weighted_images(400)
     results: dict = {"settings": settings.__dict__ | {"quick": settings is QUICK}, "cpu_model": cpu_model(),
                      "cpu_count": os.cpu_count()}
     log("in-process reference (DALI + ONNX Runtime, no server): the best thread/batch setting...")
@@ -635,9 +635,10 @@ def typical_image() -> bytes:
     return next(image.data for image in build_corpus() if "@640" in image.name)
 
 
-def _weighted_sequence(count: int):
+def weighted_images(count: int) -> list[bytes]:
+    """`count` encoded images drawn from the load tests' weighted corpus, the same every run."""
     sampler = WeightedSampler(build_corpus(), seed=0)
-    return [sampler.draw() for _ in range(count)]
+    return [sampler.draw().data for _ in range(count)]
 
 
 # Every key the benchmark promises (issues 5 and 14), besides versions and settings.

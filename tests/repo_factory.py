@@ -5,6 +5,7 @@ model-control mode so models load (or fail to load) one by one."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +22,16 @@ from tritonstack.build.repository import write_model_folder
 VERSION = "1"
 CPU = (InstanceGroup(count=1, kind="KIND_CPU"),)
 EXPLICIT = ("--model-control-mode=explicit",)
+SHIPPED_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
+
+
+def seed_lite0_export(out: Path) -> None:
+    """Copy the built Lite0 export (and its fingerprint) into `out`, so that
+    building a Lite0 preset there skips the export (and torch)."""
+    folder = out / "efficientnet_lite0" / VERSION
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in ("model.onnx", ".model.onnx.fingerprint"):
+        shutil.copy2(SHIPPED_REPOSITORY / folder.relative_to(out) / file, folder / file)
 
 
 # --- DALI pipelines, serialized ------------------------------------------------
@@ -80,6 +91,24 @@ def add_graph(dtype=TensorProto.FLOAT, width: int | str = 4, batch: str | int = 
         [helper.make_tensor_value_info("Y", dtype, shape)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def tile_sum_graph(width: int) -> bytes:
+    """Y = the sum of X repeated `width` times, shapes [batch, 1]: an intermediate
+    tensor of batch x width floats, for memory tests."""
+    repeats = helper.make_tensor("repeats", TensorProto.INT64, [2], [1, width])
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["X", "repeats"], ["T"]),
+         helper.make_node("ReduceSum", ["T"], ["Y"], keepdims=1, axes=[1])],
+        "tile_sum",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 1])],
+        initializer=[repeats],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model.SerializeToString()

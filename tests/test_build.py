@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from build_pipelines import main
 from tests import reference
+from tests import repo_factory as rf
 from tests.conftest import MODEL_REPOSITORY, PROJECT_ROOT
 from tritonstack import dali_proto
 from tritonstack.contract import PREPROCESS_INPUT, PREPROCESS_OUTPUT
@@ -33,16 +34,8 @@ LITE0 = "efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"
 
 
-def seed_onnx(out):
-    """Reuse the shipped export (and its fingerprint) so a test build skips torch."""
-    for name in (LITE0,):
-        for file in ("model.onnx", ".model.onnx.fingerprint"):
-            (out / name / "1").mkdir(parents=True, exist_ok=True)
-            shutil.copy2(MODEL_REPOSITORY / name / "1" / file, out / name / "1" / file)
-
-
 def build(out, *args):
-    seed_onnx(out)
+    rf.seed_lite0_export(out)
     assert main(["build", "--out", str(out), *args]) == 0
 
 

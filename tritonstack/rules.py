@@ -237,14 +237,44 @@ def bool_parameter(parameters: dict, key: str) -> bool | None:
     return _BOOL_WORDS[value.lower()]
 
 
+# The C++ backend passes this parameter to every run as ONNX Runtime's run option
+# of the same name: after each run, the listed devices' arenas give their unused
+# memory back ("cpu:0", "gpu:0" or both, ";"-separated). Memory returns to the size
+# of one batch; the throughput cost is measured in docs/performance.md.
+ARENA_SHRINKAGE_PARAMETER = "memory.enable_memory_arena_shrinkage"
+_ARENA_DEVICE = re.compile(r"(cpu|gpu):\d+")
+
+
+def arena_shrinkage_devices(parameters: dict) -> list[str]:
+    """The devices whose arenas shrink after each run ([] when the parameter is
+    absent); ValueError naming the parameter when it is not such a list."""
+    value = parameters.get(ARENA_SHRINKAGE_PARAMETER, {}).get("string_value")
+    if value is None:
+        return []
+    devices = value.split(";")
+    if not all(_ARENA_DEVICE.fullmatch(device) for device in devices):
+        raise ValueError(f"{ARENA_SHRINKAGE_PARAMETER} '{value}' is not a ';'-separated list of cpu:N or gpu:N")
+    return devices
+
+
 def onnx_parameter_problems(config: dict) -> list[Problem]:
-    """The boolean parameters readable: checked before a session is built from them."""
+    """The memory parameters readable: checked before a session is built from them."""
     problems = []
+    parameters = config.get("parameters", {})
     for key in ONNX_BOOL_PARAMETERS:
         try:
-            bool_parameter(config.get("parameters", {}), key)
+            bool_parameter(parameters, key)
         except ValueError as error:
             problems.append(Problem(config.get("name", ""), "parameters", key, str(error), "use true or false"))
+    try:
+        shrinking_cpu = "cpu:0" in arena_shrinkage_devices(parameters)
+    except ValueError as error:
+        return [*problems, Problem(config.get("name", ""), "parameters", ARENA_SHRINKAGE_PARAMETER, str(error),
+                                   "use cpu:0")]
+    if shrinking_cpu and not problems and bool_parameter(parameters, "enable_mem_arena") is False:
+        problems.append(Problem(config.get("name", ""), "parameters", ARENA_SHRINKAGE_PARAMETER,
+                                "shrinks the CPU arena, which enable_mem_arena turns off",
+                                "drop one of the two parameters"))
     return problems
 
 

@@ -12,6 +12,9 @@ It keeps the contract of the C++ backend (triton-inference-server/onnxruntime_ba
 - `parameters` `intra_op_thread_count` and `inter_op_thread_count` size ONNX
   Runtime's thread pools; `enable_mem_arena` and `enable_mem_pattern` ("true" or
   "false") switch its CPU memory arena and memory pattern planning;
+  `memory.enable_memory_arena_shrinkage` ("cpu:0") is passed to every run, as the
+  C++ backend passes it: the arena gives its unused memory back after each run
+  (a "gpu:N" entry is dropped: this backend has no GPU arena);
 - all requests of one execute call run as one batch; a run that ONNX Runtime
   refuses answers HTTP 400 / gRPC INVALID_ARGUMENT with its message, and a merged
   batch that fails is re-run per request so only the bad request fails.
@@ -30,8 +33,10 @@ import triton_python_backend_utils as pb_utils
 from tritonstack.contract import ONNX_MODEL_FILENAME, REPOSITORY_ENV, latest_version_dir, onnx_type
 # The load rules shared with build_pipelines.py check.
 from tritonstack.rules import (
+    ARENA_SHRINKAGE_PARAMETER,
     ONNX_BOOL_PARAMETERS,
     GraphTensor,
+    arena_shrinkage_devices,
     bool_parameter,
     onnx_autocomplete,
     onnx_parameter_problems,
@@ -83,6 +88,7 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         raise_problems(onnx_parameter_problems(config))  # before a session is built from them
         self._session = _session(model_path(version_dir, config), config.get("parameters", {}))
+        self._run_options = _run_options(config.get("parameters", {}))
         raise_problems(onnx_problems(config, graph_tensors(self._session.get_inputs()),
                                      graph_tensors(self._session.get_outputs())))
         self._input_names = [tensor["name"] for tensor in config["input"]]
@@ -120,7 +126,7 @@ class TritonPythonModel:
 
     def _run(self, feed):
         try:
-            return self._session.run(self._output_names, feed)
+            return self._session.run(self._output_names, feed, self._run_options)
         except (ort.capi.onnxruntime_pybind11_state.InvalidArgument,
                 ort.capi.onnxruntime_pybind11_state.Fail,
                 ort.capi.onnxruntime_pybind11_state.RuntimeException) as error:
@@ -147,6 +153,14 @@ def _utf8(value) -> str:
 def _session(path: Path, parameters: dict) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), sess_options=_session_options(parameters),
                                 providers=["CPUExecutionProvider"])
+
+
+def _run_options(parameters) -> ort.RunOptions:
+    options = ort.RunOptions()
+    cpu_devices = [device for device in arena_shrinkage_devices(parameters) if device.startswith("cpu:")]
+    if cpu_devices:
+        options.add_run_config_entry(ARENA_SHRINKAGE_PARAMETER, ";".join(cpu_devices))
+    return options
 
 
 def _session_options(parameters) -> ort.SessionOptions:

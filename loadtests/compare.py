@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Before and after in one run: two servers side by side, measured in interleaved rounds.
+
+    python -m loadtests.compare --b-repository /tmp/candidate --out reports/compare.json
+    python -m loadtests.compare --b-env DALI_MALLOC_POOL_THRESHOLD=0 --out reports/compare.json
+
+A serves --a-repository (default: model_repository) with --a-env added to its
+environment, B serves --b-repository (default: A's) with --b-env. Both run for the
+whole comparison, on free loopback ports, but only one is under load at a time:
+each round measures every --model on A then B, on the next round B then A, so the
+drift of a shared machine and the order of the sides both cancel out in the
+medians. Per model it writes the closed-loop rate of each side (images/s at
+--concurrency single-image requests in flight), `b_over_a` (the median of the
+rounds' B/A) with `b_over_a_spread` [min, max], each side's median p50 and p99
+latency, and each side's memory by process after the rounds. Change one thing
+between A and B; a ratio whose spread straddles 1 is not a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+from loadtests.benchmark import (DALI_ENSEMBLE, INT8_ENSEMBLE, PROJECT_ROOT, Phase, closed_loop,  # noqa: E402
+                                 ratios, server_rss_mb_by_process, weighted_images, write_median)
+from tritonstack import cli  # noqa: E402
+from tritonstack.rules import unservable_reason  # noqa: E402
+from tritonstack.serve.launcher import TritonServer  # noqa: E402
+
+SIDES = ("a", "b")
+
+
+def environment_assignment(text: str) -> tuple[str, str]:
+    """NAME=VALUE, as on a shell's command line."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, not {text!r}")
+    return name, value
+
+
+def interleaved_sides(measure, models: list[str], rounds: int, log=print) -> dict[tuple[str, str], list[Phase]]:
+    """measure(side, model) for every model, A then B on even rounds, B then A on odd ones."""
+    phases: dict[tuple[str, str], list[Phase]] = {(side, model): [] for side in SIDES for model in models}
+    for index in range(rounds):
+        order = SIDES if index % 2 == 0 else SIDES[::-1]
+        for model in models:
+            for side in order:
+                phases[(side, model)].append(measure(side, model))
+        log(f"  round {index + 1}/{rounds}: " + ", ".join(
+            f"{model} A {phases[('a', model)][-1].images_per_s:.1f} B {phases[('b', model)][-1].images_per_s:.1f}"
+            for model in models))
+    return phases
+
+
+def summary(phases: dict[tuple[str, str], list[Phase]], models: list[str]) -> dict:
+    """Per model: each side's median rate and latencies, B/A median and spread."""
+    results: dict = {}
+    for model in models:
+        figures: dict = {}
+        for side in SIDES:
+            measured = [phase for phase in phases[(side, model)] if phase.latencies_s]
+            write_median(figures, f"{side}_images_per_s", [phase.images_per_s for phase in measured])
+            write_median(figures, f"{side}_ms_p50", [phase.percentile_ms(50) for phase in measured])
+            write_median(figures, f"{side}_ms_p99", [phase.percentile_ms(99) for phase in measured])
+            figures[f"{side}_errors"] = sum(phase.errors for phase in phases[(side, model)])
+        write_median(figures, "b_over_a", ratios([phase.images_per_s for phase in phases[("b", model)]],
+                                                  [phase.images_per_s for phase in phases[("a", model)]]))
+        results[model] = figures
+    return results
+
+
+def compare(args: argparse.Namespace, log=print) -> dict:
+    images = weighted_images(400)
+    repositories = {"a": args.a_repository.resolve(), "b": (args.b_repository or args.a_repository).resolve()}
+    environments = {"a": dict(args.a_env), "b": dict(args.b_env)}
+    with contextlib.ExitStack() as stack:
+        servers = {side: stack.enter_context(TritonServer(repositories[side], environment=environments[side]))
+                   for side in SIDES}
+
+        def measure(side: str, model: str) -> Phase:
+            return asyncio.run(closed_loop(servers[side].grpc_url, "grpc", model, images, args.concurrency,
+                                           args.seconds, args.warmup_s))
+
+        log(f"{args.rounds} rounds of {', '.join(args.model)} at {args.concurrency} in flight, "
+            f"{args.seconds:g} s per side...")
+        phases = interleaved_sides(measure, args.model, args.rounds, log)
+        memory = {side: server_rss_mb_by_process(servers[side]) for side in SIDES}
+    return {
+        "a": {"repository": str(repositories["a"]), "environment": environments["a"]},
+        "b": {"repository": str(repositories["b"]), "environment": environments["b"]},
+        "settings": {"rounds": args.rounds, "seconds": args.seconds, "warmup_s": args.warmup_s,
+                     "concurrency": args.concurrency},
+        "models": summary(phases, args.model),
+        "server_rss_mb_by_process": memory,
+        "server_rss_mb": {side: sum(memory[side].values()) if memory[side] else None for side in SIDES},
+    }
+
+
+def table(results: dict) -> str:
+    lines = ["| model | A images/s | B images/s | B/A median [min, max] | A p99 ms | B p99 ms |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for model, figures in results["models"].items():
+        low, high = figures["b_over_a_spread"] or (float("nan"), float("nan"))
+        lines.append(f"| {model} | {figures['a_images_per_s']:.1f} | {figures['b_images_per_s']:.1f} | "
+                     f"{figures['b_over_a']:.3f} [{low:.3f}, {high:.3f}] | {figures['a_ms_p99']:.0f} | "
+                     f"{figures['b_ms_p99']:.0f} |")
+    memory = results["server_rss_mb"]
+    lines.append(f"\nserver RSS after the rounds: A {memory['a']:.0f} MB, B {memory['b']:.0f} MB")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = cli.parser(__doc__)
+    parser.add_argument("--a-repository", type=Path, default=PROJECT_ROOT / "model_repository")
+    parser.add_argument("--b-repository", type=Path, help="default: A's")
+    parser.add_argument("--a-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--b-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--model", action="append", help=f"default: {DALI_ENSEMBLE} and {INT8_ENSEMBLE}")
+    parser.add_argument("--rounds", type=cli.positive_int, default=5, help="at least 3: a median and a spread")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured per side, model and round")
+    parser.add_argument("--warmup-s", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=cli.positive_int, default=24, help="single-image requests in flight")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    args = parser.parse_args(argv)
+    args.model = args.model or [DALI_ENSEMBLE, INT8_ENSEMBLE]
+    if args.b_repository is None and not args.a_env and not args.b_env:
+        raise cli.UsageError("A and B would be the same: give --b-repository or an --a-env/--b-env")
+    for repository in filter(None, (args.a_repository, args.b_repository)):
+        reason = unservable_reason(repository)
+        if reason:
+            raise cli.UsageError(reason)
+    started = time.monotonic()
+    results = compare(args, log=lambda text: print(text, flush=True))
+    results["seconds"] = time.monotonic() - started
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+    errors = sum(figures[f"{side}_errors"] for figures in results["models"].values() for side in SIDES)
+    return 0 if errors == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

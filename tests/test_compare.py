@@ -1,0 +1,53 @@
+"""loadtests/compare.py measures two real servers in interleaved rounds and writes
+what it promises (the shortest settings: figures are rough, keys are real).
+Performance itself is never asserted here."""
+
+import json
+
+import pytest
+
+from loadtests import compare
+from tests import repo_factory as rf
+from tritonstack.build.presets import preset_named
+from tritonstack.build.repository import write_repository
+
+ENSEMBLE = "ensemble_dali_efficientnet_lite0"
+
+
+@pytest.fixture(scope="module")
+def lite0_repository(tmp_path_factory, model_repository):
+    out = tmp_path_factory.mktemp("lite0")
+    rf.seed_lite0_export(out)
+    write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),))
+    return out
+
+
+def test_two_servers_interleaved(lite0_repository, tmp_path, capsys):
+    out = tmp_path / "compare.json"
+    code = compare.main(["--a-repository", str(lite0_repository), "--b-env", "DALI_MALLOC_POOL_THRESHOLD=0",
+                         "--model", ENSEMBLE, "--rounds", "3", "--seconds", "1", "--warmup-s", "0.3",
+                         "--concurrency", "4", "--out", str(out)])
+    assert code == 0
+    written = json.loads(out.read_text())
+    figures = written["models"][ENSEMBLE]
+    for side in compare.SIDES:
+        assert figures[f"{side}_images_per_s"] > 1 and figures[f"{side}_errors"] == 0
+        assert 0 < figures[f"{side}_ms_p50"] <= figures[f"{side}_ms_p99"]
+        assert "stub:preprocess_dali_efficientnet_lite0" in written["server_rss_mb_by_process"][side]
+    low, high = figures["b_over_a_spread"]
+    assert low <= figures["b_over_a"] <= high
+    assert written["b"]["environment"] == {"DALI_MALLOC_POOL_THRESHOLD": "0"} and written["a"]["environment"] == {}
+    assert written["a"]["repository"] == written["b"]["repository"]
+    assert "| " + ENSEMBLE in capsys.readouterr().out
+
+
+def test_the_same_server_twice_is_refused(lite0_repository, tmp_path):
+    assert compare.main(["--a-repository", str(lite0_repository), "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_an_environment_assignment_needs_a_name():
+    assert compare.environment_assignment("A_B=1=2") == ("A_B", "1=2")
+    for text in ("NOVALUE", "=1", "1A=2"):
+        with pytest.raises(Exception, match="NAME=VALUE"):
+            compare.environment_assignment(text)
