@@ -9,7 +9,8 @@ dali_preprocess_images_per_s, pil_preprocess_images_per_s, dali_vs_pil_preproces
 dali_vs_pil_per_cpu_second, dali_vs_pil_ensemble, ensemble_overhead_ms_p50,
 p99_over_p50, http_vs_grpc, server_rss_mb, errors, versions, CPU model and cores;
 ensemble_overhead_share, capacity_at_slo, int8_vs_fp32_ensemble, int8_top1_agreement,
-int8_top5_overlap.
+int8_top5_overlap; on a server it started itself, ensemble_trace_ms_p50 (where a
+single request's time goes, from Triton's trace: loadtests/trace.py).
 
 Every throughput ratio is the median of `repeats` interleaved rounds (A, B, A, B, ...
 in one run, so that drift on a shared machine hits both sides alike), written with
@@ -33,6 +34,7 @@ import os
 import platform
 import queue
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +56,7 @@ from loadtests.corpus import WeightedSampler, build_corpus  # noqa: E402
 from tritonstack.client.aio import AsyncClassifierClient  # noqa: E402
 from tritonstack.client.classifier import ClassifierClient  # noqa: E402
 from loadtests.target import GivenServer, given_endpoints, server_processes, target_server  # noqa: E402
+from loadtests.trace import read_traces, request_hops, trace_args, traced  # noqa: E402
 from tritonstack import cli  # noqa: E402
 from tritonstack.build.parity import compare_classifiers  # noqa: E402
 from tritonstack.client.preflight import check_model  # noqa: E402
@@ -430,6 +433,35 @@ def grpc_round_trip_ms(server, count: int = 200) -> float:
     return float(np.median(durations)) * 1000
 
 
+# Requests of the traced phase (quick or smoke, full run).
+TRACED_REQUESTS = (100, 300)
+
+
+def traced_single_requests(server, count: int) -> list[tuple[int, int]]:
+    """`count` requests at concurrency 1 with Triton's tracing on: the client's
+    (sent, received) CLOCK_MONOTONIC ns of each, to match with the trace file."""
+    times = []
+    with ClassifierClient(server.grpc_url, "grpc", DALI_ENSEMBLE, retry=NO_RETRY,
+                          timeout_s=REQUEST_TIMEOUT_S) as client:
+        image = typical_image()
+        client.probabilities([image])  # the connection's first request, untraced
+        with traced(server.grpc_url, server.admin_headers("grpc"), DALI_ENSEMBLE, count):
+            for _ in range(count):
+                sent = time.monotonic_ns()
+                client.probabilities([image])
+                times.append((sent, time.monotonic_ns()))
+    return times
+
+
+def trace_medians(trace_file: Path, client_times: list[tuple[int, int]]) -> dict[str, float] | None:
+    """Median ms of each part of a request (loadtests/trace.py), and how many were matched."""
+    hops = request_hops(read_traces(trace_file), client_times, DALI_ENSEMBLE, (DALI_PREPROCESS, CLASSIFIER))
+    if not hops["steps_compute"]:
+        return None
+    return {part: float(np.median(values)) for part, values in hops.items()} | {
+        "requests": len(hops["steps_compute"])}
+
+
 def request_statistics(statistics, headers: dict[str, str], models: tuple[str, ...]) -> dict[tuple[str, str], int]:
     """Cumulative ns per (model, part) so far: success (whole request), queue, compute_*."""
     spent = {}
@@ -472,7 +504,23 @@ def run(settings: Settings, repository: Path, log=print, server: TritonServer | 
                      "cpu_count": os.cpu_count()}
     log("in-process reference (DALI + ONNX Runtime, no server): the best thread/batch setting...")
     setting = results["inprocess_best_setting"] = inprocess_best_setting(repository, images, settings)
-    with contextlib.nullcontext(server) if server else target_server(repository) as server:
+    with tempfile.TemporaryDirectory(prefix="benchmark-") as folder:
+        trace_file = Path(folder) / "trace.json"
+        client_times = _run_on_server(results, settings, repository, images, setting, log, server, trace_file)
+        # The server has stopped: its trace file is complete.
+        results["ensemble_trace_ms_p50"] = trace_medians(trace_file, client_times) if client_times else None
+    log("INT8 vs FP32 classifier on the parity corpus (in process)...")
+    _write_int8_agreement(results, repository)
+    return results
+
+
+def _run_on_server(results: dict, settings: Settings, repository: Path, images: list[bytes], setting: dict, log,
+                   server, trace_file: Path) -> list[tuple[int, int]]:
+    """Every measurement through a server; the client's times of the traced
+    requests (none on a given server: its trace file, if any, is not ours)."""
+    own = server is None
+    with contextlib.nullcontext(server) if server else target_server(repository, extra_args=trace_args(trace_file)) \
+            as server:
         results["versions"] = versions(server)
         log("DALI ensemble over gRPC: the concurrency that saturates it...")
         _, concurrency, errors = saturate(server.grpc_url, "grpc", DALI_ENSEMBLE, images, settings)
@@ -488,10 +536,8 @@ def run(settings: Settings, repository: Path, log=print, server: TritonServer | 
         errors += _write_single_requests(results, server, settings)
         errors += _write_open_loop(results, server, images, settings, log)
         errors += _write_capacity(results, server, images, settings, log)
-    log("INT8 vs FP32 classifier on the parity corpus (in process)...")
-    _write_int8_agreement(results, repository)
-    results["errors"] = errors
-    return results
+        results["errors"] = errors
+        return traced_single_requests(server, TRACED_REQUESTS[settings.repeats >= FULL.repeats]) if own else []
 
 
 def _round_measures(server, repository: Path, images: list[bytes], setting: dict, concurrency: int,

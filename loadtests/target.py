@@ -52,13 +52,14 @@ def given_endpoints(url: str | None, grpc_url: str | None,
 
 @contextlib.contextmanager
 def target_server(repository: Path | str, http_url: str | None = None, grpc_url: str | None = None,
-                  metrics_url: str | None = None, pid: int | None = None) -> Iterator[GivenServer | TritonServer]:
+                  metrics_url: str | None = None, pid: int | None = None,
+                  extra_args: tuple[str, ...] = ()) -> Iterator[GivenServer | TritonServer]:
     """The given server when `http_url` is set, else a TritonServer on `repository`
-    (free loopback ports), stopped when the block ends whatever happens."""
+    (free loopback ports, `extra_args` added), stopped when the block ends whatever happens."""
     if http_url:
         yield GivenServer(http_url, grpc_url or http_url, metrics_url, pid)
         return
-    with TritonServer(repository) as server:
+    with TritonServer(repository, extra_args=extra_args) as server:
         yield server
 
 

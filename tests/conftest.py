@@ -22,6 +22,18 @@ def model_repository() -> Path:
 
 
 @pytest.fixture(scope="session")
+def lite0_repository(tmp_path_factory, model_repository) -> Path:
+    """Only the dali_efficientnet_lite0 preset (three models): a server of its own starts fast."""
+    from tests import repo_factory as rf
+    from tritonstack.build.presets import preset_named
+
+    out = tmp_path_factory.mktemp("lite0")
+    rf.seed_lite0_export(out)
+    write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),))
+    return out
+
+
+@pytest.fixture(scope="session")
 def server(model_repository):
     with TritonServer(model_repository) as running:
         yield running

@@ -7,19 +7,8 @@ import json
 import pytest
 
 from loadtests import compare
-from tests import repo_factory as rf
-from tritonstack.build.presets import preset_named
-from tritonstack.build.repository import write_repository
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
-
-
-@pytest.fixture(scope="module")
-def lite0_repository(tmp_path_factory, model_repository):
-    out = tmp_path_factory.mktemp("lite0")
-    rf.seed_lite0_export(out)
-    write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),))
-    return out
 
 
 def test_two_servers_interleaved(lite0_repository, tmp_path, capsys):
