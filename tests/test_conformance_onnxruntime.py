@@ -157,6 +157,9 @@ def test_unreadable_boolean_parameter_is_a_load_problem():
     problems = onnx_problems({"name": "m", "parameters": {"enable_mem_pattern": {"string_value": "yes please"}}},
                              [], [])
     assert [(p.field, p.tensor) for p in problems] == [("parameters", "enable_mem_pattern")], problems
+    for value, problem_count in (("cpu:0", 0), ("gpu:0;cpu:0", 0), ("cpu", 1), ("cpu:0;", 1), ("tpu:0", 1)):
+        config = {"name": "m", "parameters": {"memory.enable_memory_arena_shrinkage": {"string_value": value}}}
+        assert len(onnx_problems(config, [], [])) == problem_count, value
 
 
 MISMATCHES = {

@@ -258,21 +258,22 @@ def arena_shrinkage_devices(parameters: dict) -> list[str]:
 
 
 def onnx_parameter_problems(config: dict) -> list[Problem]:
-    """The memory parameters readable: checked before a session is built from them."""
-    problems = []
-    parameters = config.get("parameters", {})
+    """The memory parameters readable and consistent: checked before a session is
+    built from them."""
+    model, parameters = config.get("name", ""), config.get("parameters", {})
+    problems, switches = [], {}
     for key in ONNX_BOOL_PARAMETERS:
         try:
-            bool_parameter(parameters, key)
+            switches[key] = bool_parameter(parameters, key)
         except ValueError as error:
-            problems.append(Problem(config.get("name", ""), "parameters", key, str(error), "use true or false"))
+            problems.append(Problem(model, "parameters", key, str(error), "use true or false"))
     try:
-        shrinking_cpu = "cpu:0" in arena_shrinkage_devices(parameters)
+        devices = arena_shrinkage_devices(parameters)
     except ValueError as error:
-        return [*problems, Problem(config.get("name", ""), "parameters", ARENA_SHRINKAGE_PARAMETER, str(error),
-                                   "use cpu:0")]
-    if shrinking_cpu and not problems and bool_parameter(parameters, "enable_mem_arena") is False:
-        problems.append(Problem(config.get("name", ""), "parameters", ARENA_SHRINKAGE_PARAMETER,
+        problems.append(Problem(model, "parameters", ARENA_SHRINKAGE_PARAMETER, str(error), "use cpu:0"))
+        devices = []
+    if switches.get("enable_mem_arena") is False and any(device.startswith("cpu:") for device in devices):
+        problems.append(Problem(model, "parameters", ARENA_SHRINKAGE_PARAMETER,
                                 "shrinks the CPU arena, which enable_mem_arena turns off",
                                 "drop one of the two parameters"))
     return problems
