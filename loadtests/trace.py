@@ -12,14 +12,19 @@ traced request's latency into parts that add up to it exactly:
     steps_compute      time in which a step computes (input + infer + output)
     steps_queue        time in which a step is queued (its dynamic batcher) and none
                        computes
-    server_other       the rest of the server's time: the frontend's parsing, the
-                       ensemble scheduler, hand-offs between steps, the response's send
-    server_to_client   the server has sent the response -> the client has the result
+    server_other       the rest of the server's time until it starts sending the
+                       response: the frontend's parsing, the ensemble scheduler,
+                       hand-offs between steps
+    server_to_client   the server starts sending the response -> the client has the
+                       result (the frontend's write, loopback, the client's parsing)
 
-Times are unions of intervals: a step may start while the one before is still
-finishing its output, and no time is counted twice. So the benchmark's overhead
-(latency - steps' compute) is about client_to_server + steps_queue + server_other +
-server_to_client.
+Every part is non-negative by causality, and no time is counted twice: times are
+unions of intervals (a step may start while the one before is still finishing its
+output), cut at the response's send (a step's output stage can still be closing
+while the response is already on its way; the frontend's send-end stamp can even
+come after the client has the answer, so it is not used). The benchmark's overhead
+(latency - steps' compute) is then about client_to_server + steps_queue +
+server_other + server_to_client.
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ from pathlib import Path
 import tritonclient.grpc as grpcclient
 
 PARTS = ("client_to_server", "steps_queue", "steps_compute", "server_other", "server_to_client")
-# The frontend's first and last timestamps of a request, gRPC or HTTP.
+# The frontend's timestamps that bound a request in the server, gRPC or HTTP.
 READ_END = ("GRPC_WAITREAD_END", "HTTP_RECV_END")
-SEND_END = ("GRPC_SEND_END", "HTTP_SEND_END")
+SEND_START = ("GRPC_SEND_START", "HTTP_SEND_START")
 
 
 def trace_args(trace_file: Path) -> tuple[str, ...]:
@@ -98,20 +103,25 @@ def request_hops(traces: dict[int, Trace], client_times: list[tuple[int, int]], 
     hops: dict[str, list[float]] = {part: [] for part in PARTS}
     for (sent, received), trace_id in zip(client_times, tops):
         top, step_traces = traces[trace_id], children.get(trace_id, {})
-        read, sent_back = top.first(READ_END), top.first(SEND_END)
-        if read is None or sent_back is None or any(step not in step_traces for step in steps):
+        read, replying = top.first(READ_END), top.first(SEND_START)
+        if read is None or replying is None or any(step not in step_traces for step in steps):
             continue
-        busy = covered([(step_traces[s].ns["QUEUE_START"], step_traces[s].ns["COMPUTE_END"]) for s in steps])
-        compute = covered([(step_traces[s].ns["COMPUTE_START"], step_traces[s].ns["COMPUTE_END"]) for s in steps])
+        span = (read, replying)
+        busy = covered([(step_traces[s].ns["QUEUE_START"], step_traces[s].ns["COMPUTE_END"]) for s in steps], span)
+        compute = covered([(step_traces[s].ns["COMPUTE_START"], step_traces[s].ns["COMPUTE_END"]) for s in steps],
+                          span)
         for part, ns in (("client_to_server", read - sent), ("steps_queue", busy - compute),
-                         ("steps_compute", compute), ("server_other", sent_back - read - busy),
-                         ("server_to_client", received - sent_back)):
+                         ("steps_compute", compute), ("server_other", replying - read - busy),
+                         ("server_to_client", received - replying)):
             hops[part].append(ns / 1e6)
     return hops
 
 
-def covered(intervals: list[tuple[int, int]]) -> int:
-    """The length of the union of [start, end] intervals."""
+def covered(intervals: list[tuple[int, int]], within: tuple[int, int] | None = None) -> int:
+    """The length of the union of [start, end] intervals, cut to `within`."""
+    if within is not None:
+        intervals = [(max(start, within[0]), min(end, within[1])) for start, end in intervals]
+        intervals = [(start, end) for start, end in intervals if end > start]
     total, reached = 0, None
     for start, end in sorted(intervals):
         if reached is None or start > reached:

@@ -37,3 +37,5 @@ def test_covered_time_counts_overlaps_once():
     assert covered([(0, 10), (5, 15), (20, 25)]) == 20
     assert covered([(0, 10), (2, 3)]) == 10
     assert covered([]) == 0
+    assert covered([(0, 10), (5, 15), (20, 25)], within=(3, 22)) == 14
+    assert covered([(0, 2)], within=(3, 22)) == 0
