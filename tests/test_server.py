@@ -5,12 +5,14 @@ import ipaddress
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.processes import assert_nothing_left, group_processes
 from tritonstack.serve.launcher import ServerStartError, TritonServer
+from tritonstack.serve.shm_cleanup import REGION_GLOB, SHM_DIR
 
 STUB = "triton_python_backend_stub"
 
@@ -80,16 +82,28 @@ def mapped_stub_regions(pgid):
     return regions
 
 
+def shm_regions() -> set[Path]:
+    return set(SHM_DIR.glob(REGION_GLOB))
+
+
 def test_stop_after_a_crash_removes_the_stubs_shared_memory(model_repository):
+    before = shm_regions()
     server = TritonServer(model_repository).start()
     try:
         regions = mapped_stub_regions(server.process.pid)
         assert regions, "the Python backend maps one /dev/shm region per stub"
+        crashed = group_processes(server.process.pid)
         os.killpg(server.process.pid, signal.SIGKILL)  # a crash: nobody unlinks them
         server.process.wait()
+        # Until the last stub is gone it may still write to its region (a write
+        # makes the region young again), and a mapped region is kept.
+        _, alive = psutil.wait_procs(crashed, timeout=30)
+        assert alive == [], alive
         for region in regions:  # the launcher leaves young regions alone; age these
             os.utime(region, (time.time() - 60, time.time() - 60))
     finally:
         server.stop()
     assert [region for region in regions if os.path.exists(region)] == []
+    # Nor those of the server the launcher started again after the crash, however young.
+    assert shm_regions() - before == set()
     assert_nothing_left(server.process.pid, ports_of(server))

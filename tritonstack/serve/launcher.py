@@ -46,6 +46,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from tritonstack.address import METRICS_PATH
 from tritonstack.contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV, admin_headers
 from tritonstack.rules import unservable_reason
@@ -54,7 +56,7 @@ from tritonstack.serve.limits import MemoryLimits, limit_address_space
 from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
 from tritonstack.serve import security
 from tritonstack.serve.security import RESTRICTED_APIS
-from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions
+from tritonstack.serve.shm_cleanup import mapped_regions, remove_orphaned_stub_regions
 from tritonstack.serve.restart import ServerRestarter
 from tritonstack.serve.supervision import StubSupervisor, reload_model
 
@@ -64,6 +66,8 @@ _ERROR_LINE = re.compile(r"E\d{4} |error: ")
 _HARMLESS = ("CudaDriverHelper has not been initialized",)
 # The object stores Triton reads a model repository from (its own support).
 REMOTE_REPOSITORY_SCHEMES = ("s3://", "gs://", "as://")
+# How long stop() waits for killed stubs to be gone before removing their regions.
+STUBS_EXIT_TIMEOUT_S = 10.0
 
 
 class ServerStartError(RuntimeError):
@@ -296,6 +300,10 @@ class TritonServer:
         the whole process group. Returns the server's exit code."""
         if self.process is None:
             return None
+        # This server and its stubs, before any signal: their regions in /dev/shm
+        # are ours to remove at the end, however young.
+        processes = _process_tree(self.process.pid)
+        owned = mapped_regions(process.pid for process in processes)
         self._stopping.set()
         if self.restarter is not None:
             # Told now (a death now is no fault to repair), joined only after the
@@ -316,9 +324,14 @@ class TritonServer:
         if self.restarter is not None:
             self.restarter.stop(timeout=self.stop_grace_s + 10)
             if self.process.poll() is None:  # a relaunch was under way
+                relaunched = _process_tree(self.process.pid)
+                owned |= mapped_regions(process.pid for process in relaunched)
+                processes += relaunched
                 _kill_group(self.process.pid)
                 self.process.wait()
-        remove_orphaned_stub_regions()
+        # A killed stub maps (and may still write) its region until it is gone.
+        psutil.wait_procs(processes, timeout=STUBS_EXIT_TIMEOUT_S)
+        remove_orphaned_stub_regions(owned=frozenset(owned))
         if isinstance(self.model_repository, Path):
             _remove_new_bytecode(self.model_repository, self._bytecode_before)
         if self._workdir is not None:
@@ -377,6 +390,15 @@ def _remove_new_bytecode(repository: Path, before: set[Path]) -> None:
     launcher cannot; our dali backend writes none)."""
     for folder in _bytecode_folders(repository) - before:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _process_tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants (tritonserver and its backend stubs)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _kill_group(pgid: int) -> None:
