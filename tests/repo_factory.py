@@ -81,6 +81,14 @@ def doubled():
 
 # --- ONNX graphs -------------------------------------------------------------
 
+def checked_model(graph, opset: int = 17) -> bytes:
+    """An ONNX model of `graph` (IR version 8, which our ONNX Runtime reads), checked."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
 def add_graph(dtype=TensorProto.FLOAT, width: int | str = 4, batch: str | int = "batch") -> bytes:
     """Y = X + X, shapes [batch, width]."""
     shape = [batch, width]
@@ -90,10 +98,7 @@ def add_graph(dtype=TensorProto.FLOAT, width: int | str = 4, batch: str | int = 
         [helper.make_tensor_value_info("X", dtype, shape)],
         [helper.make_tensor_value_info("Y", dtype, shape)],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return checked_model(graph)
 
 
 def tile_sum_graph(width: int) -> bytes:
@@ -108,10 +113,7 @@ def tile_sum_graph(width: int) -> bytes:
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 1])],
         initializer=[repeats],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return checked_model(graph, opset=11)
 
 
 def identity_graph(dtype, width: int = 4) -> bytes:
@@ -122,10 +124,7 @@ def identity_graph(dtype, width: int = 4) -> bytes:
         [helper.make_tensor_value_info("X", dtype, ["batch", width])],
         [helper.make_tensor_value_info("Y", dtype, ["batch", width])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return checked_model(graph)
 
 
 def lookup_graph(table: tuple[float, ...]) -> bytes:
@@ -139,10 +138,7 @@ def lookup_graph(table: tuple[float, ...]) -> bytes:
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 1])],
         initializer=[table_tensor],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return checked_model(graph)
 
 
 # --- repository writing ------------------------------------------------------
