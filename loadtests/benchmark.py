@@ -89,10 +89,11 @@ class Settings:
     repeats: int = 3  # interleaved rounds per ratio (at least 3: a median and a spread)
     capacity_probes: int = 4  # bisection steps after the first probe at the upper bound
     capacity_s: float = 8.0  # per capacity probe
+    traced_requests: int = 100  # at concurrency 1 with Triton's tracing on
 
 
 FULL = Settings(20.0, 3.0, (8, 16, 32, 48), ((1, 1, 1), (8, 1, 1), (32, 1, 1), (8, 2, 1), (8, 1, 2), (32, 2, 2)),
-                30.0, repeats=5, capacity_probes=6, capacity_s=20.0)
+                30.0, repeats=5, capacity_probes=6, capacity_s=20.0, traced_requests=300)
 QUICK = Settings(5.0, 1.0, (8, 24), ((8, 1, 1), (32, 1, 1), (8, 2, 2)), 10.0, repeats=3, capacity_probes=4,
                  capacity_s=6.0)
 # For the test suite: every key, in the least time that still measures something.
@@ -433,10 +434,6 @@ def grpc_round_trip_ms(server, count: int = 200) -> float:
     return float(np.median(durations)) * 1000
 
 
-# Requests of the traced phase (quick or smoke, full run).
-TRACED_REQUESTS = (100, 300)
-
-
 def traced_single_requests(server, count: int) -> list[tuple[int, int]]:
     """`count` requests at concurrency 1 with Triton's tracing on: the client's
     (sent, received) CLOCK_MONOTONIC ns of each, to match with the trace file."""
@@ -537,7 +534,7 @@ def _run_on_server(results: dict, settings: Settings, repository: Path, images: 
         errors += _write_open_loop(results, server, images, settings, log)
         errors += _write_capacity(results, server, images, settings, log)
         results["errors"] = errors
-        return traced_single_requests(server, TRACED_REQUESTS[settings.repeats >= FULL.repeats]) if own else []
+        return traced_single_requests(server, settings.traced_requests) if own else []
 
 
 def _round_measures(server, repository: Path, images: list[bytes], setting: dict, concurrency: int,

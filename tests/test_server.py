@@ -12,7 +12,7 @@ import pytest
 
 from tests.processes import assert_nothing_left, group_processes
 from tritonstack.serve.launcher import ServerStartError, TritonServer
-from tritonstack.serve.shm_cleanup import REGION_GLOB, SHM_DIR
+from tritonstack.serve.shm_cleanup import REGION_GLOB, SHM_DIR, mapped_regions
 
 STUB = "triton_python_backend_stub"
 
@@ -74,12 +74,9 @@ def test_failed_start_shows_the_server_log(tmp_path):
     assert "empty_model" in str(failure.value)
 
 
-def mapped_stub_regions(pgid):
-    regions = set()
-    for process in group_processes(pgid):
-        with open(f"/proc/{process.pid}/maps") as maps:
-            regions.update(line.split()[-1] for line in maps if "_backend_shm_region_" in line)
-    return regions
+def mapped_stub_regions(pgid) -> set[str]:
+    return {region for region in mapped_regions(process.pid for process in group_processes(pgid))
+            if Path(region).match(REGION_GLOB)}
 
 
 def shm_regions() -> set[Path]:
