@@ -18,10 +18,17 @@ from tritonclient.utils import InferenceServerException
 
 from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor
 from tritonstack.build.repository import write_model_folder
+from tritonstack.serve.launcher import TritonServer
 
 VERSION = "1"
 CPU = (InstanceGroup(count=1, kind="KIND_CPU"),)
 EXPLICIT = ("--model-control-mode=explicit",)
+
+
+def explicit_server(repository: Path, **options) -> TritonServer:
+    """A server (not yet started) of `repository` in explicit model-control mode with
+    every API open: a suite loads its models one by one and reads their statistics."""
+    return TritonServer(repository, extra_args=EXPLICIT, restricted_apis=(), **options)
 SHIPPED_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
 
 

@@ -16,7 +16,6 @@ from tests import repo_factory as rf
 from tests.processes import wait_for
 from tritonstack.build.model_config import DynamicBatching, Tensor
 from tritonstack.samples import photo_bytes
-from tritonstack.serve.launcher import TritonServer
 
 
 @pytest.fixture(scope="module")
@@ -26,15 +25,14 @@ def repository(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def triton(repository):
-    with TritonServer(repository, extra_args=rf.EXPLICIT, restricted_apis=()) as running:
+    with rf.explicit_server(repository) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
 def http(triton):
-    client = httpclient.InferenceServerClient(triton.http_url, concurrency=8)
-    yield client
-    client.close()
+    with httpclient.InferenceServerClient(triton.http_url, concurrency=8) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

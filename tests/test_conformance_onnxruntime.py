@@ -12,7 +12,6 @@ from tritonclient.utils import InferenceServerException
 from loadtests import soak
 from tests import repo_factory as rf
 from tritonstack.build.model_config import DynamicBatching, ModelConfig, Tensor
-from tritonstack.serve.launcher import TritonServer
 
 
 @pytest.fixture(scope="module")
@@ -21,16 +20,15 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ort_server(repository):
-    with TritonServer(repository, extra_args=rf.EXPLICIT, restricted_apis=()) as running:
+def triton(repository):
+    with rf.explicit_server(repository) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
-def http(ort_server):
-    client = httpclient.InferenceServerClient(ort_server.http_url, concurrency=4)
-    yield client
-    client.close()
+def http(triton):
+    with httpclient.InferenceServerClient(triton.http_url, concurrency=4) as client:
+        yield client
 
 
 def ort_config(name, inputs=(), outputs=(), max_batch_size=8, **fields) -> ModelConfig:
@@ -121,7 +119,7 @@ def stub_rss_mib(server, model: str) -> float:
     return soak.server_processes(server.pid)[f"stub:{model}"].memory_info().rss / 2**20
 
 
-def test_arena_shrinkage_of_the_cpp_backend(repository, ort_server, http):
+def test_arena_shrinkage_of_the_cpp_backend(repository, triton, http):
     """memory.enable_memory_arena_shrinkage "cpu:0" (a run option in the C++ backend
     too): a run's 64 MiB intermediate goes back to the system after the run; without
     it, ONNX Runtime's arena keeps it. "gpu:0" entries are dropped on the CPU."""
@@ -134,10 +132,10 @@ def test_arena_shrinkage_of_the_cpp_backend(repository, ort_server, http):
         http.load_model(rf.write_model(repository, config, {"model.onnx": rf.tile_sum_graph(width)}))
         # A batch of one first: ONNX Runtime never frees the arena's first region.
         rf.infer_http(http, name, {"X": np.ones((1, 1), np.float32)}, ["Y"])
-        before = stub_rss_mib(ort_server, name)
+        before = stub_rss_mib(triton, name)
         result = rf.infer_http(http, name, {"X": np.ones((batch, 1), np.float32)}, ["Y"])
         np.testing.assert_array_equal(result.as_numpy("Y"), np.full((batch, 1), width, np.float32))
-        grown[name] = stub_rss_mib(ort_server, name) - before
+        grown[name] = stub_rss_mib(triton, name) - before
     assert grown["arena_keeps"] > 48, grown
     assert grown["arena_shrinks"] < 16, grown
 

@@ -28,7 +28,6 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
-from tritonstack.serve.launcher import TritonServer
 
 # qa/L0_autoconfig's pipelines with CPU operators only: two FP16 inputs, outputs
 # declared FP16 and FP32, device_id=0 as written for the GPU container.
@@ -217,15 +216,14 @@ def before(repository) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def triton(repository, before):
     # A short grace: Triton's shutdown otherwise waits 30 s on the refused models.
-    with TritonServer(repository, extra_args=rf.EXPLICIT, restricted_apis=(), stop_grace_s=5) as running:
+    with rf.explicit_server(repository, stop_grace_s=5) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
 def http(triton):
-    client = httpclient.InferenceServerClient(triton.http_url, concurrency=4)
-    yield client
-    client.close()
+    with httpclient.InferenceServerClient(triton.http_url, concurrency=4) as client:
+        yield client
 
 
 def loaded_config(http, name: str) -> dict:
