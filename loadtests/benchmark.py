@@ -9,8 +9,9 @@ dali_preprocess_images_per_s, pil_preprocess_images_per_s, dali_vs_pil_preproces
 dali_vs_pil_per_cpu_second, dali_vs_pil_ensemble, ensemble_overhead_ms_p50,
 p99_over_p50, http_vs_grpc, server_rss_mb, errors, versions, CPU model and cores;
 ensemble_overhead_share, capacity_at_slo, int8_vs_fp32_ensemble, int8_top1_agreement,
-int8_top5_overlap; on a server it started itself, ensemble_trace_ms_p50 (where a
-single request's time goes, from Triton's trace: loadtests/trace.py).
+int8_top5_overlap (and both `_crops`, on a wider corpus); on a server it started
+itself, ensemble_trace_ms_p50 (where a single request's time goes, from Triton's
+trace: loadtests/trace.py).
 
 Every throughput ratio is the median of `repeats` interleaved rounds (A, B, A, B, ...
 in one run, so that drift on a shared machine hits both sides alike), written with
@@ -58,7 +59,7 @@ from tritonstack.client.classifier import ClassifierClient  # noqa: E402
 from loadtests.target import GivenServer, given_endpoints, server_processes, target_server  # noqa: E402
 from loadtests.trace import read_traces, request_hops, trace_args, traced  # noqa: E402
 from tritonstack import cli  # noqa: E402
-from tritonstack.build.parity import compare_classifiers  # noqa: E402
+from tritonstack.build.parity import compare_classifiers, crop_images  # noqa: E402
 from tritonstack.client.preflight import check_model  # noqa: E402
 from tritonstack.client.retry import NO_RETRY, RetryPolicy  # noqa: E402
 from tritonstack.contract import admin_headers, pad_batch  # noqa: E402
@@ -662,15 +663,16 @@ def highest_passing(meets: Callable[[float], bool], bound: float, steps: int) ->
 
 
 def _write_int8_agreement(results: dict, repository: Path) -> None:
-    """Top-1 agreement and mean top-5 overlap of the INT8 classifier with FP32 on
-    the parity corpus, both fed by the same DALI tensors. ImageNet accuracy is not
-    measured here."""
-    if not (repository / INT8_ENSEMBLE).is_dir():
-        results["int8_top1_agreement"] = results["int8_top5_overlap"] = None
-        return
-    report = compare_classifiers(repository, DALI_PRESET, INT8_PRESET)
-    results["int8_top1_agreement"] = report.top1_agreement
-    results["int8_top5_overlap"] = report.mean_top5_overlap
+    """Top-1 agreement and mean top-5 overlap of the INT8 classifier with FP32, both
+    fed by the same DALI tensors: on the parity corpus (13 images), and on the
+    stricter crop corpus (216 images, `_crops`). ImageNet accuracy is not measured here."""
+    for suffix, images in (("", None), ("_crops", crop_images())):
+        top1, top5 = f"int8_top1_agreement{suffix}", f"int8_top5_overlap{suffix}"
+        if not (repository / INT8_ENSEMBLE).is_dir():
+            results[top1] = results[top5] = None
+            continue
+        report = compare_classifiers(repository, DALI_PRESET, INT8_PRESET, images)
+        results[top1], results[top5] = report.top1_agreement, report.mean_top5_overlap
 
 
 def typical_image() -> bytes:
@@ -695,6 +697,7 @@ REQUIRED_KEYS = (
     "inprocess_images_per_s", "server_images_per_s", "dali_preprocess_images_per_s", "pil_preprocess_images_per_s",
     *RATIO_KEYS, *(f"{key}_spread" for key in RATIO_KEYS),
     "capacity_at_slo", "int8_top1_agreement", "int8_top5_overlap",
+    "int8_top1_agreement_crops", "int8_top5_overlap_crops",
     # what loadtests/plan.py reads
     "latency_ms_p50_concurrency_1", "open_loop_rate", "open_loop_ms_p50", "open_loop_ms_p99",
     "server_rss_mb", "errors", "versions", "cpu_model", "cpu_count",

@@ -35,7 +35,8 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     assert 0 < written["grpc_round_trip_ms_p50"] < written["latency_ms_p50_concurrency_1"]
     assert 0 <= written["capacity_at_slo"] <= benchmark.CAPACITY_MAX_FRACTION
     assert written["capacity_probes"] and all(probe["rate"] > 0 for probe in written["capacity_probes"])
-    assert 0 <= written["int8_top1_agreement"] <= 1 and 0 <= written["int8_top5_overlap"] <= 5
+    for suffix in ("", "_crops"):
+        assert 0 <= written[f"int8_top1_agreement{suffix}"] <= 1 and 0 <= written[f"int8_top5_overlap{suffix}"] <= 5
     assert 100 < written["server_rss_mb"] < 24 * 1024
     assert {"tritonserver", "stub:preprocess_dali_efficientnet_lite0", "stub:efficientnet_lite0_int8"} <= set(
         written["server_rss_mb_by_process"])
