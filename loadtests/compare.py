@@ -12,8 +12,16 @@ drift of a shared machine and the order of the sides both cancel out in the
 medians. Per model it writes the closed-loop rate of each side (images/s at
 --concurrency single-image requests in flight), `b_over_a` (the median of the
 rounds' B/A) with `b_over_a_spread` [min, max], each side's median p50 and p99
-latency, and each side's memory by process after the rounds. Change one thing
-between A and B; a ratio whose spread straddles 1 is not a change.
+latency with `b_over_a_ms_p99` (the median of the rounds' B/A p99), and each side's
+memory by process after the rounds. Change one thing between A and B; a ratio whose
+spread straddles 1 is not a change.
+
+With --rate R the load is an open loop instead: Poisson arrivals at R requests/s,
+latency counted from each request's scheduled send, the same arrival times for A
+and B within a round (a new draw each round). That compares tails at a given load,
+where a closed loop compares throughput:
+
+    python -m loadtests.compare --b-repository /tmp/candidate --rate 65 --seconds 12 --out reports/tail.json
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ if __package__ in (None, ""):  # run as a script: make the project importable
 
 
 from loadtests.benchmark import (DALI_ENSEMBLE, INT8_ENSEMBLE, PROJECT_ROOT, Phase, closed_loop,  # noqa: E402
-                                 ratios, server_rss_mb_by_process, weighted_images, write_median)
+                                 open_loop, ratios, server_rss_mb_by_process, weighted_images, write_median)
 from tritonstack import cli  # noqa: E402
 from tritonstack.rules import unservable_reason  # noqa: E402
 from tritonstack.serve.launcher import TritonServer  # noqa: E402
@@ -48,13 +56,13 @@ def environment_assignment(text: str) -> tuple[str, str]:
 
 
 def interleaved_sides(measure, models: list[str], rounds: int, log=print) -> dict[tuple[str, str], list[Phase]]:
-    """measure(side, model) for every model, A then B on even rounds, B then A on odd ones."""
+    """measure(side, model, round) for every model, A then B on even rounds, B then A on odd ones."""
     phases: dict[tuple[str, str], list[Phase]] = {(side, model): [] for side in SIDES for model in models}
     for index in range(rounds):
         order = SIDES if index % 2 == 0 else SIDES[::-1]
         for model in models:
             for side in order:
-                phases[(side, model)].append(measure(side, model))
+                phases[(side, model)].append(measure(side, model, index))
         log(f"  round {index + 1}/{rounds}: " + ", ".join(
             f"{model} A {phases[('a', model)][-1].images_per_s:.1f} B {phases[('b', model)][-1].images_per_s:.1f}"
             for model in models))
@@ -74,6 +82,8 @@ def summary(phases: dict[tuple[str, str], list[Phase]], models: list[str]) -> di
             figures[f"{side}_errors"] = sum(phase.errors for phase in phases[(side, model)])
         write_median(figures, "b_over_a", ratios([phase.images_per_s for phase in phases[("b", model)]],
                                                   [phase.images_per_s for phase in phases[("a", model)]]))
+        write_median(figures, "b_over_a_ms_p99", ratios([phase.percentile_ms(99) for phase in phases[("b", model)]],
+                                                         [phase.percentile_ms(99) for phase in phases[("a", model)]]))
         results[model] = figures
     return results
 
@@ -86,19 +96,22 @@ def compare(args: argparse.Namespace, log=print) -> dict:
         servers = {side: stack.enter_context(TritonServer(repositories[side], environment=environments[side]))
                    for side in SIDES}
 
-        def measure(side: str, model: str) -> Phase:
+        def measure(side: str, model: str, round_index: int) -> Phase:
+            if args.rate:
+                return asyncio.run(open_loop(servers[side].grpc_url, model, images, args.rate, args.seconds,
+                                             args.warmup_s, poisson_seed=round_index))
             return asyncio.run(closed_loop(servers[side].grpc_url, "grpc", model, images, args.concurrency,
                                            args.seconds, args.warmup_s))
 
-        log(f"{args.rounds} rounds of {', '.join(args.model)} at {args.concurrency} in flight, "
-            f"{args.seconds:g} s per side...")
+        load = f"Poisson arrivals at {args.rate:g}/s" if args.rate else f"{args.concurrency} in flight"
+        log(f"{args.rounds} rounds of {', '.join(args.model)} at {load}, {args.seconds:g} s per side...")
         phases = interleaved_sides(measure, args.model, args.rounds, log)
         memory = {side: server_rss_mb_by_process(servers[side]) for side in SIDES}
     return {
         "a": {"repository": str(repositories["a"]), "environment": environments["a"]},
         "b": {"repository": str(repositories["b"]), "environment": environments["b"]},
         "settings": {"rounds": args.rounds, "seconds": args.seconds, "warmup_s": args.warmup_s,
-                     "concurrency": args.concurrency},
+                     "concurrency": None if args.rate else args.concurrency, "rate": args.rate},
         "models": summary(phases, args.model),
         "server_rss_mb_by_process": memory,
         "server_rss_mb": {side: sum(memory[side].values()) if memory[side] else None for side in SIDES},
@@ -106,13 +119,14 @@ def compare(args: argparse.Namespace, log=print) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = ["| model | A images/s | B images/s | B/A median [min, max] | A p99 ms | B p99 ms |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| model | A images/s | B images/s | B/A median [min, max] | A p99 ms | B p99 ms | B/A p99 |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for model, figures in results["models"].items():
         low, high = figures["b_over_a_spread"] or (float("nan"), float("nan"))
+        p99_low, p99_high = figures["b_over_a_ms_p99_spread"] or (float("nan"), float("nan"))
         lines.append(f"| {model} | {figures['a_images_per_s']:.1f} | {figures['b_images_per_s']:.1f} | "
                      f"{figures['b_over_a']:.3f} [{low:.3f}, {high:.3f}] | {figures['a_ms_p99']:.0f} | "
-                     f"{figures['b_ms_p99']:.0f} |")
+                     f"{figures['b_ms_p99']:.0f} | {figures['b_over_a_ms_p99']:.3f} [{p99_low:.3f}, {p99_high:.3f}] |")
     memory = results["server_rss_mb"]
     lines.append(f"\nserver RSS after the rounds: A {memory['a']:.0f} MB, B {memory['b']:.0f} MB")
     return "\n".join(lines)
@@ -133,6 +147,7 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="measured per side, model and round")
     parser.add_argument("--warmup-s", type=float, default=1.0)
     parser.add_argument("--concurrency", type=cli.positive_int, default=24, help="single-image requests in flight")
+    parser.add_argument("--rate", type=cli.positive_float, help="an open loop instead: Poisson arrivals, requests/s")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args(argv)
     args.model = args.model or [DALI_ENSEMBLE, INT8_ENSEMBLE]

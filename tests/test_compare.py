@@ -30,8 +30,33 @@ def test_two_servers_interleaved(lite0_repository, tmp_path, capsys):
     assert "| " + ENSEMBLE in capsys.readouterr().out
 
 
+def test_an_open_loop_at_a_rate(lite0_repository, tmp_path):
+    """--rate: Poisson arrivals instead of a closed loop, p99 compared per round."""
+    out = tmp_path / "compare.json"
+    code = compare.main(["--a-repository", str(lite0_repository), "--b-env", "DALI_MALLOC_POOL_THRESHOLD=0",
+                         "--model", ENSEMBLE, "--rounds", "3", "--seconds", "1.5", "--warmup-s", "0.3",
+                         "--rate", "20", "--out", str(out)])
+    assert code == 0
+    written = json.loads(out.read_text())
+    assert written["settings"]["rate"] == 20 and written["settings"]["concurrency"] is None
+    figures = written["models"][ENSEMBLE]
+    for side in compare.SIDES:  # an open loop sends rate x seconds requests, whatever the server does
+        assert 10 <= figures[f"{side}_images_per_s"] * 1.5 <= 40 and figures[f"{side}_errors"] == 0
+    low, high = figures["b_over_a_ms_p99_spread"]
+    assert 0 < low <= figures["b_over_a_ms_p99"] <= high
+
+
 def test_the_same_server_twice_is_refused(lite0_repository, tmp_path):
     assert compare.main(["--a-repository", str(lite0_repository), "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_rate_must_be_positive(lite0_repository, tmp_path):
+    for rate in ("0", "-3", "inf"):
+        with pytest.raises(SystemExit) as refused:
+            compare.main(["--a-repository", str(lite0_repository), "--b-env", "X=1", "--rate", rate,
+                          "--out", str(tmp_path / "x.json")])
+        assert refused.value.code == 2
     assert not (tmp_path / "x.json").exists()
 
 
