@@ -101,6 +101,8 @@ QUICK = Settings(5.0, 1.0, (8, 24), ((8, 1, 1), (32, 1, 1), (8, 2, 2)), 10.0, re
 SMOKE = Settings(1.0, 0.3, (4,), ((8, 2, 2),), 1.5, repeats=3, capacity_probes=1, capacity_s=1.0)
 # capacity_at_slo: the p99 budget, in single-request medians, and the search's upper bound.
 SLO_P50_MULTIPLE = 8.0
+# p99_over_p50 is measured at this fraction of saturation.
+OPEN_LOOP_LOAD = 0.7
 CAPACITY_MAX_FRACTION = 1.1
 
 
@@ -115,6 +117,7 @@ class Phase:
     server_cpu_s: float | None = None  # warm-up included
     warmup_s: float | None = None  # set with server_cpu_s
     images: int | None = None  # when not one per latency (the in-process reference)
+    offered_rate: float | None = None  # an open loop's requests/s
 
     @property
     def images_per_s(self) -> float:
@@ -603,47 +606,65 @@ def _write_single_requests(results: dict, server, settings: Settings) -> int:
     return sum(m.phase.errors for m in measured)
 
 
+def current_saturation(server, images: list[bytes], concurrency: int, settings: Settings) -> Phase:
+    """The ensemble's closed-loop rate now. An open loop's rate is set from the
+    saturation measured just before it: this machine's speed drifts by 10-25 % within
+    minutes, and at 70 % of a stale saturation the real load can be 80 %, where the
+    tail is another."""
+    return asyncio.run(closed_loop(server.grpc_url, "grpc", DALI_ENSEMBLE, images, concurrency,
+                                   settings.seconds, settings.warmup_s))
+
+
 def _write_open_loop(results: dict, server, images: list[bytes], settings: Settings, log) -> int:
-    """p99/p50 at 70% of saturation, equal gaps, `repeats` times; returns failures."""
-    rate = 0.7 * (results["server_images_per_s"] or 0) or 1.0
-    log(f"open loop at {rate:.1f} requests/s (70% of saturation), {settings.repeats} times...")
-    phases = [asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, rate, settings.open_loop_s,
-                                    settings.warmup_s)) for _ in range(settings.repeats)]
+    """p99/p50 at OPEN_LOOP_LOAD of the saturation measured right before, equal
+    gaps, `repeats` times; returns failures."""
+    log(f"open loop at {OPEN_LOOP_LOAD:.0%} of saturation (measured before each), {settings.repeats} times...")
+    phases, errors = [], 0
+    for _ in range(settings.repeats):
+        saturation = current_saturation(server, images, results["server_best_concurrency"], settings)
+        rate = OPEN_LOOP_LOAD * saturation.images_per_s or 1.0
+        phases.append(asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, rate, settings.open_loop_s,
+                                            settings.warmup_s)))
+        phases[-1].offered_rate = rate
+        errors += saturation.errors
     measured = [phase for phase in phases if phase.latencies_s]
-    results["open_loop_rate"] = rate
+    write_median(results, "open_loop_rate", [phase.offered_rate for phase in phases])
     write_median(results, "open_loop_ms_p50", [phase.percentile_ms(50) for phase in measured])
     write_median(results, "open_loop_ms_p99", [phase.percentile_ms(99) for phase in measured])
     write_median(results, "p99_over_p50", [phase.percentile_ms(99) / phase.percentile_ms(50) for phase in measured])
-    return sum(phase.errors for phase in phases)
+    return errors + sum(phase.errors for phase in phases)
 
 
 def _write_capacity(results: dict, server, images: list[bytes], settings: Settings, log) -> int:
-    saturation, single_p50 = results["server_images_per_s"], results["latency_ms_p50_concurrency_1"]
-    if not saturation or not single_p50:
+    single_p50 = results["latency_ms_p50_concurrency_1"]
+    if not results["server_images_per_s"] or not single_p50:
         results["capacity_at_slo"], results["capacity_probes"] = None, []
         return 0
     slo_ms = results["capacity_slo_ms"] = SLO_P50_MULTIPLE * single_p50
     log(f"capacity: the highest Poisson rate whose p99 stays under {slo_ms:.1f} ms...")
-    fraction, probes = capacity_at_slo(server, images, saturation, slo_ms, settings)
+    fraction, probes = capacity_at_slo(server, images, results["server_best_concurrency"], slo_ms, settings)
     results["capacity_at_slo"], results["capacity_probes"] = fraction, probes
     return sum(probe["errors"] for probe in probes)
 
 
-def capacity_at_slo(server, images: list[bytes], saturation: float, slo_ms: float,
+def capacity_at_slo(server, images: list[bytes], concurrency: int, slo_ms: float,
                     settings: Settings) -> tuple[float, list[dict]]:
-    """The highest fraction of closed-loop saturation whose open loop (Poisson
-    arrivals) keeps p99 under `slo_ms` with no failure: the upper bound
-    CAPACITY_MAX_FRACTION first, then a bisection of [0, bound] in
-    `settings.capacity_probes` steps. Returns it and every probe."""
+    """The highest fraction of closed-loop saturation (at `concurrency`, measured
+    right before each probe) whose open loop (Poisson arrivals) keeps p99 under
+    `slo_ms` with no failure: the upper bound CAPACITY_MAX_FRACTION first, then a
+    bisection of [0, bound] in `settings.capacity_probes` steps. Returns it and
+    every probe."""
     probes: list[dict] = []
 
     def meets(fraction: float) -> bool:
-        phase = asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, fraction * saturation,
+        saturation = current_saturation(server, images, concurrency, settings)
+        rate = fraction * saturation.images_per_s or 1.0
+        phase = asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, rate,
                                       settings.capacity_s, settings.warmup_s, poisson_seed=len(probes)))
         p99 = phase.percentile_ms(99)
         met = phase.errors == 0 and bool(phase.latencies_s) and p99 < slo_ms
-        probes.append({"fraction": fraction, "rate": fraction * saturation, "p99_ms": p99,
-                       "errors": phase.errors, "met": met})
+        probes.append({"fraction": fraction, "saturation": saturation.images_per_s, "rate": rate, "p99_ms": p99,
+                       "errors": phase.errors + saturation.errors, "met": met})
         return met
 
     return highest_passing(meets, CAPACITY_MAX_FRACTION, settings.capacity_probes), probes

@@ -11,13 +11,16 @@ from loadtests import compare
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 
 
-def test_two_servers_interleaved(lite0_repository, tmp_path, capsys):
-    out = tmp_path / "compare.json"
-    code = compare.main(["--a-repository", str(lite0_repository), "--b-env", "DALI_MALLOC_POOL_THRESHOLD=0",
-                         "--model", ENSEMBLE, "--rounds", "3", "--seconds", "1", "--warmup-s", "0.3",
-                         "--concurrency", "4", "--out", str(out)])
+def compared(repository, out, *load: str) -> dict:
+    """Three short rounds on one repository, B one environment variable apart."""
+    code = compare.main(["--a-repository", str(repository), "--b-env", "DALI_MALLOC_POOL_THRESHOLD=0",
+                         "--model", ENSEMBLE, "--rounds", "3", "--warmup-s", "0.3", *load, "--out", str(out)])
     assert code == 0
-    written = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_two_servers_interleaved(lite0_repository, tmp_path, capsys):
+    written = compared(lite0_repository, tmp_path / "compare.json", "--seconds", "1", "--concurrency", "4")
     figures = written["models"][ENSEMBLE]
     for side in compare.SIDES:
         assert figures[f"{side}_images_per_s"] > 1 and figures[f"{side}_errors"] == 0
@@ -32,12 +35,7 @@ def test_two_servers_interleaved(lite0_repository, tmp_path, capsys):
 
 def test_an_open_loop_at_a_rate(lite0_repository, tmp_path):
     """--rate: Poisson arrivals instead of a closed loop, p99 compared per round."""
-    out = tmp_path / "compare.json"
-    code = compare.main(["--a-repository", str(lite0_repository), "--b-env", "DALI_MALLOC_POOL_THRESHOLD=0",
-                         "--model", ENSEMBLE, "--rounds", "3", "--seconds", "1.5", "--warmup-s", "0.3",
-                         "--rate", "20", "--out", str(out)])
-    assert code == 0
-    written = json.loads(out.read_text())
+    written = compared(lite0_repository, tmp_path / "compare.json", "--seconds", "1.5", "--rate", "20")
     assert written["settings"]["rate"] == 20 and written["settings"]["concurrency"] is None
     figures = written["models"][ENSEMBLE]
     for side in compare.SIDES:  # an open loop sends rate x seconds requests, whatever the server does
