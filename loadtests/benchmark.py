@@ -238,7 +238,7 @@ async def open_loop(url: str, model: str, images: list[bytes], rate: float, seco
     """Requests sent at a fixed rate whatever the answers do; latency counts from the
     scheduled send time (no coordinated omission). With `poisson_seed`, the gaps
     between sends are exponential (Poisson arrivals at that mean rate) instead of equal."""
-    phase = Phase()
+    phase = Phase(offered_rate=rate)
     total = max(int((warmup_s + seconds) * rate), 1)
     if poisson_seed is None:
         offsets = np.arange(total) / rate
@@ -610,7 +610,7 @@ def current_saturation(server, images: list[bytes], concurrency: int, settings: 
     """The ensemble's closed-loop rate now. An open loop's rate is set from the
     saturation measured just before it: this machine's speed drifts by 10-25 % within
     minutes, and at 70 % of a stale saturation the real load can be 80 %, where the
-    tail is another."""
+    tail is twice as long."""
     return asyncio.run(closed_loop(server.grpc_url, "grpc", DALI_ENSEMBLE, images, concurrency,
                                    settings.seconds, settings.warmup_s))
 
@@ -625,7 +625,6 @@ def _write_open_loop(results: dict, server, images: list[bytes], settings: Setti
         rate = OPEN_LOOP_LOAD * saturation.images_per_s or 1.0
         phases.append(asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, rate, settings.open_loop_s,
                                             settings.warmup_s)))
-        phases[-1].offered_rate = rate
         errors += saturation.errors
     measured = [phase for phase in phases if phase.latencies_s]
     write_median(results, "open_loop_rate", [phase.offered_rate for phase in phases])
@@ -687,13 +686,11 @@ def _write_int8_agreement(results: dict, repository: Path) -> None:
     """Top-1 agreement and mean top-5 overlap of the INT8 classifier with FP32, both
     fed by the same DALI tensors: on the parity corpus (13 images), and on the
     stricter crop corpus (216 images, `_crops`). ImageNet accuracy is not measured here."""
-    for suffix, images in (("", None), ("_crops", crop_images())):
-        top1, top5 = f"int8_top1_agreement{suffix}", f"int8_top5_overlap{suffix}"
-        if not (repository / INT8_ENSEMBLE).is_dir():
-            results[top1] = results[top5] = None
-            continue
-        report = compare_classifiers(repository, DALI_PRESET, INT8_PRESET, images)
-        results[top1], results[top5] = report.top1_agreement, report.mean_top5_overlap
+    served = (repository / INT8_ENSEMBLE).is_dir()
+    for suffix, images in (("", None), ("_crops", crop_images() if served else None)):
+        report = compare_classifiers(repository, DALI_PRESET, INT8_PRESET, images) if served else None
+        results[f"int8_top1_agreement{suffix}"] = report.top1_agreement if report else None
+        results[f"int8_top5_overlap{suffix}"] = report.mean_top5_overlap if report else None
 
 
 def typical_image() -> bytes:
