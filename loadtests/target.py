@@ -18,7 +18,7 @@ import psutil
 from tritonstack import cli
 from tritonstack.address import parse_address, parse_metrics_url
 from tritonstack.contract import admin_headers
-from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.launcher import TritonServer, process_tree
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,4 @@ def target_server(repository: Path | str, http_url: str | None = None, grpc_url:
 
 def server_processes(server: GivenServer | TritonServer) -> list[psutil.Process]:
     """tritonserver and its backend stubs; none when the process is unknown."""
-    if server.pid is None:
-        return []
-    root = psutil.Process(server.pid)
-    return [root, *root.children(recursive=True)]
+    return [] if server.pid is None else process_tree(server.pid)

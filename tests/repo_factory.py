@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor
 from tritonstack.build.repository import write_model_folder
 from tritonstack.serve.launcher import TritonServer
+from tests.conftest import MODEL_REPOSITORY
 
 VERSION = "1"
 CPU = (InstanceGroup(count=1, kind="KIND_CPU"),)
@@ -29,7 +30,6 @@ def explicit_server(repository: Path, **options) -> TritonServer:
     """A server (not yet started) of `repository` in explicit model-control mode with
     every API open: a suite loads its models one by one and reads their statistics."""
     return TritonServer(repository, extra_args=EXPLICIT, restricted_apis=(), **options)
-SHIPPED_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
 
 
 def seed_lite0_export(out: Path) -> None:
@@ -38,7 +38,7 @@ def seed_lite0_export(out: Path) -> None:
     folder = out / "efficientnet_lite0" / VERSION
     folder.mkdir(parents=True, exist_ok=True)
     for file in ("model.onnx", ".model.onnx.fingerprint"):
-        shutil.copy2(SHIPPED_REPOSITORY / folder.relative_to(out) / file, folder / file)
+        shutil.copy2(MODEL_REPOSITORY / folder.relative_to(out) / file, folder / file)
 
 
 # --- DALI pipelines, serialized ------------------------------------------------

@@ -302,7 +302,7 @@ class TritonServer:
             return None
         # This server and its stubs, before any signal: their regions in /dev/shm
         # are ours to remove at the end, however young.
-        processes = _process_tree(self.process.pid)
+        processes = process_tree(self.process.pid)
         owned = mapped_regions(process.pid for process in processes)
         self._stopping.set()
         if self.restarter is not None:
@@ -324,7 +324,7 @@ class TritonServer:
         if self.restarter is not None:
             self.restarter.stop(timeout=self.stop_grace_s + 10)
             if self.process.poll() is None:  # a relaunch was under way
-                relaunched = _process_tree(self.process.pid)
+                relaunched = process_tree(self.process.pid)
                 owned |= mapped_regions(process.pid for process in relaunched)
                 processes += relaunched
                 _kill_group(self.process.pid)
@@ -392,7 +392,7 @@ def _remove_new_bytecode(repository: Path, before: set[Path]) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _process_tree(pid: int) -> list[psutil.Process]:
+def process_tree(pid: int) -> list[psutil.Process]:
     """A process and all its descendants (tritonserver and its backend stubs)."""
     try:
         root = psutil.Process(pid)
