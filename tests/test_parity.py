@@ -4,7 +4,7 @@ tolerance and the same classes, in process and through the served ensembles."""
 import pytest
 import tritonclient.http as httpclient
 
-from build_pipelines import main
+from tritonstack.build.__main__ import main
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.build.parity import compare, parity_images
 from tritonstack.samples import PHOTOS, photo_bytes

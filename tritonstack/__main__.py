@@ -1,0 +1,54 @@
+"""`tritonstack`: one command for the whole project, installed by the package.
+
+    tritonstack build [PRESET...] --out model_repository   # write a model repository
+    tritonstack check model_repository                     # validate it offline
+    tritonstack serve --model-repository model_repository  # run tritonserver until Ctrl-C
+    tritonstack classify photo.jpg clips/ --url grpc://127.0.0.1:8001
+    tritonstack demo | evaluate | loadtest | benchmark | soak | ...
+
+Each sub-command is a module with its own `main(argv)` and `--help`; it is imported
+only when it runs, so a client-only install (`pip install "tritonstack[client]"`)
+never loads DALI, ONNX Runtime or the server wheel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module with main(argv), leading arguments, one-line help)
+COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "build": ("tritonstack.build.__main__", ("build",), "write a model repository (presets or your own ONNX)"),
+    "list": ("tritonstack.build.__main__", ("list",), "list the presets"),
+    "check": ("tritonstack.build.__main__", ("check",), "validate a repository offline, as the backends will"),
+    "parity": ("tritonstack.build.__main__", ("parity",), "DALI vs Pillow preprocessing on real photos"),
+    "serve": ("tritonstack.serve.__main__", (), "run tritonserver on a model repository until Ctrl-C"),
+    "demo": ("tritonstack.demo", (), "start a server, classify real photos over HTTP and gRPC, stop it"),
+    "classify": ("tritonstack.client.classify_command", (), "classify image files and folders with a server"),
+    "evaluate": ("tritonstack.client.evaluate_command", (), "accuracy on a labelled folder of images"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    return f"{__doc__}\nusage: tritonstack COMMAND [--help] [ARGS...]\n\ncommands:\n" + "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"tritonstack: error: unknown command {name!r} (choose from {', '.join(COMMANDS)})", file=sys.stderr)
+        return 2
+    module, leading, _ = COMMANDS[name]
+    # What the command's --help and errors call it (the build commands name themselves).
+    sys.argv[0] = "tritonstack" if leading else f"tritonstack {name}"
+    return importlib.import_module(module).main([*leading, *rest])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

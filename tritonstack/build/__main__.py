@@ -1,0 +1,208 @@
+"""Build, list and check Triton model repositories of DALI-preprocessed classifiers.
+
+Each preset is an ensemble `ensemble_<preprocessor>_<classifier>`: a preprocessing
+model (DALI, or the Pillow baseline) chained to an ONNX classifier.
+
+    tritonstack list                       # the presets
+    tritonstack build                      # all presets into ./model_repository
+    tritonstack build dali_efficientnet_lite2 --out /tmp/repo
+    tritonstack build --device gpu --instances 2 --out /tmp/gpu-repo
+    tritonstack build --classifier-onnx my.onnx --labels labels.txt \\
+        --input-size 224 --resize-shorter 256 --mean 123.675,116.28,103.53 \\
+        --std 58.395,57.12,57.375 --out /tmp/mine
+    tritonstack check [REPOSITORY]          # offline load-time validation
+    tritonstack parity                     # DALI vs Pillow on real photos
+
+Only files whose content changes are rewritten; the ONNX export is skipped while
+its inputs (weights, export code, torch version) are unchanged.
+Exit codes: 0 success, 1 problems found (check, parity), 2 bad usage (unknown
+preset, missing file or folder, bad option). --debug shows an error's traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from tritonstack import cli
+from tritonstack.build import classifiers, presets
+from tritonstack.build.presets import FORMATS, PRESETS, BuildOptions, Preset, preset_named
+from tritonstack.build.repository import write_repository
+
+# The folder the command runs in, as for `make build` from a checkout.
+DEFAULT_REPOSITORY = Path("model_repository")
+
+
+def build(args: argparse.Namespace) -> int:
+    options = BuildOptions(
+        max_batch_size=args.max_batch_size,
+        num_threads=args.num_threads,
+        intra_op_threads=args.intra_op_threads,
+        instances=args.instances,
+        max_queue_delay_us=args.max_queue_delay_us,
+        classifier_batch=args.classifier_batch,
+        device=args.device,
+        format=args.format,
+    )
+    changed = write_repository(args.out, presets=_presets(args), options=options)
+    for path in changed:
+        print(f"wrote {path.relative_to(args.out)}")
+    print(f"{args.out}: {len(changed)} file(s) changed")
+    return 0
+
+
+def _presets(args: argparse.Namespace) -> tuple[Preset, ...]:
+    if args.classifier_onnx:
+        preprocessing = classifiers.Preprocessing(
+            resize_shorter=args.resize_shorter or round(args.input_size / 0.875),
+            crop=args.input_size, mean=args.mean, std=args.std,
+        )
+        classifier = classifiers.from_onnx(
+            args.name or args.classifier_onnx.stem, args.classifier_onnx, args.labels, preprocessing
+        )
+        return tuple(Preset(classifier, preprocessor) for preprocessor in args.preprocessors)
+    return tuple(preset_named(name) for name in args.presets) if args.presets else PRESETS
+
+
+def list_presets(args: argparse.Namespace) -> int:
+    print(f"{'preset':28} {'ensemble':36} {'preprocessing':38} classifier (crop, resize shorter)")
+    for preset in PRESETS:
+        p = preset.classifier.preprocessing
+        print(f"{preset.name:28} {preset.ensemble_name:36} {preset.preprocessing_name:38} "
+              f"{preset.classifier.name} ({p.crop}, {p.resize_shorter})")
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    from tritonstack.build.check import check_repository
+
+    _built_repository(args.repository)
+    problems = check_repository(args.repository)
+    for problem in problems:
+        print(f"error: {problem}")
+    print(f"{args.repository}: {len(problems)} problem(s)", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def parity(args: argparse.Namespace) -> int:
+    from tritonstack.build.parity import compare, format_report
+
+    _existing_repository(args.repository)
+    report = compare(args.repository, args.preset)
+    print(format_report(report))
+    if args.json:
+        args.json.write_text(report.to_json())
+    return 0 if report.top1_agreement == 1.0 else 1
+
+
+def _existing_repository(path: Path) -> None:
+    if not path.is_dir():
+        raise cli.UsageError(f"{path}: no such folder (build one with `make build`)")
+
+
+def _built_repository(path: Path) -> None:
+    """Exit 2, as the launcher: a fresh clone has nothing to check yet."""
+    from tritonstack.rules import unservable_reason
+
+    reason = unservable_reason(path)
+    if reason:
+        raise cli.UsageError(reason)
+
+
+def _floats3(text: str) -> tuple[float, float, float]:
+    values = tuple(float(value) for value in text.split(","))
+    if len(values) != 3:
+        raise argparse.ArgumentTypeError(f"need 3 comma-separated values R,G,B, got {text!r}")
+    return values
+
+
+def _add_build_parser(commands) -> None:
+    defaults = BuildOptions()
+    parser = cli.subcommand(
+        commands, "build", help="write the model repository",
+        description="Write the presets' models (all when none is named) into --out.")
+    parser.add_argument("presets", nargs="*", metavar="PRESET",
+                        help=f"presets to build (default: all): {', '.join(p.name for p in PRESETS)}")
+    parser.add_argument("--out", type=Path, default=DEFAULT_REPOSITORY, help="repository folder")
+    parser.add_argument("--device", choices=presets.DEVICES, default=defaults.device,
+                        help="gpu: nvJPEG decoding (device=mixed, hw_decoder_load), resize and normalize on "
+                             "the GPU, KIND_GPU instances; serializes on a machine without a GPU")
+    parser.add_argument("--format", choices=FORMATS, default=defaults.format,
+                        help="model.dali: the pipeline serialized now (the DALI version is recorded next to it); "
+                             "dali.py: the pipeline's source, serialized by the DALI backend at load")
+    parser.add_argument("--max-batch-size", type=cli.positive_int, default=defaults.max_batch_size,
+                        help="every model's max_batch_size, and the DALI pipeline's batch")
+    parser.add_argument("--instances", type=cli.positive_int, default=defaults.instances,
+                        help="instances of each model (each one is a process on CPU machines)")
+    parser.add_argument("--num-threads", type=cli.positive_int, default=defaults.num_threads,
+                        help="DALI CPU worker threads per instance (default fixed, not this machine's cores, "
+                             "so the committed repository is the same everywhere)")
+    parser.add_argument("--intra-op-threads", type=cli.positive_int, default=defaults.intra_op_threads,
+                        help="ONNX Runtime threads per classifier instance, the intra_op_thread_count "
+                             "parameter, fixed like --num-threads")
+    parser.add_argument("--max-queue-delay-us", type=int, default=defaults.max_queue_delay_us,
+                        help="how long the dynamic batcher waits to fill a batch")
+    parser.add_argument("--classifier-batch", type=cli.non_negative_int, default=defaults.classifier_batch, metavar="N",
+                        help="on the CPU, the batch the classifier's dynamic batcher forms from queued "
+                             "requests (preferred_batch_size; 0: none): ONNX Runtime's best rate per image "
+                             "and a bounded arena. Requests of more images still run whole")
+    own = parser.add_argument_group(
+        "bring your own classifier",
+        "An ONNX classifier taking FP32 NCHW images (0..255 RGB normalized with --mean/--std) gets its "
+        "preprocessing model and ensemble; named after the file unless --name is given.")
+    own.add_argument("--classifier-onnx", type=Path, metavar="FILE")
+    own.add_argument("--labels", type=Path, metavar="FILE", help="one class name a line, in index order")
+    own.add_argument("--name", help="Triton model name of the classifier")
+    own.add_argument("--input-size", type=cli.positive_int, default=224, metavar="N", help="center crop side")
+    own.add_argument("--resize-shorter", type=cli.positive_int, metavar="N",
+                     help="shorter side before the crop (default input size / 0.875)")
+    own.add_argument("--mean", type=_floats3, default=(123.675, 116.28, 103.53), metavar="R,G,B",
+                     help="in 0..255 pixel units (default: torchvision's ImageNet mean)")
+    own.add_argument("--std", type=_floats3, default=(58.395, 57.12, 57.375), metavar="R,G,B")
+    own.add_argument("--preprocessors", nargs="+", choices=presets.PREPROCESSORS, default=("dali",),
+                     help="which preprocessing models to build for it")
+    parser.set_defaults(run=build)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(run, argv)
+
+
+def run(argv: list[str] | None) -> int:
+    parser = cli.parser(__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_build_parser(commands)
+
+    cli.subcommand(commands, "list", help="list the presets").set_defaults(run=list_presets)
+
+    check_parser = cli.subcommand(
+        commands, "check", help="validate a repository offline, as the backends will at load time",
+        description="One line per problem (model: field 'tensor': what is wrong; what to do). "
+                    "Exit 1 when there is any, 0 when the repository is clean.")
+    check_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
+    check_parser.set_defaults(run=check)
+
+    parity_parser = cli.subcommand(
+        commands, "parity", help="compare DALI and Pillow preprocessing on real photos",
+        description="Tensor differences and classifier top-1/top-5 agreement, DALI vs the Pillow baseline, "
+                    "on scikit-image's photos and generated variants. Exit 1 unless top-1 agrees on all.")
+    parity_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
+    parity_parser.add_argument("--preset", default="dali_efficientnet_lite0", help="the DALI preset to compare")
+    parity_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    parity_parser.set_defaults(run=parity)
+
+    args = parser.parse_args(argv)
+    if args.command == "build" and bool(args.classifier_onnx) != bool(args.labels):
+        parser.error("--classifier-onnx and --labels go together")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        return args.run(args)
+    except (ValueError, KeyError) as error:  # an unknown preset, a file that is not what it should be
+        raise cli.UsageError(error.args[0] if error.args else str(error)) from error
+
+
+if __name__ == "__main__":
+    sys.exit(main())
