@@ -21,7 +21,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: install build demo serve test check clean chromium loadtest loadtest-distributed benchmark soak tools upload-repository
+.PHONY: install build demo serve test lint check clean chromium loadtest loadtest-distributed benchmark soak tools upload-repository
 
 # Every extra of pyproject.toml (client, serve, build, loadtest, test), each version
 # pinned in constraints.txt.
@@ -29,8 +29,9 @@ $(INSTALLED): constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet pip==25.3 setuptools==84.2.1
 	$(PY) -m pip install --quiet --no-build-isolation -c constraints.txt -e ".[all]"
-	# The client extra's wheels, kept for tests that install it into a fresh venv offline.
-	$(PY) -m pip wheel --quiet -c constraints.txt -w $(VENV)/wheelhouse ".[client]" setuptools==84.2.1
+	# The client and serve extras' wheels, kept for the tests that install the package
+	# into a fresh venv offline (client alone; serve + client, not editable).
+	$(PY) -m pip wheel --quiet -c constraints.txt -w $(VENV)/wheelhouse ".[client,serve]" setuptools==84.2.1
 	rm -f $(VENV)/wheelhouse/tritonstack-*.whl
 	touch $@
 
@@ -67,7 +68,11 @@ chromium:
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; \
 	else echo "chromium is not installed and cannot be here (needs root and apt-get): tests/test_report_html.py will skip" >&2; fi
 
-test: $(SETUP) tools chromium
+# ruff with the project's config (pyproject.toml); `make test` runs it first.
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check .
+
+test: $(SETUP) tools chromium lint
 	$(TS) check $(MODEL_REPOSITORY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -1,0 +1,98 @@
+"""The package as a user installs it: not editable, from the wheels `make install`
+saved (no network), into a fresh venv. Its `tritonstack` command checks and serves a
+model repository from a folder that is not the checkout, with the backends found
+inside the installed package, and classifies a photo through it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+import tritonclient.http as httpclient
+
+from tests.conftest import PROJECT_ROOT
+from tests.test_launcher_cli import server_groups, wait_ready
+from tests.test_layout import wheelhouse
+from tritonstack.samples import photo_path
+from tritonstack.serve.launcher import die_with_launcher
+from tritonstack.serve.network import free_port
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh venv with `<checkout>[serve,client]` installed as a wheel; its bin/."""
+    if not any(wheelhouse().glob("nvidia_dali*.whl")):
+        pytest.fail(f"no serve wheels in {wheelhouse()}: run `make install`")
+    env_dir = tmp_path_factory.mktemp("installed") / "venv"
+    venv.create(env_dir, with_pip=True)
+    subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index",
+                    "--find-links", str(wheelhouse()), "-c", str(PROJECT_ROOT / "constraints.txt"),
+                    f"{PROJECT_ROOT}[serve,client]"],
+                   check=True, env=user_environment(), cwd=env_dir.parent, timeout=600)
+    return env_dir / "bin"
+
+
+def user_environment() -> dict[str, str]:
+    """This process's environment less what would let the checkout leak in."""
+    return {key: value for key, value in os.environ.items()
+            if key not in ("PYTHONPATH", "PIP_CONSTRAINT", "VIRTUAL_ENV", "TRITONSTACK_MODEL_REPOSITORY")}
+
+
+def test_the_install_is_a_copy_not_the_checkout(installed, tmp_path):
+    where = subprocess.run([str(installed / "python"), "-c", "import tritonstack; print(tritonstack.__file__)"],
+                           check=True, capture_output=True, text=True, cwd=tmp_path, env=user_environment())
+    assert Path(where.stdout.strip()).is_relative_to(installed.parent), where.stdout
+    assert not Path(where.stdout.strip()).is_relative_to(PROJECT_ROOT), where.stdout
+
+
+@pytest.mark.timeout(600)
+def test_installed_command_checks_serves_and_classifies(installed, lite0_repository, tmp_path):
+    repository = shutil.copytree(lite0_repository, tmp_path / "models")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = user_environment()
+    check = subprocess.run([str(installed / "tritonstack"), "check", str(repository)],
+                           capture_output=True, text=True, cwd=elsewhere, env=env, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    command = [str(installed / "tritonstack"), "serve", "--model-repository", str(repository),
+               "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)]
+    with open(tmp_path / "serve.log", "w") as log:
+        # Dies with this test process, and its server with it (the launcher's rule).
+        cli = subprocess.Popen(command, cwd=elsewhere, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               preexec_fn=die_with_launcher(os.getpid()))
+    groups: set[int] = set()
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+        wait_ready(cli, client)
+        groups = server_groups(cli)
+        classified = subprocess.run(
+            [str(installed / "tritonstack"), "classify", "--url", f"grpc://127.0.0.1:{grpc_port}",
+             "--format", "jsonl", str(photo_path("coffee.png"))],
+            capture_output=True, text=True, cwd=elsewhere, env=env, timeout=120)
+        assert classified.returncode == 0, classified.stderr
+        (line,) = classified.stdout.splitlines()
+        assert json.loads(line)["top"][0]["label"] == "espresso", line
+        client.close()
+    finally:
+        groups |= server_groups(cli)
+        if cli.poll() is None:
+            cli.terminate()
+            try:
+                cli.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                cli.kill()
+        for pgid in groups:  # whatever failed above, the server does not outlive the test
+            try:
+                os.killpg(pgid, 9)
+            except ProcessLookupError:
+                pass
+    assert not list(elsewhere.iterdir()), "serving wrote into the folder it ran in"
+    assert sys.prefix != str(installed.parent)
