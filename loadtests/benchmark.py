@@ -64,7 +64,7 @@ from tritonstack.client.preflight import check_model  # noqa: E402
 from tritonstack.client.retry import NO_RETRY, RetryPolicy  # noqa: E402
 from tritonstack.contract import admin_headers, pad_batch  # noqa: E402
 from tritonstack.serve.launcher import TritonServer  # noqa: E402
-from tritonstack.rules import unservable_reason  # noqa: E402
+from tritonstack.rules.repository import unservable_reason  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CLASSIFIER = "efficientnet_lite0"

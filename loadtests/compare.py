@@ -41,7 +41,7 @@ if __package__ in (None, ""):  # run as a script: make the project importable
 from loadtests.benchmark import (DALI_ENSEMBLE, INT8_ENSEMBLE, PROJECT_ROOT, Phase, closed_loop,  # noqa: E402
                                  open_loop, ratios, server_rss_mb_by_process, weighted_images, write_median)
 from tritonstack import cli  # noqa: E402
-from tritonstack.rules import unservable_reason  # noqa: E402
+from tritonstack.rules.repository import unservable_reason  # noqa: E402
 from tritonstack.serve.launcher import TritonServer  # noqa: E402
 
 SIDES = ("a", "b")

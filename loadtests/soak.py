@@ -48,7 +48,7 @@ from tritonstack.client.retry import NO_RETRY, describe_error
 from tritonstack.samples import PHOTOS, photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.supervision import server_stubs
-from tritonstack.rules import unservable_reason
+from tritonstack.rules.repository import unservable_reason
 
 MAX_GROWTH_PCT = 2.0
 # Simultaneous requests of the burst before the run: the models' max_batch_size.

@@ -16,7 +16,7 @@ from tests.conftest import PROJECT_ROOT
 from tests.test_build import build
 from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import ModelConfig, Tensor, read_config
-from tritonstack import rules
+from tritonstack.rules import dali as dali_rules
 from tritonstack.contract import CONFIG_FILENAME
 from tritonstack.dali_proto import parse_pipeline
 
@@ -241,7 +241,7 @@ def test_pipeline_external_source_without_config_input(repo):
                "output": [{"name": "SUM", "data_type": "TYPE_FP32", "dims": [-1]},
                           {"name": "PRODUCT", "data_type": "TYPE_FP32", "dims": [-1]}]}
     assert "two_sources: input 'B': the pipeline's external source has no config input; add an input " \
-           "named 'B' (config inputs: A)" in [str(p) for p in rules.dali_problems(written, parse_pipeline(pipeline))]
+           "named 'B' (config inputs: A)" in [str(p) for p in dali_rules.dali_problems(written, parse_pipeline(pipeline))]
 
 
 @pipeline_def(batch_size=1, num_threads=1, device_id=None)

@@ -147,7 +147,7 @@ def test_arena_shrinkage_of_the_cpp_backend(repository, triton, http):
 
 
 def test_unreadable_boolean_parameter_is_a_load_problem():
-    from tritonstack.rules import bool_parameter, onnx_problems
+    from tritonstack.rules.onnxruntime import bool_parameter, onnx_problems
 
     assert [bool_parameter({"k": {"string_value": v}}, "k") for v in ("true", "1", "False", "0")] == \
         [True, True, False, False]

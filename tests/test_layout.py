@@ -19,8 +19,10 @@ from tritonstack.samples import photo_path
 
 PACKAGE = PROJECT_ROOT / "tritonstack"
 ROOMS = ("tritonstack.build", "tritonstack.serve", "tritonstack.client")
-SHARED = ("tritonstack.contract", "tritonstack.dali_proto", "tritonstack.decode_budget", "tritonstack.decodable",
-          "tritonstack.rules", "tritonstack.samples", "tritonstack.address", "tritonstack.cli")
+SHARED = ("tritonstack.contract", "tritonstack.dali_proto", "tritonstack.dali_errors", "tritonstack.decode_budget",
+          "tritonstack.decodable", "tritonstack.rules", "tritonstack.rules.common", "tritonstack.rules.dali",
+          "tritonstack.rules.onnxruntime", "tritonstack.rules.repository", "tritonstack.samples", "tritonstack.address",
+          "tritonstack.cli", "tritonstack.backends")
 # What a client user must not have to install (or pay for at import).
 SERVER_STACK = ("nvidia.dali", "pytriton", "psutil", "torch", "onnxruntime", "onnx", "tritonstack.serve",
                 "tritonstack.build", "skimage")
@@ -98,10 +100,22 @@ def test_the_cycle_finder_finds_a_cycle(monkeypatch):
 
 @pytest.mark.parametrize("backend", ["dali", "onnxruntime"])
 def test_backends_use_only_the_shared_modules(backend):
-    path = PROJECT_ROOT / "backends" / backend / "model.py"
+    """A backend runs inside a Python backend stub: its own modules and the shared
+    ones, never a room (build/, serve/, client/) nor the other backend."""
+    own = f"tritonstack.backends.{backend}"
     known = {module_name(p) for p in PACKAGE.rglob("*.py")}
-    used = imported_modules(path, known)
-    assert used and used <= set(SHARED) | {"tritonstack"}, used
+    used = set().union(*(imported_modules(path, known) for path in (PACKAGE / "backends" / backend).glob("*.py")))
+    foreign = {name for name in used if name != own and not name.startswith(own + ".")}
+    assert used and foreign <= set(SHARED) | {"tritonstack"}, foreign
+
+
+def test_backends_live_in_the_package_only():
+    assert not (PROJECT_ROOT / "backends").exists()
+    from tritonstack.backends import BACKENDS, entry_point
+
+    for backend in BACKENDS:
+        assert (PACKAGE / "backends" / backend / "model.py").is_file()
+        assert f"tritonstack.backends.{backend}.model import TritonPythonModel" in entry_point(backend)
 
 
 def test_copied_model_files_import_nothing_of_the_project():

@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as pb
 
-from tritonstack import dali_proto, rules
-from tritonstack.decode_budget import BudgetError, DecodeBudget
+from tritonstack import dali_proto
 from tritonstack.build.model_config import ConfigError, config_dict, read_config
 from tritonstack.contract import (
     CONFIG_FILENAME,
@@ -41,7 +40,12 @@ from tritonstack.contract import (
     onnx_type,
     version_dirs,
 )
-from tritonstack.rules import BUILD_FIX, Problem
+from tritonstack.dali_errors import meaningful_lines
+from tritonstack.decode_budget import BudgetError, DecodeBudget
+from tritonstack.rules import dali as dali_rules
+from tritonstack.rules import onnxruntime as onnx_rules
+from tritonstack.rules.common import Problem, stated_max_batch_size
+from tritonstack.rules.repository import BUILD_FIX
 from tritonstack.samples import sample_jpeg
 
 
@@ -211,9 +215,9 @@ def _check_dali(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
             return [failure]
     # Complete the config as the backend will (the C++ backend's merge); the
     # batch size it would fill does not change any problem.
-    stated = rules.stated_max_batch_size((model_dir / CONFIG_FILENAME).read_text())
-    as_dict, problems = rules.dali_autocomplete(_named_dict(model_dir, config), spec, 0, stated)
-    problems += [problem for kind in sorted(kinds) for problem in rules.dali_problems(as_dict, spec, kind)]
+    stated = stated_max_batch_size((model_dir / CONFIG_FILENAME).read_text())
+    as_dict, problems = dali_rules.dali_autocomplete(_named_dict(model_dir, config), spec, 0, stated)
+    problems += [problem for kind in sorted(kinds) for problem in dali_rules.dali_problems(as_dict, spec, kind)]
     return list(dict.fromkeys(problems))  # one line per problem, whatever the instance groups
 
 
@@ -242,9 +246,8 @@ def _observed(name: str, spec: dali_proto.PipelineSpec, config: pb.ModelConfig,
 
 
 def _first_cause(error: RuntimeError) -> str:
-    """DALI's first line that says something ("Critical error in pipeline:" does not)."""
-    noise = ("Critical error in pipeline:", "Current pipeline object is no longer valid.")
-    lines = [line.strip() for line in str(error).splitlines() if line.strip() and line.strip() not in noise]
+    """DALI's first line that says something."""
+    lines = meaningful_lines(error)
     return lines[0] if lines else str(error)
 
 
@@ -259,8 +262,8 @@ def _check_onnx(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
     initializers = {t.name for t in graph.initializer}
     inputs = [_graph_tensor(t) for t in graph.input if t.name not in initializers]
     outputs = [_graph_tensor(t) for t in graph.output]
-    as_dict, problems = rules.onnx_autocomplete(_named_dict(model_dir, config), inputs, outputs)  # as the backend will
-    return problems + rules.onnx_problems(as_dict, inputs, outputs)
+    as_dict, problems = onnx_rules.onnx_autocomplete(_named_dict(model_dir, config), inputs, outputs)  # as the backend will
+    return problems + onnx_rules.onnx_problems(as_dict, inputs, outputs)
 
 
 def _named_dict(model_dir: Path, config: pb.ModelConfig) -> dict:
@@ -268,10 +271,10 @@ def _named_dict(model_dir: Path, config: pb.ModelConfig) -> dict:
     return {"name": model_dir.name, **config_dict(config)}
 
 
-def _graph_tensor(value_info) -> rules.GraphTensor:
+def _graph_tensor(value_info) -> onnx_rules.GraphTensor:
     tensor_type = value_info.type.tensor_type
     shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
-    return rules.GraphTensor(value_info.name, onnx_type(tensor_type.elem_type), shape)
+    return onnx_rules.GraphTensor(value_info.name, onnx_type(tensor_type.elem_type), shape)
 
 
 def _dims_agree(a, b) -> bool:

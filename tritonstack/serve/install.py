@@ -1,9 +1,9 @@
 """Where the real tritonserver comes from, and the backend directory it is given.
 
 The nvidia-pytriton wheel carries a real `tritonserver` binary, its shared libraries
-and Triton's Python backend. Our Python-based backends (`backends/dali`,
-`backends/onnxruntime`) are Triton "Python-based backends": a folder named like the
-backend holding `model.py`, next to the Python backend that runs it. With them in
+and Triton's Python backend. Our backends (`tritonstack.backends.dali`,
+`tritonstack.backends.onnxruntime`) are Triton "Python-based backends": a folder named
+like the backend holding `model.py`, next to the Python backend that runs it. With them in
 `--backend-directory`, a model that says `backend: "dali"` loads here exactly as it
 does in the NGC container with the C++ backend.
 """
@@ -20,9 +20,7 @@ from pathlib import Path
 
 import pytriton
 
-# backends/ beside the package, in the project checkout.
-PROJECT_BACKENDS = Path(__file__).resolve().parents[2] / "backends"
-
+from tritonstack.backends import BACKENDS, entry_point
 
 @functools.lru_cache(maxsize=None)
 def _help_text(binary: Path, library_dir: Path) -> str:
@@ -73,10 +71,10 @@ class TritonInstall:
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         return env
 
-    def assemble_backends(self, destination: Path, project_backends: Path = PROJECT_BACKENDS) -> Path:
+    def assemble_backends(self, destination: Path) -> Path:
         """Lay out `destination/{python,dali,onnxruntime}`. Files are copied, not
         linked: Triton refuses a backend library whose real path lies outside
-        the backend directory."""
+        the backend directory. Each of ours is a model.py importing the package's."""
         python_dir = destination / "python"
         python_dir.mkdir(parents=True, exist_ok=True)
         for source in (
@@ -85,9 +83,7 @@ class TritonInstall:
             self.python_stub,
         ):
             shutil.copy2(source, python_dir / source.name)
-        for backend in sorted(project_backends.iterdir()):
-            if (backend / "model.py").exists():
-                (destination / backend.name).mkdir(exist_ok=True)
-                shutil.copy2(backend / "model.py", destination / backend.name / "model.py")
+        for backend in BACKENDS:
+            (destination / backend).mkdir(exist_ok=True)
+            (destination / backend / "model.py").write_text(entry_point(backend))
         return destination
-

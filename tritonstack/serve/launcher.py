@@ -50,7 +50,7 @@ import psutil
 
 from tritonstack.address import METRICS_PATH
 from tritonstack.contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV, admin_headers
-from tritonstack.rules import unservable_reason
+from tritonstack.rules.repository import unservable_reason
 from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.limits import MemoryLimits, limit_address_space
 from tritonstack.serve.network import LOOPBACK, free_port, is_loopback

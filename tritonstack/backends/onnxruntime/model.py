@@ -5,7 +5,7 @@ It keeps the contract of the C++ backend (triton-inference-server/onnxruntime_ba
 - config tensors map by name to the graph's inputs and outputs; a name, data type
   or shape that the graph contradicts fails the load, naming tensor and values;
 - a config without inputs or without outputs is auto-completed from the graph as
-  the C++ backend does (tritonstack.rules.onnx_autocomplete): names, data types,
+  the C++ backend does (tritonstack.rules.onnxruntime.onnx_autocomplete): names, data types,
   dims; a dynamic first axis on every input and output means batching, with the
   config's `max_batch_size` or 4 (the C++ backend's default-max-batch-size) and
   `dynamic_batching`;
@@ -27,12 +27,14 @@ import os
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
+import onnxruntime as ort
 from tritonstack.contract import ONNX_MODEL_FILENAME, REPOSITORY_ENV, latest_version_dir, onnx_type
-# The load rules shared with build_pipelines.py check.
-from tritonstack.rules import (
+
+# The load rules shared with `tritonstack check`.
+from tritonstack.rules.common import raise_problems
+from tritonstack.rules.onnxruntime import (
     ARENA_SHRINKAGE_PARAMETER,
     ONNX_BOOL_PARAMETERS,
     GraphTensor,
@@ -41,7 +43,6 @@ from tritonstack.rules import (
     onnx_autocomplete,
     onnx_parameter_problems,
     onnx_problems,
-    raise_problems,
 )
 
 

@@ -1,0 +1,105 @@
+"""The DALI pipeline of one model instance: built from the serialized pipeline with
+the config's batch size and threads, fed the requests' samples as one batch, its
+outputs split back per request; rebuilt after a failure, since DALI invalidates a
+pipeline object that failed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from nvidia.dali import Pipeline
+
+from tritonstack.dali_errors import meaningful_lines
+
+
+class PipelineError(Exception):
+    """A DALI pipeline run failed on the data it was given."""
+
+
+class PipelineRunner:
+    def __init__(self, serialized: bytes, batch_size: int, device_id: int | None, num_threads: int | None,
+                 input_names: list[str], batched: bool):
+        self._serialized = serialized
+        self._batch_size = batch_size
+        self._device_id = device_id
+        self._num_threads = num_threads
+        self._input_names = input_names
+        self._batched = batched
+        self._pipeline: Pipeline | None = self._build()
+
+    def _build(self) -> Pipeline:
+        # prefetch_queue_depth=1: each run() consumes exactly the batch just fed.
+        # Without a num_threads parameter the serialized pipeline's count stands,
+        # as in the C++ backend.
+        overrides = {"num_threads": self._num_threads} if self._num_threads else {}
+        pipeline = Pipeline.deserialize(
+            serialized_pipeline=self._serialized,
+            batch_size=self._batch_size,
+            device_id=self._device_id,
+            prefetch_queue_depth=1,
+            **overrides,
+        )
+        pipeline.build()
+        return pipeline
+
+    def rebuild(self, while_down: Callable[[], None] | None = None) -> None:
+        """A new pipeline; the old one (and its buffers) is dropped first, and
+        `while_down` runs between the two (to hand the freed buffers back)."""
+        self._pipeline = None
+        if while_down is not None:
+            while_down()
+        self._pipeline = self._build()
+
+    def run(self, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+        """Run the requests' samples as one DALI batch; return each request's outputs."""
+        try:
+            for name in self._input_names:
+                if len(feeds) == 1:
+                    self._pipeline.feed_input(name, feeds[0][name])  # dense: no per-row views
+                else:
+                    self._pipeline.feed_input(name, [row for feed in feeds for row in feed[name]])
+            pipeline_outputs = self._pipeline.run()
+        except RuntimeError as error:
+            # The failed pipeline object is no longer valid: rebuild it.
+            self.rebuild()
+            raise PipelineError(explain(error)) from error
+        sizes = [len(feed[self._input_names[0]]) for feed in feeds]
+        return _split(pipeline_outputs, sizes, self._batched)
+
+
+def _split(pipeline_outputs, request_sizes, batched):
+    """Each request's rows of each output. A ragged merged batch leaves DALI as
+    samples of different shapes: those are stacked per request."""
+    outputs = [output.as_array() if output.is_dense_tensor() else output
+               for output in pipeline_outputs]
+    offsets = np.cumsum([0] + request_sizes)
+    return [
+        [_rows(output, start, end, batched) for output in outputs]
+        for start, end in zip(offsets[:-1], offsets[1:])
+    ]
+
+
+def _rows(output, start: int, end: int, batched: bool) -> np.ndarray:
+    if isinstance(output, np.ndarray):
+        return output[start:end] if batched else output[start]
+    samples = [np.asarray(output[index]) for index in range(start, end)]
+    if not batched:
+        return samples[0]
+    if len({sample.shape for sample in samples}) > 1:
+        raise PipelineError(
+            f"DALI pipeline output has samples of shapes {[s.shape for s in samples]} in one "
+            "request: a Triton output is one dense tensor per request"
+        )
+    return np.stack(samples)
+
+
+def explain(error: RuntimeError) -> str:
+    """DALI's message (it names the operator) without the lines about the pipeline
+    object, plus what a decoder failure means for the client."""
+    text = " ".join(meaningful_lines(error))
+    if "bad_alloc" in text:  # the stub's memory ceiling (tritonstack.serve.limits)
+        text += " (out of memory: this model's memory ceiling was reached; send fewer or smaller images)"
+    elif "decoders" in text:
+        text += " (the input is not a complete image in a format the decoder supports)"
+    return "DALI pipeline failed: " + text

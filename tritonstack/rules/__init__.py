@@ -1,0 +1,1 @@
+"""The backends' load-time rules, one module per backend (see rules.common)."""

@@ -1,0 +1,68 @@
+"""What every load-time rule shares: a Problem (where, what, what to do), the
+error that refuses a model with its problems, and the reading of a config's
+batching.
+
+The rules themselves, one module per backend: `rules.dali` (config vs DALI
+pipeline, auto-complete), `rules.onnxruntime` (config vs ONNX graph, parameters,
+auto-complete), `rules.repository` (a repository not built yet). The backends apply
+them when Triton loads a model; `tritonstack check` applies the same functions
+offline. Change a rule there and both change.
+
+Configs are Triton's JSON form of config.pbtxt, as a backend receives it
+(`data_type: "TYPE_FP32"`, `dims: [3, 224, 224]`); the checker converts its parsed
+protobuf to that form (`config_dict`). Each rule returns Problems; none raises.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a model: where, what, and what to do."""
+
+    model: str
+    field: str  # the config field, e.g. "input", "output.data_type", "instance_group"
+    tensor: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        where = f"{self.field} {self.tensor!r}" if self.tensor else self.field
+        return f"{self.model}: {where}: {self.message}; {self.fix}"
+
+
+class LoadError(ValueError):
+    """A model the backend refuses to load: every problem, one per line."""
+
+    def __init__(self, problems: list[Problem]):
+        super().__init__("\n".join(str(problem) for problem in problems))
+        self.problems = problems
+
+
+def raise_problems(problems: list[Problem]) -> None:
+    if problems:
+        raise LoadError(problems)
+
+
+def dims_of(tensor: dict) -> list[int]:
+    # Triton's JSON gives ints; protobuf's JSON gives int64 as strings.
+    return [int(d) for d in tensor.get("dims", [])]
+
+
+def is_batched(config: dict) -> bool:
+    return int(config.get("max_batch_size", 0)) > 0
+
+
+# A tensor whose type the config leaves out: Triton's JSON says "" or TYPE_INVALID.
+MISSING_TYPES = ("", "TYPE_INVALID")
+_STATED_MAX_BATCH_SIZE = re.compile(r"^\s*max_batch_size\s*:\s*(-?\d+)", re.MULTILINE)
+
+
+def stated_max_batch_size(config_text: str | None) -> int | None:
+    """max_batch_size as config.pbtxt states it; None when it does not (or there is
+    no config.pbtxt): Triton's JSON says 0 either way (dali_model.h ReadMBSFromPBtxt)."""
+    found = _STATED_MAX_BATCH_SIZE.search(config_text or "")
+    return int(found.group(1)) if found else None

@@ -1,0 +1,148 @@
+"""The dali backend's load-time rules: a config against its DALI pipeline, and
+auto-complete as the C++ backend merges (dali_backend src/config_tools/config_tools.cc)."""
+
+from __future__ import annotations
+
+from tritonstack.dali_proto import PipelineSpec, Port
+from tritonstack.rules.common import MISSING_TYPES, Problem, dims_of, is_batched
+
+# --- DALI: config vs pipeline --------------------------------------------------------------
+
+def dali_problems(config: dict, spec: PipelineSpec, instance_kind: str = "KIND_CPU") -> list[Problem]:
+    """Inputs are the pipeline's external sources, by name both ways; outputs map by
+    position, as many as the pipeline's; types and ranks agree where the pipeline
+    declares them; a CPU instance has no GPU operator."""
+    model = config.get("name", "")
+    problems = _dali_names(model, config, spec)
+    config_inputs = {tensor["name"]: tensor for tensor in config.get("input", [])}
+    pairs = [(config_inputs[port.name], port, "input", f"external source '{port.name}'")
+             for port in spec.inputs if port.name in config_inputs]
+    pairs += [(tensor, port, "output", f"output {index}")
+              for index, (tensor, port) in enumerate(zip(config.get("output", []), spec.outputs))]
+    for tensor, port, kind, source in pairs:
+        problems += _dali_tensor(model, kind, tensor, port, source)
+    return problems + gpu_operators_on_cpu(model, spec, instance_kind)
+
+
+def _dali_names(model: str, config: dict, spec: PipelineSpec) -> list[Problem]:
+    config_inputs = [tensor["name"] for tensor in config.get("input", [])]
+    sources = list(spec.input_names)
+    problems = [
+        Problem(model, "input", name, "no external source of the pipeline has this name",
+                f"rename it to one of {', '.join(sources) or 'none'}")
+        for name in config_inputs if name not in sources
+    ]
+    problems += [
+        Problem(model, "input", name, "the pipeline's external source has no config input",
+                f"add an input named {name!r} (config inputs: {', '.join(config_inputs) or 'none'})")
+        for name in sources if name not in config_inputs
+    ]
+    outputs = config.get("output", [])
+    if len(outputs) != len(spec.outputs):
+        problems.append(Problem(
+            model, "output", ",".join(t["name"] for t in outputs),
+            f"config has {len(outputs)} outputs, the pipeline has {len(spec.outputs)}",
+            "declare one config output per pipeline output, in order (outputs map by position)"))
+    return problems
+
+
+def _dali_tensor(model: str, kind: str, tensor: dict, port: Port, source: str) -> list[Problem]:
+    problems = []
+    if port.dtype and tensor.get("data_type") and tensor["data_type"] != port.dtype:
+        problems.append(Problem(model, f"{kind}.data_type", tensor["name"],
+                                f"data type mismatch: config says {tensor['data_type']}, "
+                                f"the pipeline's {source} gives {port.dtype}",
+                                f"set data_type: {port.dtype}"))
+    dims = dims_of(tensor)
+    if port.ndim is not None and "dims" in tensor and len(dims) != port.ndim:
+        problems.append(Problem(model, f"{kind}.dims", tensor["name"],
+                                f"rank mismatch: config dims {dims} (rank {len(dims)}), "
+                                f"the pipeline's {source} has ndim {port.ndim}",
+                                f"give dims {port.ndim} values (-1 where they vary)"))
+    return problems
+
+
+# --- DALI: auto-complete, as the C++ backend merges ------------------------------------------
+#
+# triton-inference-server/dali_backend, src/config_tools/config_tools.cc
+# (AutofillConfig, AutofillInputsConfig, AutofillOutputsConfig, AutofillIOConfig,
+# MatchShapes) and src/dali_model.h (ReadMBSFromPBtxt, Batched); checked by its
+# qa/L0_autoconfig (full_autoconfig: only `backend`; partial_autoconfig: some fields;
+# no_config_file.dali: no config.pbtxt at all):
+# - every pipeline input gets a config input (found by name, else appended): name,
+#   data_type from the external source's dtype, dims [-1]*ndim, whatever the config
+#   left out; what it states is kept (and checked at load, dali_problems);
+# - an input the config did not list gets allow_ragged_batch: true (Triton's JSON
+#   always carries the field for a listed one, false unless stated, so the C++
+#   backend's "if absent" adds it only to appended inputs);
+# - config outputs map by position: each is filled from the pipeline output at its
+#   index (its name kept if stated), and missing ones are appended with the
+#   pipeline's names;
+# - dims the config states merge with the pipeline's: -1 takes the other's value;
+# - max_batch_size: a config.pbtxt that states `max_batch_size: 0` is unbatched;
+#   otherwise a missing or zero value becomes the pipeline's batch size.
+# Where the pipeline does not declare a type or rank (output_dtype/output_ndim in
+# pipeline_def), the C++ backend fills TYPE_INVALID and Triton refuses the model with a
+# generic message; ours refuses it naming the tensor and what to declare.
+
+
+
+
+def dali_autocomplete(config: dict, spec: PipelineSpec, pipeline_max_batch_size: int,
+                      stated_batch_size: int | None) -> tuple[dict, list[Problem]]:
+    """The config as the C++ DALI backend completes it from the pipeline, and the
+    problems that leave a field it cannot fill."""
+    merged = {**config, "input": [dict(t) for t in config.get("input", [])],
+              "output": [dict(t) for t in config.get("output", [])]}
+    model = config.get("name", "")
+    problems = []
+    listed = {tensor.get("name"): tensor for tensor in merged["input"]}
+    for port in sorted(spec.inputs, key=lambda port: port.name):
+        tensor = listed.get(port.name)
+        if tensor is None:
+            tensor = {"name": port.name, "allow_ragged_batch": True}
+            merged["input"].append(tensor)
+        problems += _fill_tensor(model, "input", tensor, port, f"external source '{port.name}'")
+    for index, port in enumerate(spec.outputs):
+        if index == len(merged["output"]):
+            merged["output"].append({"name": port.name})
+        problems += _fill_tensor(model, "output", merged["output"][index], port, f"output {index}")
+    problems += _dali_names(model, merged, spec)  # inputs or outputs the pipeline lacks
+    kinds = {group.get("kind", "KIND_AUTO") for group in merged.get("instance_group", [])}
+    problems = [*gpu_operators_on_cpu(model, spec, "KIND_CPU" if "KIND_CPU" in kinds else ""), *problems]
+    if stated_batch_size != 0 and int(merged.get("max_batch_size", 0)) <= 0:
+        merged["max_batch_size"] = pipeline_max_batch_size
+    if is_batched(merged) and not ({"dynamic_batching", "sequence_batching"} & merged.keys()):
+        merged["dynamic_batching"] = {}
+    return merged, problems
+
+
+def _fill_tensor(model: str, kind: str, tensor: dict, port: Port, source: str) -> list[Problem]:
+    problems = []
+    if tensor.get("data_type", "") in MISSING_TYPES:
+        if port.dtype:
+            tensor["data_type"] = port.dtype
+        else:
+            problems.append(Problem(model, f"{kind}.data_type", tensor["name"],
+                                    f"not in the config, and the pipeline's {source} declares no type",
+                                    "set data_type in the config (or output_dtype in pipeline_def)"))
+    if port.ndim is None:
+        if not dims_of(tensor):
+            problems.append(Problem(model, f"{kind}.dims", tensor["name"],
+                                    f"not in the config, and the pipeline's {source} declares no rank",
+                                    "set dims in the config (or output_ndim in pipeline_def)"))
+    elif not dims_of(tensor):
+        tensor["dims"] = [-1] * port.ndim
+    elif len(dims_of(tensor)) == port.ndim:
+        tensor["dims"] = dims_of(tensor)  # MatchShapes: the pipeline's dims are all -1
+    return problems
+
+
+def gpu_operators_on_cpu(model: str, spec: PipelineSpec, instance_kind: str) -> list[Problem]:
+    """No silent CPU substitution: GPU work on a CPU instance is a load error."""
+    if instance_kind.removeprefix("KIND_") != "CPU" or not spec.gpu_operators:
+        return []
+    operators = ", ".join(f"{op.display_name} ({op.name}, device='{op.device}')"
+                          for op in spec.operators if op.device != "cpu")
+    return [Problem(model, "instance_group", "", f"KIND_CPU instances cannot run GPU operators {operators}",
+                    "serve it with KIND_GPU on a GPU, or build a CPU pipeline (--device cpu)")]
