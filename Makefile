@@ -95,13 +95,13 @@ LOADTEST_WORKERS ?= 2
 BENCHMARK_ARGS ?= --quick
 
 loadtest: $(INSTALLED)
-	$(PY) -m loadtests.run --model-repository $(MODEL_REPOSITORY) $(LOADTEST_ARGS)
+	$(TS) loadtest --model-repository $(MODEL_REPOSITORY) $(LOADTEST_ARGS)
 
 loadtest-distributed: $(INSTALLED)
-	$(PY) -m loadtests.run --model-repository $(MODEL_REPOSITORY) --workers $(LOADTEST_WORKERS) $(LOADTEST_ARGS)
+	$(TS) loadtest --model-repository $(MODEL_REPOSITORY) --workers $(LOADTEST_WORKERS) $(LOADTEST_ARGS)
 
 benchmark: $(INSTALLED)
-	$(PY) loadtests/benchmark.py --model-repository $(MODEL_REPOSITORY) $(BENCHMARK_ARGS) --out reports/benchmark.json
+	$(TS) benchmark --model-repository $(MODEL_REPOSITORY) $(BENCHMARK_ARGS) --out reports/benchmark.json
 
 # Soak: mixed good/bad images over HTTP and gRPC for DURATION seconds on a server
 # of its own (loopback); fails on a failed valid request or >2% RSS growth after the
@@ -111,7 +111,7 @@ DURATION ?= 1800
 SOAK_ARGS ?=
 
 soak: $(INSTALLED)
-	$(PY) -m loadtests.soak --duration $(DURATION) --model-repository $(MODEL_REPOSITORY) \
+	$(TS) soak --duration $(DURATION) --model-repository $(MODEL_REPOSITORY) \
 		--out reports/soak.json $(SOAK_ARGS)
 
 clean:

@@ -15,8 +15,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.contract import admin_headers
 from tritonstack.client.shm import PREFIX
+from tritonstack.contract import admin_headers
 from tritonstack.samples import PHOTOS, photo_bytes
 
 parser = argparse.ArgumentParser(description=__doc__)

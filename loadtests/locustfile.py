@@ -25,10 +25,11 @@ from locust import events
 from locust.runners import STATE_STOPPED, STATE_STOPPING, WorkerRunner
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
-# The users Locust runs: found here because they are imported here.
-from loadtests.corpus import build_corpus
 from loadtests.users import GrpcUser, HttpUser  # noqa: F401
 from tritonstack.contract import DEFAULT_MODEL
+
+# The users Locust runs: found here because they are imported here.
+from tritonstack.corpus import build_corpus
 
 # How often the request-count bound is checked: at ~200 requests/s a run overshoots
 # --max-requests by about this many seconds of requests.

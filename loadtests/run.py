@@ -27,14 +27,14 @@ from pathlib import Path
 
 import psutil
 
-from loadtests.report import GeneratorCpu, PlotLabels, RunSummary, write_report
-from loadtests.target import given_endpoints, target_server
 from loadtests import metrics
+from loadtests.report import GeneratorCpu, PlotLabels, RunSummary, write_report
 from tritonstack import cli
 from tritonstack.client.preflight import ModelError, check_model
 from tritonstack.client.retry import PROTOCOL_NAMES, RetryPolicy
 from tritonstack.contract import DEFAULT_MODEL, admin_headers
-from tritonstack.serve.network import free_port, LOOPBACK
+from tritonstack.serve.network import LOOPBACK, free_port
+from tritonstack.serve.target import given_endpoints, target_server
 
 LOADTESTS = Path(__file__).resolve().parent
 PROJECT_ROOT = LOADTESTS.parent

@@ -8,7 +8,7 @@ Each user owns one client; timing and reporting happen in one place
   header, its length in `Inference-Header-Content-Length`, then the raw bytes), built
   and parsed by tritonclient.http's own encoder.
 Each request is one image drawn from a weighted corpus of real photos
-(loadtests/corpus.py) and is reported to Locust with its real outcome: a non-2xx
+(tritonstack/corpus.py) and is reported to Locust with its real outcome: a non-2xx
 answer or a response without the expected output is a failure.
 
 Closed loop (default): each user sends its next request when the previous answer
@@ -36,11 +36,11 @@ from locust.exception import StopUser
 from locust.user.task import LOCUST_STATE_STOPPING
 from tritonclient.utils import InferenceServerException
 
-from loadtests.corpus import WeightedSampler, build_corpus
 from tritonstack.address import parse_address
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
 from tritonstack.contract import pad_batch
+from tritonstack.corpus import WeightedSampler, build_corpus
 
 # gRPC's C core must cooperate with gevent's loop (Locust monkey-patched the
 # standard library on import); this must run before any channel exists.

@@ -16,10 +16,10 @@ from nvidia.dali import fn, pipeline_def, types
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
+from tests.conftest import MODEL_REPOSITORY
 from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor
 from tritonstack.build.repository import write_model_folder
 from tritonstack.serve.launcher import TritonServer
-from tests.conftest import MODEL_REPOSITORY
 
 VERSION = "1"
 CPU = (InstanceGroup(count=1, kind="KIND_CPU"),)

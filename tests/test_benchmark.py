@@ -7,33 +7,34 @@ import math
 
 import pytest
 
-from loadtests import benchmark
+from tritonstack.benchmark import phases, run, settings, single
+from tritonstack.benchmark import results as result_keys
 
 
 def test_benchmark_writes_every_key(server, model_repository, tmp_path):
-    results = benchmark.run(benchmark.SMOKE, model_repository, log=lambda _: None, server=server)
+    results = run.run(settings.SMOKE, model_repository, log=lambda _: None, server=server)
     out = tmp_path / "benchmark.json"
-    benchmark.write_results(results, out)
+    result_keys.write_results(results, out)
     written = json.loads(out.read_text())
 
-    for key in benchmark.REQUIRED_KEYS:
+    for key in result_keys.REQUIRED_KEYS:
         assert key in written, key
         assert written[key] is not None, key  # this repository has every preset the benchmark measures
         if isinstance(written[key], float):
             assert math.isfinite(written[key]), key
     assert written["errors"] == 0
-    for key in benchmark.RATIO_KEYS:  # a median of the rounds lies within their [min, max]
+    for key in result_keys.RATIO_KEYS:  # a median of the rounds lies within their [min, max]
         low, high = written[f"{key}_spread"]
         assert low <= written[key] <= high, key
-    for rate in benchmark.ROUND_RATES:
+    for rate in run.ROUND_RATES:
         assert written[rate] > 1, rate
     assert written["p99_over_p50"] >= 1
     # Per request, the client waited at least as long as the steps computed.
     assert written["ensemble_overhead_ms_p50"] >= 0
     assert 0 <= written["ensemble_overhead_share"] < 1
-    assert set(benchmark.HOPS) <= set(written["ensemble_hops_ms_p50"])
+    assert set(single.HOPS) <= set(written["ensemble_hops_ms_p50"])
     assert 0 < written["grpc_round_trip_ms_p50"] < written["latency_ms_p50_concurrency_1"]
-    assert 0 <= written["capacity_at_slo"] <= benchmark.CAPACITY_MAX_FRACTION
+    assert 0 <= written["capacity_at_slo"] <= settings.CAPACITY_MAX_FRACTION
     assert written["capacity_probes"] and all(probe["rate"] > 0 for probe in written["capacity_probes"])
     for suffix in ("", "_crops"):
         assert 0 <= written[f"int8_top1_agreement{suffix}"] <= 1 and 0 <= written[f"int8_top5_overlap{suffix}"] <= 5
@@ -46,11 +47,11 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
 
 def test_a_ratio_is_the_median_of_its_rounds_and_skips_empty_ones():
     results = {}
-    values = benchmark.ratios([10.0, 0.0, 30.0, None, 12.0], [5.0, 5.0, 0.0, 4.0, 4.0])
+    values = phases.ratios([10.0, 0.0, 30.0, None, 12.0], [5.0, 5.0, 0.0, 4.0, 4.0])
     assert values == [2.0, 0.0, 3.0]  # a zero or missing denominator gives no ratio, not a crash
-    benchmark.write_median(results, "r", values)
+    phases.write_median(results, "r", values)
     assert results == {"r": 2.0, "r_spread": [0.0, 3.0]}
-    benchmark.write_median(results, "empty", [])
+    phases.write_median(results, "empty", [])
     assert results["empty"] is None and results["empty_spread"] is None
 
 
@@ -63,9 +64,9 @@ def test_capacity_search_is_a_bounded_bisection():
             return fraction <= threshold
         return meets
 
-    found = benchmark.highest_passing(below(0.8), 1.1, steps=4)
+    found = phases.highest_passing(below(0.8), 1.1, steps=4)
     assert probed == pytest.approx([1.1, 0.55, 0.825, 0.6875, 0.75625])  # the bound, then 4 halvings
     assert found == pytest.approx(0.75625) and 0.8 - found <= 1.1 / 2**4
     probed.clear()
-    assert benchmark.highest_passing(below(2.0), 1.1, steps=4) == 1.1 and probed == [1.1]
-    assert benchmark.highest_passing(below(-1.0), 1.1, steps=3) == 0.0
+    assert phases.highest_passing(below(2.0), 1.1, steps=4) == 1.1 and probed == [1.1]
+    assert phases.highest_passing(below(-1.0), 1.1, steps=3) == 0.0

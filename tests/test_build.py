@@ -8,26 +8,24 @@ import sys
 
 import numpy as np
 import onnxruntime as ort
-import tritonclient.http as httpclient
 import pytest
+import tritonclient.http as httpclient
 from google.protobuf import text_format
 from nvidia.dali import Pipeline
 from tritonclient.grpc import model_config_pb2 as pb
 
-from tritonstack.build.__main__ import main
 from tests import reference
 from tests import repo_factory as rf
 from tests.conftest import MODEL_REPOSITORY, PROJECT_ROOT
 from tritonstack import dali_proto
-from tritonstack.contract import PREPROCESS_INPUT, PREPROCESS_OUTPUT
 from tritonstack.build import pipelines
+from tritonstack.build.__main__ import main
 from tritonstack.build.check import check_repository
-from tritonstack.client.classifier import ClassifierClient
-from tritonstack.contract import pad_batch
 from tritonstack.build.model_config import read_config
 from tritonstack.build.presets import PRESETS
-from tritonstack.samples import sample_jpeg
-from tritonstack.samples import photo_bytes
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.contract import PREPROCESS_INPUT, PREPROCESS_OUTPUT, pad_batch
+from tritonstack.samples import photo_bytes, sample_jpeg
 from tritonstack.serve.launcher import TritonServer
 
 LITE0 = "efficientnet_lite0"

@@ -16,9 +16,9 @@ from tests.conftest import PROJECT_ROOT
 from tests.test_build import build
 from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import ModelConfig, Tensor, read_config
-from tritonstack.rules import dali as dali_rules
 from tritonstack.contract import CONFIG_FILENAME
 from tritonstack.dali_proto import parse_pipeline
+from tritonstack.rules import dali as dali_rules
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"

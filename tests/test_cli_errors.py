@@ -151,12 +151,12 @@ def test_launcher_refuses_a_port_in_use_and_a_missing_repository(server, model_r
 
 
 def test_benchmark_and_soak_mistakes(tmp_path):
-    one_line_error(run("-m", "loadtests.benchmark", "--out", tmp_path / "b.json", "--url", "grpc://127.0.0.1:1"),
+    one_line_error(run("-m", "tritonstack.benchmark", "--out", tmp_path / "b.json", "--url", "grpc://127.0.0.1:1"),
                    "--url grpc://127.0.0.1:1 names a grpc endpoint")
     url = f"127.0.0.1:{free_port()}"
-    one_line_error(run("-m", "loadtests.benchmark", "--out", tmp_path / "b.json", "--url", url),
+    one_line_error(run("-m", "tritonstack.benchmark", "--out", tmp_path / "b.json", "--url", url),
                    f"no Triton server at {url}")
-    one_line_error(run("-m", "loadtests.soak", "--model-repository", "/nonexistent"), "/nonexistent: no such folder")
+    one_line_error(run("-m", "tritonstack.diagnostics.soak", "--model-repository", "/nonexistent"), "/nonexistent: no such folder")
     assert not (tmp_path / "b.json").exists()
 
 

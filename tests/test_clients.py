@@ -17,10 +17,10 @@ from tests.conftest import MODEL_REPOSITORY
 from tests.reference import read_labels
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.client.retry import describe_error, is_retryable, NO_RETRY, RetryPolicy, ServerUnavailableError
+from tritonstack.client.retry import NO_RETRY, RetryPolicy, ServerUnavailableError, describe_error, is_retryable
+from tritonstack.client.shm import PREFIX
 from tritonstack.samples import PHOTOS, photo_bytes
 from tritonstack.serve.network import free_port
-from tritonstack.client.shm import PREFIX
 
 NAMES = ["coffee.png", "chelsea.png", "rocket.jpg"]
 MODES = [(protocol, use_async, shm) for protocol in ("http", "grpc") for use_async in (False, True)

@@ -1,4 +1,4 @@
-"""loadtests/compare.py measures two real servers in interleaved rounds and writes
+"""tritonstack/benchmark/compare.py measures two real servers in interleaved rounds and writes
 what it promises (the shortest settings: figures are rough, keys are real).
 Performance itself is never asserted here."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from loadtests import compare
+from tritonstack.benchmark import compare
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 

@@ -9,9 +9,9 @@ import tritonclient.http as httpclient
 from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
-from loadtests import soak
 from tests import repo_factory as rf
 from tritonstack.build.model_config import DynamicBatching, ModelConfig, Tensor
+from tritonstack.processes import processes_by_role
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_memory_parameters_of_the_cpp_backend(repository, http):
 
 
 def stub_rss_mib(server, model: str) -> float:
-    return soak.server_processes(server.pid)[f"stub:{model}"].memory_info().rss / 2**20
+    return processes_by_role(server.pid)[f"stub:{model}"].memory_info().rss / 2**20
 
 
 def test_arena_shrinkage_of_the_cpp_backend(repository, triton, http):

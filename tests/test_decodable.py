@@ -14,10 +14,9 @@ import pytest
 from nvidia.dali import fn, pipeline_def, types
 from PIL import Image
 
-from loadtests.soak import bad_samples
 from tests.test_bad_input import CASES, chelsea, encode, jpeg
 from tritonstack.decodable import undecodable_reason
-from tritonstack.samples import photo_bytes
+from tritonstack.samples import bad_samples, photo_bytes
 
 
 def corrupt_png_with_valid_crcs() -> bytes:

@@ -13,13 +13,13 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
-from loadtests.soak import MixedLoad
 from tests.processes import wait_for
-from tritonstack.client.retry import NO_RETRY
 from tritonstack.client.classifier import ClassifierClient
+from tritonstack.client.retry import NO_RETRY
+from tritonstack.diagnostics.soak import MixedLoad
+from tritonstack.processes import server_stubs
 from tritonstack.samples import photo_bytes
 from tritonstack.serve.launcher import TritonServer
-from tritonstack.serve.supervision import server_stubs
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"

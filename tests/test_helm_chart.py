@@ -9,6 +9,7 @@ endpoints, no secret in a ConfigMap, Locust workers reach their master."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import re
@@ -27,11 +28,23 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.metrics import QUEUE_US, SUCCESS
-from tests.chart import (CHART, HELM, RELEASE, flag, free_server_ports, helm, http_status, one, one_container,
-                         render, serve_rendered, triton_container)
+from tests.chart import (
+    CHART,
+    HELM,
+    RELEASE,
+    flag,
+    free_server_ports,
+    helm,
+    http_status,
+    one,
+    one_container,
+    render,
+    serve_rendered,
+    triton_container,
+)
 from tests.conftest import PROJECT_ROOT
-from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL
 from tritonstack.client.classifier import ClassifierClient
+from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL
 from tritonstack.samples import PHOTOS, photo_bytes
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
@@ -45,7 +58,7 @@ CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("keda.sh/v1alpha1", "Sc
 EVERYTHING = ("locust.enabled=true", "metrics.serviceMonitor.enabled=true")
 HEALTH = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready",
           "startupProbe": "/v2/health/ready"}
-LOADTEST_FILES = ("__init__.py", "locustfile.py", "users.py", "corpus.py")
+LOADTEST_FILES = ("__init__.py", "locustfile.py", "users.py")
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +261,10 @@ def test_locust_configmap_carries_the_projects_own_users():
     # Everything the mounted files import from loadtests/ is mounted too.
     imported = {m for text in data.values() for m in re.findall(r"^from loadtests\.(\w+) import", text, re.M)}
     assert {f"{m}.py" for m in imported} <= set(data)
+    # What they import from the package (the corpus among it) is in the image's tritonstack.
+    from_package = {m for text in data.values() for m in re.findall(r"^from (tritonstack[.\w]*) import", text, re.M)}
+    assert "tritonstack.corpus" in from_package
+    assert all(importlib.util.find_spec(module) for module in from_package)
     # The Locust image's Dockerfile installs what the users import besides.
     dockerfile = (PROJECT_ROOT / "deploy" / "locust" / "Dockerfile").read_text()
     assert all(package in dockerfile for package in ("locust", "gevent", "scikit-image", ".[client]"))

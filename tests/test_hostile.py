@@ -15,8 +15,8 @@ import io
 import json
 import os
 import resource
-import signal
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -35,11 +35,10 @@ from tests.test_bad_input import decompression_bomb  # a 16x16 JPEG declaring 60
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
 from tritonstack.contract import pad_batch
-from tritonstack.decode_budget import BudgetError, DecodeBudget, plan_parts
+from tritonstack.processes import server_stubs
 from tritonstack.samples import photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.limits import MemoryLimits
-from tritonstack.serve.supervision import server_stubs
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"
@@ -168,30 +167,6 @@ def infer_images(server: TritonServer, images: list[bytes]) -> np.ndarray:
 def dali_stub(server: TritonServer, model: str = PREPROCESS) -> psutil.Process:
     live, _ = server_stubs(server.pid)
     return psutil.Process(next(pid for pid, name in live.items() if name == model))
-
-
-def test_plan_parts_keeps_each_run_under_the_batch_budget():
-    assert plan_parts([16, 16, 16, 16, 30, 5], 40) == [[0, 1], [2, 3], [4, 5]]
-    assert plan_parts([50, 1], 40) == [[0], [1]]  # one request above it runs alone
-    assert plan_parts([], 40) == []
-
-
-def test_request_budget_names_the_numbers():
-    budget = DecodeBudget(max_pixels=20, max_request_pixels=30, max_batch_pixels=30, release_above_pixels=10)
-    image = png(4, 4)  # 16 pixels
-    assert budget.request_pixels([image, b"not an image"], "IN") == 16
-    with pytest.raises(BudgetError, match=r"2 images declare 32 pixels in total \(4x4, 4x4\).*max_request_pixels 30"):
-        budget.request_pixels([image, image], "IN")
-    with pytest.raises(BudgetError, match=r"5x5 = 25 pixels, above this model's max_pixels 20"):
-        budget.request_pixels([png(5, 5)], "IN")
-    assert DecodeBudget(10, 40, 30, 5).problems()  # a request that passes must fit a run
-
-
-def test_budget_defaults_follow_the_memory_share():
-    budget = DecodeBudget.from_parameters({"max_pixels": {"string_value": "1000"}}, share_bytes=4 << 30)
-    assert budget.max_pixels == 1000
-    assert budget.max_batch_pixels == budget.max_request_pixels == (2 << 30) // 5
-    assert not budget.problems()
 
 
 def test_request_above_its_pixel_budget_is_refused_before_decoding(triton):

@@ -22,7 +22,10 @@ ROOMS = ("tritonstack.build", "tritonstack.serve", "tritonstack.client")
 SHARED = ("tritonstack.contract", "tritonstack.dali_proto", "tritonstack.dali_errors", "tritonstack.decode_budget",
           "tritonstack.decodable", "tritonstack.rules", "tritonstack.rules.common", "tritonstack.rules.dali",
           "tritonstack.rules.onnxruntime", "tritonstack.rules.repository", "tritonstack.samples", "tritonstack.address",
-          "tritonstack.cli", "tritonstack.backends")
+          "tritonstack.cli", "tritonstack.backends", "tritonstack.processes", "tritonstack.corpus")
+# Tools that run the stack and measure it: they may use every room; no room, shared
+# module or other tool imports them.
+TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics", "tritonstack.demo")
 # What a client user must not have to install (or pay for at import).
 SERVER_STACK = ("nvidia.dali", "pytriton", "psutil", "torch", "onnxruntime", "onnx", "tritonstack.serve",
                 "tritonstack.build", "skimage")
@@ -63,6 +66,34 @@ def test_rooms_never_import_each_other():
         if room_of(module) and room_of(target) and room_of(module) != room_of(target)
     ]
     assert crossings == []
+
+
+def tool_of(module: str) -> str | None:
+    return next((tool for tool in TOOLS if module == tool or module.startswith(tool + ".")), None)
+
+
+def test_nothing_imports_a_tool_but_the_tool_itself():
+    wrong = [f"{module} imports {target}" for module, targets in import_graph().items() for target in targets
+             if tool_of(target) and tool_of(target) != tool_of(module) and module != "tritonstack.__main__"]
+    assert wrong == []
+
+
+def test_no_sys_path_edits_outside_tests():
+    """Modules import each other as a package; only the dali backend puts a user's
+    dali.py folder on the path while it runs it (its neighbours, as DALI's own
+    autoserialize allows)."""
+    allowed = {PACKAGE / "backends" / "dali" / "source.py"}
+    sources = [*PACKAGE.rglob("*.py"), *(PROJECT_ROOT / "loadtests").rglob("*.py"),
+               *(PROJECT_ROOT / "clients").rglob("*.py"), PROJECT_ROOT / "build_pipelines.py"]
+    edits = [str(path) for path in sources if path not in allowed and "sys.path." in path.read_text()]
+    assert edits == []
+
+
+def test_no_module_outside_tests_over_500_lines():
+    sources = [*PACKAGE.rglob("*.py"), *(PROJECT_ROOT / "loadtests").rglob("*.py"),
+               *(PROJECT_ROOT / "clients").rglob("*.py"), *(PROJECT_ROOT / "deploy").rglob("*.py")]
+    long = {str(path): n for path in sources if (n := len(path.read_text().splitlines())) > 500}
+    assert long == {}
 
 
 def test_shared_modules_import_no_room():

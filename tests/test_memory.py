@@ -11,7 +11,8 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from loadtests.memory_probe import (
+from tritonstack.contract import DALI_HOST_POOL_ENV, MALLOC_TRIM_ENV
+from tritonstack.diagnostics.memory_probe import (
     MODEL,
     SIZES,
     RoundSender,
@@ -22,7 +23,6 @@ from loadtests.memory_probe import (
     sized_photos,
     stub_pid,
 )
-from tritonstack.contract import DALI_HOST_POOL_ENV, MALLOC_TRIM_ENV
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
 
 ROUNDS = 3

@@ -5,8 +5,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from tritonstack.build.__main__ import main
-from tritonstack.client.classifier import ClassifierClient
 from tritonstack.build.parity import compare, parity_images
+from tritonstack.client.classifier import ClassifierClient
 from tritonstack.samples import PHOTOS, photo_bytes
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from loadtests import benchmark, plan
+from tritonstack.benchmark import plan, results
 
 # One replica: saturates at 100 req/s, 20 ms unloaded; at 70 req/s p50 30 ms, p99 60 ms.
 MEASURED = {"server_images_per_s": 100.0, "latency_ms_p50_concurrency_1": 20.0, "open_loop_rate": 70.0,
@@ -40,7 +40,7 @@ def test_a_budget_below_the_unloaded_latency_is_infeasible():
 
 def test_plan_reads_only_keys_the_benchmark_promises():
     # REQUIRED_KEYS is what test_benchmark checks a real run writes.
-    assert set(plan.PLAN_KEYS) <= set(benchmark.REQUIRED_KEYS), set(plan.PLAN_KEYS) - set(benchmark.REQUIRED_KEYS)
+    assert set(plan.PLAN_KEYS) <= set(results.REQUIRED_KEYS), set(plan.PLAN_KEYS) - set(results.REQUIRED_KEYS)
     with pytest.raises(KeyError):
         plan.plan({"server_images_per_s": 1.0}, 1, 100)
 

@@ -13,10 +13,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.contract import DEFAULT_MODEL
 from tritonstack.client.retry import is_retryable
+from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, DEFAULT_MODEL
 from tritonstack.samples import photo_bytes
-from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV
 from tritonstack.serve.launcher import ServerStartError, TritonServer
 from tritonstack.serve.network import is_loopback
 

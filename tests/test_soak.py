@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from loadtests.soak import MixedLoad, bad_samples, is_refusal_of_bad_data, run_soak, summary
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
+from tritonstack.diagnostics.soak import MixedLoad, is_refusal_of_bad_data, run_soak, summary
+from tritonstack.samples import bad_samples
 
 QUICK_S = 30
 GROSS_GROWTH_PCT = 20.0

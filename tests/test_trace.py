@@ -1,9 +1,9 @@
-"""Where one request's time goes, from Triton's trace (loadtests/trace.py): a real
+"""Where one request's time goes, from Triton's trace (tritonstack/benchmark/trace.py): a real
 server started with the benchmark's trace flags, one traced phase, the file it
 writes when it stops. The parts of each request add up to the client's latency."""
 
-from loadtests import benchmark
-from loadtests.trace import PARTS, covered, read_traces, request_hops, trace_args
+from tritonstack.benchmark import settings, single
+from tritonstack.benchmark.trace import PARTS, covered, read_traces, request_hops, trace_args
 from tritonstack.serve.launcher import TritonServer
 
 COUNT = 12
@@ -12,25 +12,25 @@ COUNT = 12
 def test_a_traced_phase_splits_each_request(lite0_repository, tmp_path):
     trace_file = tmp_path / "trace.json"
     with TritonServer(lite0_repository, extra_args=trace_args(trace_file)) as server:
-        client_times = benchmark.traced_single_requests(server, COUNT)
+        client_times = single.traced_single_requests(server, COUNT)
     traces = read_traces(trace_file)
     # Only the traced phase: the untraced first request and readiness calls left no trace.
     assert len([t for t in traces.values() if t.parent_id is None]) == COUNT
-    hops = request_hops(traces, client_times, benchmark.DALI_ENSEMBLE,
-                        (benchmark.DALI_PREPROCESS, benchmark.CLASSIFIER))
+    hops = request_hops(traces, client_times, settings.DALI_ENSEMBLE,
+                        (settings.DALI_PREPROCESS, settings.CLASSIFIER))
     assert set(hops) == set(PARTS) and all(len(values) == COUNT for values in hops.values())
     for index, (sent, received) in enumerate(client_times):
         parts = {part: hops[part][index] for part in PARTS}
         assert abs(sum(parts.values()) - (received - sent) / 1e6) < 1e-3, parts
         assert all(value >= 0 for value in parts.values()), parts
         assert parts["steps_compute"] > parts["steps_queue"], parts  # alone on the server
-    medians = benchmark.trace_medians(trace_file, client_times)
+    medians = single.trace_medians(trace_file, client_times)
     assert medians["requests"] == COUNT and set(PARTS) <= set(medians)
 
 
 def test_nothing_traced_gives_no_figures(tmp_path):
     assert read_traces(tmp_path / "missing.json") == {}
-    assert benchmark.trace_medians(tmp_path / "missing.json", [(1, 2)]) is None
+    assert single.trace_medians(tmp_path / "missing.json", [(1, 2)]) is None
 
 
 def test_covered_time_counts_overlaps_once():

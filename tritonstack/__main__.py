@@ -26,6 +26,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "demo": ("tritonstack.demo", (), "start a server, classify real photos over HTTP and gRPC, stop it"),
     "classify": ("tritonstack.client.classify_command", (), "classify image files and folders with a server"),
     "evaluate": ("tritonstack.client.evaluate_command", (), "accuracy on a labelled folder of images"),
+    "loadtest": ("loadtests.run", (), "Locust load test (bounded, loopback) with a report folder"),
+    "benchmark": ("tritonstack.benchmark.run", (), "the serving stack's figures, as ratios measured side by side"),
+    "compare": ("tritonstack.benchmark.compare", (), "before/after: two servers, interleaved rounds"),
+    "plan": ("tritonstack.benchmark.plan", (), "replicas and autoscaling target from a benchmark's figures"),
+    "soak": ("tritonstack.diagnostics.soak", (), "mixed good and bad load for a duration; memory growth judged"),
 }
 
 

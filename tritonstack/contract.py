@@ -58,7 +58,7 @@ REPOSITORY_ENV = "TRITONSTACK_MODEL_REPOSITORY"
 # --http-max-input-size default in the releases that have that flag.
 MAX_INPUT_BYTES_ENV = "TRITONSTACK_MAX_INPUT_BYTES"
 DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024
-# Diagnostics for loadtests/memory_probe.py: a file path; the dali backend then
+# Diagnostics for tritonstack/diagnostics/memory_probe.py: a file path; the dali backend then
 # traces Python allocations and writes its memory figures there after every batch.
 MEMORY_TRACE_ENV = "TRITONSTACK_MEMORY_TRACE"
 # DALI's threshold between malloc and its own host memory pool (docs/memory.md): the

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import io
+import random
+from dataclasses import dataclass
 from pathlib import Path
 
 # File name -> ImageNet classes a good classifier puts first.
@@ -35,13 +36,38 @@ def photo_bytes(name: str) -> bytes:
     return photo_path(name).read_bytes()
 
 
+# A real photo (scikit-image's chelsea, re-encoded by Pillow as JPEG, quality 90) shipped
+# with the package: `tritonstack check` runs each DALI pipeline on it and the build
+# writes it as the models' warmup sample, on an installed package without scikit-image.
+SAMPLE_JPEG = Path(__file__).parent / "data" / "sample.jpg"
+
+
 @functools.cache
 def sample_jpeg() -> bytes:
-    """A real photo (scikit-image's chelsea) as JPEG: the same bytes on every
-    machine with the pinned Pillow, so a committed warmup file does not drift."""
-    from PIL import Image
+    return SAMPLE_JPEG.read_bytes()
 
-    encoded = io.BytesIO()
-    with Image.open(photo_path("chelsea.png")) as photo:
-        photo.convert("RGB").save(encoded, format="JPEG", quality=90)
-    return encoded.getvalue()
+
+# Labelled inputs for load that checks its answers (the soak, the memory probe):
+# each photo with the classes it may get, and inputs every decoder refuses.
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    data: bytes
+    labels: frozenset[str] = frozenset()  # any of these first; empty: a bad input
+
+    @property
+    def valid(self) -> bool:
+        return bool(self.labels)
+
+
+def good_samples() -> list[Sample]:
+    return [Sample(name, photo_bytes(name), frozenset(labels)) for name, labels in PHOTOS.items() if labels]
+
+
+def bad_samples(seed: int = 0) -> list[Sample]:
+    jpeg = photo_bytes("rocket.jpg")
+    return [
+        Sample("random-bytes", random.Random(seed).randbytes(20_000)),
+        Sample("text", b"this is not an image\n" * 100),
+        Sample("truncated-jpeg", jpeg[: len(jpeg) // 3]),
+    ]

@@ -16,7 +16,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-
 INPUT_NAME = "input"
 OUTPUT_NAME = "probabilities"
 NUM_CLASSES = 1000

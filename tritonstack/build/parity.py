@@ -29,6 +29,7 @@ from tritonstack.build.repository import VERSION
 from tritonstack.contract import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME
 from tritonstack.samples import PHOTOS, photo_bytes
 
+
 @dataclass(frozen=True)
 class ImageResult:
     name: str

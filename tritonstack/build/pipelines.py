@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-import nvidia.dali
 import numpy as np
+import nvidia.dali
 from nvidia.dali._utils import dali_trace
 
 from tritonstack.build import dali_model

@@ -57,8 +57,14 @@ def calibration_tensors(classifier: Classifier) -> np.ndarray:
 def quantize_int8(classifier: Classifier, fp32_path: Path, int8_path: Path) -> None:
     """Write the INT8 (QDQ, per-channel) version of `fp32_path` to `int8_path`."""
     import onnx
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                          quant_pre_process, quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quant_pre_process,
+        quantize_static,
+    )
 
     tensors = calibration_tensors(classifier)
 

@@ -26,9 +26,9 @@ from tritonstack import decode_budget
 from tritonstack.build import classifiers, pillow_model, pipelines, quantization
 from tritonstack.build.classifiers import Classifier
 from tritonstack.build.model_config import (
+    TENSORRT_FP16,
     DynamicBatching,
     EnsembleStep,
-    TENSORRT_FP16,
     InstanceGroup,
     ModelConfig,
     Tensor,

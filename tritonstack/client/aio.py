@@ -20,9 +20,20 @@ import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.client.protocol import (DEFAULT_TIMEOUT_S, ClientBase, ModelInfo, Prediction, batch_rows,
-                                         build_request, labels_from, output_nbytes, parse_classification,
-                                         region_steps, top_predictions, worth_splitting)
+from tritonstack.client.protocol import (
+    DEFAULT_TIMEOUT_S,
+    ClientBase,
+    ModelInfo,
+    Prediction,
+    batch_rows,
+    build_request,
+    labels_from,
+    output_nbytes,
+    parse_classification,
+    region_steps,
+    top_predictions,
+    worth_splitting,
+)
 from tritonstack.client.retry import is_lost_region
 from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
 

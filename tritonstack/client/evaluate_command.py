@@ -30,7 +30,7 @@ from tritonstack.client.options import add_server_options
 from tritonstack.client.preflight import check_model
 from tritonstack.client.protocol import DEFAULT_URLS, SHM_MODES
 from tritonstack.client.retry import RetryPolicy
-from tritonstack.client.runner import classify_files, FileResult, Progress, RunSettings
+from tritonstack.client.runner import FileResult, Progress, RunSettings, classify_files
 from tritonstack.contract import admin_headers
 
 TOP_K = 5

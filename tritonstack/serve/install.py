@@ -22,6 +22,7 @@ import pytriton
 
 from tritonstack.backends import BACKENDS, entry_point
 
+
 @functools.lru_cache(maxsize=None)
 def _help_text(binary: Path, library_dir: Path) -> str:
     env = dict(os.environ, LD_LIBRARY_PATH=str(library_dir))

@@ -50,14 +50,15 @@ import psutil
 
 from tritonstack.address import METRICS_PATH
 from tritonstack.contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV, admin_headers
+from tritonstack.processes import process_tree
 from tritonstack.rules.repository import unservable_reason
+from tritonstack.serve import security
 from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.limits import MemoryLimits, limit_address_space
 from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
-from tritonstack.serve import security
+from tritonstack.serve.restart import ServerRestarter
 from tritonstack.serve.security import RESTRICTED_APIS
 from tritonstack.serve.shm_cleanup import mapped_regions, remove_orphaned_stub_regions
-from tritonstack.serve.restart import ServerRestarter
 from tritonstack.serve.supervision import StubSupervisor, reload_model
 
 LOGGER = logging.getLogger("tritonstack.serve")
@@ -390,15 +391,6 @@ def _remove_new_bytecode(repository: Path, before: set[Path]) -> None:
     launcher cannot; our dali backend writes none)."""
     for folder in _bytecode_folders(repository) - before:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def process_tree(pid: int) -> list[psutil.Process]:
-    """A process and all its descendants (tritonserver and its backend stubs)."""
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
 
 
 def _kill_group(pgid: int) -> None:

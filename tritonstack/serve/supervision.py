@@ -23,30 +23,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tritonstack.processes import server_stubs
+
 LOGGER = logging.getLogger("tritonstack.serve")
-STUB_NAME = "triton_python_backend_stub"
-
-
-def server_stubs(server_pid: int) -> tuple[dict[int, str], set[int]]:
-    """The Python backend stubs of a server: live ones (pid -> model name) and dead
-    ones. The backend reaps a stub it stops; one that died on its own stays a zombie."""
-    live, dead = {}, set()
-    for child in psutil.Process(server_pid).children():
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                dead.add(child.pid)
-            elif child.name().startswith(STUB_NAME[:15]):  # Linux may truncate names
-                # argv[1] is the model file: <repository>/<model>/<version>/<file>
-                live[child.pid] = Path(child.cmdline()[1]).parent.parent.name
-        except (psutil.NoSuchProcess, psutil.ZombieProcess, IndexError):
-            continue
-    return live, dead
 
 
 def reload_model(http_url: str, admin_headers: dict[str, str], model: str) -> bool:

@@ -27,9 +27,9 @@ import os
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-import onnxruntime as ort
 from tritonstack.contract import ONNX_MODEL_FILENAME, REPOSITORY_ENV, latest_version_dir, onnx_type
 
 # The load rules shared with `tritonstack check`.

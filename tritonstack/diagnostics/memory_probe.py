@@ -3,8 +3,8 @@ DALI stub's resident memory after each round, for several server variants side b
 side (each variant is a server of its own, with its own environment; the variants'
 rounds are interleaved, so a busy machine weighs on them alike).
 
-    python -m loadtests.memory_probe --variants glibc-default,default --inputs soak --rounds 10
-    python -m loadtests.memory_probe --variants traced --rounds 4      # + tracemalloc, mallinfo2
+    python -m tritonstack.diagnostics.memory_probe --variants glibc-default,default --inputs soak --rounds 10
+    python -m tritonstack.diagnostics.memory_probe --variants traced --rounds 4      # + tracemalloc, mallinfo2
 
 A round sends `--requests` batch-1 requests (the images in a fixed order, from
 `--workers` threads, so that Triton's dynamic batcher merges ragged batches) to the
@@ -31,9 +31,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
 from PIL import Image
+from tritonclient.utils import InferenceServerException
 
+from tritonstack import processes
 from tritonstack.contract import (
     DALI_HOST_POOL_ENV,
     DEFAULT_PRESET,
@@ -43,11 +44,10 @@ from tritonstack.contract import (
     PREPROCESS_OUTPUT,
     preprocessing_name,
 )
-from loadtests.soak import bad_samples, good_samples, rss_parts_mib
-from tritonstack.samples import PHOTOS, photo_path
+from tritonstack.processes import rss_parts_mib, server_stubs
+from tritonstack.samples import PHOTOS, bad_samples, good_samples, photo_path
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
-from tritonstack.serve.supervision import server_stubs
 
 MODEL = preprocessing_name(DEFAULT_PRESET)
 SIZES = (320, 640, 1280)
@@ -111,7 +111,7 @@ def stub_pid(server_pid: int, model: str = MODEL) -> int:
 
 
 def rss_mib(pid: int) -> float:
-    return psutil.Process(pid).memory_info().rss / 2**20
+    return processes.rss_mib(psutil.Process(pid))
 
 
 class RoundSender:

@@ -13,12 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from tritonstack import cli
 from tritonstack.address import parse_address, parse_metrics_url
 from tritonstack.contract import admin_headers
-from tritonstack.serve.launcher import TritonServer, process_tree
+from tritonstack.serve.launcher import TritonServer
 
 
 @dataclass(frozen=True)
@@ -61,8 +59,3 @@ def target_server(repository: Path | str, http_url: str | None = None, grpc_url:
         return
     with TritonServer(repository, extra_args=extra_args) as server:
         yield server
-
-
-def server_processes(server: GivenServer | TritonServer) -> list[psutil.Process]:
-    """tritonserver and its backend stubs; none when the process is unknown."""
-    return [] if server.pid is None else process_tree(server.pid)

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Before and after in one run: two servers side by side, measured in interleaved rounds.
 
-    python -m loadtests.compare --b-repository /tmp/candidate --out reports/compare.json
-    python -m loadtests.compare --b-env DALI_MALLOC_POOL_THRESHOLD=0 --out reports/compare.json
+    python -m tritonstack.benchmark.compare --b-repository /tmp/candidate --out reports/compare.json
+    python -m tritonstack.benchmark.compare --b-env DALI_MALLOC_POOL_THRESHOLD=0 --out reports/compare.json
 
 A serves --a-repository (default: model_repository) with --a-env added to its
 environment, B serves --b-repository (default: A's) with --b-env. Both run for the
@@ -21,7 +20,7 @@ latency counted from each request's scheduled send, the same arrival times for A
 and B within a round (a new draw each round). That compares tails at a given load,
 where a closed loop compares throughput:
 
-    python -m loadtests.compare --b-repository /tmp/candidate --rate 65 --seconds 12 --out reports/tail.json
+    python -m tritonstack.benchmark.compare --b-repository /tmp/candidate --rate 65 --seconds 12 --out reports/tail.json
 """
 
 from __future__ import annotations
@@ -34,15 +33,19 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-
-from loadtests.benchmark import (DALI_ENSEMBLE, INT8_ENSEMBLE, PROJECT_ROOT, Phase, closed_loop,  # noqa: E402
-                                 open_loop, ratios, server_rss_mb_by_process, weighted_images, write_median)
-from tritonstack import cli  # noqa: E402
-from tritonstack.rules.repository import unservable_reason  # noqa: E402
-from tritonstack.serve.launcher import TritonServer  # noqa: E402
+from tritonstack import cli
+from tritonstack.benchmark.phases import (
+    Phase,
+    closed_loop,
+    open_loop,
+    ratios,
+    server_rss_mb_by_process,
+    weighted_images,
+    write_median,
+)
+from tritonstack.benchmark.settings import DALI_ENSEMBLE, INT8_ENSEMBLE
+from tritonstack.rules.repository import unservable_reason
+from tritonstack.serve.launcher import TritonServer
 
 SIDES = ("a", "b")
 
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = cli.parser(__doc__)
-    parser.add_argument("--a-repository", type=Path, default=PROJECT_ROOT / "model_repository")
+    parser.add_argument("--a-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--b-repository", type=Path, help="default: A's")
     parser.add_argument("--a-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--b-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")

@@ -1,7 +1,7 @@
 """Soak: mixed good and bad images over HTTP and gRPC for a while, watching the
 server's memory and file descriptors.
 
-    python -m loadtests.soak --duration 1800 --out reports/soak.json   # make soak
+    python -m tritonstack.diagnostics.soak --duration 1800 --out reports/soak.json   # make soak
 
 Plain threads, one tritonclient per worker (no gevent: NOTES.md), batch-1
 requests so that good and bad images share the server's dynamic batches. Every
@@ -43,12 +43,12 @@ from tritonclient.utils import InferenceServerException
 from tritonstack import cli
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.protocol import PROTOCOLS
-from tritonstack.contract import DEFAULT_MODEL
 from tritonstack.client.retry import NO_RETRY, describe_error
-from tritonstack.samples import PHOTOS, photo_bytes
-from tritonstack.serve.launcher import TritonServer
-from tritonstack.serve.supervision import server_stubs
+from tritonstack.contract import DEFAULT_MODEL
+from tritonstack.processes import processes_by_role, rss_parts_mib
 from tritonstack.rules.repository import unservable_reason
+from tritonstack.samples import Sample, bad_samples, good_samples
+from tritonstack.serve.launcher import TritonServer
 
 MAX_GROWTH_PCT = 2.0
 # Simultaneous requests of the burst before the run: the models' max_batch_size.
@@ -56,30 +56,6 @@ BURST_CONCURRENCY = 32
 # Shortest window after warm-up over which the memory is judged (docs/memory.md).
 MIN_JUDGED_WINDOW_S = 600.0
 CLIENT_ERRORS = {"StatusCode.UNKNOWN", "StatusCode.INVALID_ARGUMENT"}
-
-
-@dataclass(frozen=True)
-class Sample:
-    name: str
-    data: bytes
-    labels: frozenset[str] = frozenset()  # any of these first; empty: a bad input
-
-    @property
-    def valid(self) -> bool:
-        return bool(self.labels)
-
-
-def good_samples() -> list[Sample]:
-    return [Sample(name, photo_bytes(name), frozenset(labels)) for name, labels in PHOTOS.items() if labels]
-
-
-def bad_samples(seed: int = 0) -> list[Sample]:
-    jpeg = photo_bytes("rocket.jpg")
-    return [
-        Sample("random-bytes", random.Random(seed).randbytes(20_000)),
-        Sample("text", b"this is not an image\n" * 100),
-        Sample("truncated-jpeg", jpeg[: len(jpeg) // 3]),
-    ]
 
 
 # What a refusal of bad data names: the decoder that could not read it, or the
@@ -185,27 +161,6 @@ class MixedLoad:
         return "valid_failed", ValueError(f"classified as {top.label!r}")
 
 
-def server_processes(server_pid: int) -> dict[str, psutil.Process]:
-    """tritonserver and its live backend stubs, named by role."""
-    processes = {"tritonserver": psutil.Process(server_pid)}
-    live, _ = server_stubs(server_pid)
-    for pid, model in sorted(live.items()):
-        processes[f"stub:{model}" if f"stub:{model}" not in processes else f"stub:{model}:{pid}"] = psutil.Process(pid)
-    return processes
-
-
-def rss_parts_mib(pid: int) -> dict[str, float]:
-    """RSS split by kind (Linux): anonymous (the heap), file-backed (libraries),
-    shared memory (the Python backend's /dev/shm region, mapped by the server and
-    by each stub: its pages touched count in both)."""
-    parts = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("RssAnon", "RssFile", "RssShmem"):
-            parts[key] = round(int(value.split()[0]) / 1024, 2)
-    return parts
-
-
 class ResourceSampler(threading.Thread):
     """RSS (MiB) and open file descriptors of the server's processes, every period."""
 
@@ -219,7 +174,7 @@ class ResourceSampler(threading.Thread):
 
     def sample(self) -> None:
         row = {"t_s": round(time.monotonic() - self._t0, 2), "rss_mib": {}, "fds": {}, "anon_mib": {}, "shmem_mib": {}}
-        for name, process in server_processes(self.server_pid).items():
+        for name, process in processes_by_role(self.server_pid).items():
             try:
                 row["rss_mib"][name] = round(process.memory_info().rss / 2**20, 2)
                 row["fds"][name] = process.num_fds()

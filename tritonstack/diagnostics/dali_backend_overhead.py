@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Per-request overhead of our Python-based `dali` backend, at concurrency 1.
 
-    python loadtests/dali_backend_overhead.py --requests 2000 --out reports/dali_backend_overhead.json
+    python -m tritonstack.diagnostics.dali_backend_overhead --requests 2000 --out reports/dali_backend_overhead.json
 
 An identity DALI pipeline (one UINT8 row in, the same row out) is served by a
 tritonserver this script starts on loopback. For each request, in turn:
@@ -19,22 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from nvidia.dali import Pipeline, fn, pipeline_def, types
 
-import numpy as np  # noqa: E402
-import tritonclient.grpc as grpcclient  # noqa: E402
-import tritonclient.http as httpclient  # noqa: E402
-from nvidia.dali import Pipeline, fn, pipeline_def, types  # noqa: E402
-
-from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor  # noqa: E402
-from tritonstack.build.repository import write_model_folder  # noqa: E402
-from tritonstack.serve.launcher import TritonServer  # noqa: E402
+from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor
+from tritonstack.build.repository import write_model_folder
+from tritonstack.serve.launcher import TritonServer
 
 DALI_MODEL = "dali_identity"
 PYTHON_MODEL = "python_identity"

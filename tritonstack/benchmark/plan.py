@@ -1,9 +1,9 @@
 """Capacity plan from a benchmark: how many replicas a target load needs, and the
 queue time to give the autoscaler (the chart's autoscaling.targetQueueTimeUs).
 
-    python -m loadtests.plan reports/benchmark.json --target-rps 400 --p99-ms 150
+    python -m tritonstack.benchmark.plan reports/benchmark.json --target-rps 400 --p99-ms 150
 
-Reads what loadtests/benchmark.py measured on one server (one replica):
+Reads what tritonstack/benchmark measured on one server (one replica):
 - its saturation throughput (`server_images_per_s`, one image per request),
 - the latency with nothing queued (`latency_ms_p50_concurrency_1`),
 - an open-loop run at a fixed fraction of saturation (`open_loop_rate`,
@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-# What the plan reads from a benchmark JSON (loadtests/benchmark.py writes them).
+# What the plan reads from a benchmark JSON (tritonstack/benchmark writes them).
 PLAN_KEYS = ("server_images_per_s", "latency_ms_p50_concurrency_1", "open_loop_rate",
              "open_loop_ms_p50", "open_loop_ms_p99")
 
@@ -89,7 +89,7 @@ class Plan:
 def plan(results: dict, target_rps: float, p99_budget_ms: float) -> Plan:
     missing = [key for key in PLAN_KEYS if results.get(key) is None]
     if missing:
-        raise KeyError(f"the benchmark JSON lacks {missing} (run loadtests/benchmark.py)")
+        raise KeyError(f"the benchmark JSON lacks {missing} (run tritonstack/benchmark)")
     saturation = float(results["server_images_per_s"])
     unloaded = float(results["latency_ms_p50_concurrency_1"])
     measured_u = float(results["open_loop_rate"]) / saturation
@@ -110,7 +110,7 @@ def plan(results: dict, target_rps: float, p99_budget_ms: float) -> Plan:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("benchmark", type=Path, help="JSON written by loadtests/benchmark.py --out")
+    parser.add_argument("benchmark", type=Path, help="JSON written by tritonstack/benchmark --out")
     parser.add_argument("--target-rps", type=float, required=True, help="requests per second to serve")
     parser.add_argument("--p99-ms", type=float, required=True, help="p99 latency budget, ms")
     args = parser.parse_args(argv)

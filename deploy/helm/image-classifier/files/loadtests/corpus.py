@@ -1,1 +1,0 @@
-../../../../../loadtests/corpus.py

@@ -1,0 +1,237 @@
+"""Load phases against a server: closed loops (N in flight), open loops (a rate, optionally
+Poisson), saturation, capacity under an SLO, and the interleaving of rounds A, B, A, B."""
+
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tritonstack import processes
+from tritonstack.benchmark.settings import CAPACITY_MAX_FRACTION, DALI_ENSEMBLE, REQUEST_TIMEOUT_S, Settings
+from tritonstack.client.aio import AsyncClassifierClient
+from tritonstack.client.retry import NO_RETRY
+from tritonstack.corpus import WeightedSampler, build_corpus
+
+
+@dataclass
+class Phase:
+    """One measured load: latencies of successful requests, failures, duration."""
+
+    latencies_s: list[float] = field(default_factory=list)
+    errors: int = 0
+    seconds: float = 0.0
+    client_cpu_s: float = 0.0
+    server_cpu_s: float | None = None  # warm-up included
+    warmup_s: float | None = None  # set with server_cpu_s
+    images: int | None = None  # when not one per latency (the in-process reference)
+    offered_rate: float | None = None  # an open loop's requests/s
+
+    @property
+    def images_per_s(self) -> float:
+        done = len(self.latencies_s) if self.images is None else self.images
+        return done / self.seconds if self.seconds else 0.0
+
+    @property
+    def images_per_cpu_s(self) -> float | None:
+        """Images per second of server CPU; the CPU covers warm-up, so the images
+        of the same window count (at the measured rate)."""
+        if not self.server_cpu_s or self.warmup_s is None:
+            return None
+        return self.images_per_s * (self.seconds + self.warmup_s) / self.server_cpu_s
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies_s, q)) * 1000 if self.latencies_s else float("nan")
+
+
+async def closed_loop(url: str, protocol: str, model: str, images: list[bytes], concurrency: int,
+                      seconds: float, warmup_s: float) -> Phase:
+    """`concurrency` requests always in flight, one image each, for `seconds` after warm-up."""
+    phase = Phase()
+    async with AsyncClassifierClient(url, protocol, model, retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S) as client:
+        loop = asyncio.get_running_loop()
+        measure_from = loop.time() + warmup_s
+        end = measure_from + seconds
+
+        async def worker(offset: int):
+            index = offset
+            while loop.time() < end:
+                image = images[index % len(images)]
+                index += concurrency
+                sent = loop.time()
+                try:
+                    await client.probabilities([image])
+                    ok = True
+                except Exception:
+                    ok = False
+                if sent >= measure_from and loop.time() <= end:
+                    if ok:
+                        phase.latencies_s.append(loop.time() - sent)
+                    else:
+                        phase.errors += 1
+
+        cpu = time.process_time()
+        await asyncio.gather(*(worker(offset) for offset in range(concurrency)))
+        phase.seconds = seconds
+        phase.client_cpu_s = time.process_time() - cpu
+    return phase
+
+
+async def open_loop(url: str, model: str, images: list[bytes], rate: float, seconds: float, warmup_s: float,
+                    poisson_seed: int | None = None) -> Phase:
+    """Requests sent at a fixed rate whatever the answers do; latency counts from the
+    scheduled send time (no coordinated omission). With `poisson_seed`, the gaps
+    between sends are exponential (Poisson arrivals at that mean rate) instead of equal."""
+    phase = Phase(offered_rate=rate)
+    total = max(int((warmup_s + seconds) * rate), 1)
+    if poisson_seed is None:
+        offsets = np.arange(total) / rate
+    else:
+        gaps = np.random.default_rng(poisson_seed).exponential(1 / rate, total)
+        offsets = np.cumsum(gaps) - gaps[0]  # the first request at once, as with equal gaps
+    async with AsyncClassifierClient(url, "grpc", model, retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S) as client:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        measure_from = start + warmup_s
+
+        async def one(scheduled: float, image: bytes):
+            try:
+                await client.probabilities([image])
+            except Exception:
+                if scheduled >= measure_from:
+                    phase.errors += 1
+                return
+            if scheduled >= measure_from:
+                phase.latencies_s.append(loop.time() - scheduled)
+
+        tasks = []
+        for index in range(total):
+            scheduled = start + float(offsets[index])
+            await asyncio.sleep(max(0.0, scheduled - loop.time()))
+            tasks.append(asyncio.create_task(one(scheduled, images[index % len(images)])))
+        await asyncio.gather(*tasks)
+        phase.seconds = seconds
+    return phase
+
+
+def saturate(url: str, protocol: str, model: str, images: list[bytes], settings: Settings) -> tuple[Phase, int, int]:
+    """The best throughput over the concurrency levels tried, that level, and the
+    failures of all levels."""
+    phases = {
+        concurrency: asyncio.run(closed_loop(url, protocol, model, images, concurrency,
+                                             settings.seconds, settings.warmup_s))
+        for concurrency in settings.concurrency
+    }
+    best = max(phases, key=lambda concurrency: phases[concurrency].images_per_s)
+    return phases[best], best, sum(phase.errors for phase in phases.values())
+
+
+def server_cpu_seconds(server) -> float:
+    """CPU time of tritonserver and its backend stubs so far."""
+    return processes.tree_cpu_seconds(server.pid)
+
+
+def server_rss_mb_by_process(server) -> dict[str, float] | None:
+    """RSS of tritonserver and of each model's stub, by role (what a model costs)."""
+    if server.pid is None:
+        return None
+    sizes = {name: processes.rss_mib(process) for name, process in processes.processes_by_role(server.pid).items()}
+    return {name: size for name, size in sizes.items() if size is not None}
+
+
+def server_rss_mb(server) -> float | None:
+    return processes.tree_rss_mib(server.pid)
+
+
+def measured_phase(server, protocol: str, model: str, images: list[bytes], concurrency: int,
+                   settings: Settings) -> Phase:
+    """One closed-loop phase on `model`, with the server's CPU time over it."""
+    cpu = server_cpu_seconds(server)
+    url = server.http_url if protocol == "http" else server.grpc_url
+    phase = asyncio.run(closed_loop(url, protocol, model, images, concurrency, settings.seconds, settings.warmup_s))
+    phase.server_cpu_s, phase.warmup_s = server_cpu_seconds(server) - cpu, settings.warmup_s
+    return phase
+
+
+def interleaved(measures: dict[str, Callable[[], Phase]], repeats: int, log=print) -> dict[str, list[Phase]]:
+    """Each measure once per round, in the same order, `repeats` rounds: A, B, A, B...
+    so that a machine that slows down or speeds up during the run moves both sides
+    of a ratio alike."""
+    rounds: dict[str, list[Phase]] = {name: [] for name in measures}
+    for round_index in range(repeats):
+        log(f"  round {round_index + 1}/{repeats}: {', '.join(measures)}")
+        for name, measure in measures.items():
+            rounds[name].append(measure())
+    return rounds
+
+
+def ratios(numerators: list[float | None], denominators: list[float | None]) -> list[float]:
+    """Per round; a round with an empty or unmeasurable side gives no ratio."""
+    return [a / b for a, b in zip(numerators, denominators) if a is not None and b]
+
+
+def write_median(results: dict, key: str, values: list[float]) -> None:
+    """`key` = the median of `values`, `<key>_spread` = [min, max]; None for both
+    when nothing was measured."""
+    results[key] = float(np.median(values)) if values else None
+    results[f"{key}_spread"] = [float(min(values)), float(max(values))] if values else None
+
+
+def current_saturation(server, images: list[bytes], concurrency: int, settings: Settings) -> Phase:
+    """The ensemble's closed-loop rate now. An open loop's rate is set from the
+    saturation measured just before it: this machine's speed drifts by 10-25 % within
+    minutes, and at 70 % of a stale saturation the real load can be 80 %, where the
+    tail is twice as long."""
+    return asyncio.run(closed_loop(server.grpc_url, "grpc", DALI_ENSEMBLE, images, concurrency,
+                                   settings.seconds, settings.warmup_s))
+
+
+def capacity_at_slo(server, images: list[bytes], concurrency: int, slo_ms: float,
+                    settings: Settings) -> tuple[float, list[dict]]:
+    """The highest fraction of closed-loop saturation (at `concurrency`, measured
+    right before each probe) whose open loop (Poisson arrivals) keeps p99 under
+    `slo_ms` with no failure: the upper bound CAPACITY_MAX_FRACTION first, then a
+    bisection of [0, bound] in `settings.capacity_probes` steps. Returns it and
+    every probe."""
+    probes: list[dict] = []
+
+    def meets(fraction: float) -> bool:
+        saturation = current_saturation(server, images, concurrency, settings)
+        rate = fraction * saturation.images_per_s or 1.0
+        phase = asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, rate,
+                                      settings.capacity_s, settings.warmup_s, poisson_seed=len(probes)))
+        p99 = phase.percentile_ms(99)
+        met = phase.errors == 0 and bool(phase.latencies_s) and p99 < slo_ms
+        probes.append({"fraction": fraction, "saturation": saturation.images_per_s, "rate": rate, "p99_ms": p99,
+                       "errors": phase.errors + saturation.errors, "met": met})
+        return met
+
+    return highest_passing(meets, CAPACITY_MAX_FRACTION, settings.capacity_probes), probes
+
+
+def highest_passing(meets: Callable[[float], bool], bound: float, steps: int) -> float:
+    """`bound` if it passes, else a bisection of [0, bound] in `steps` probes: the
+    highest passing value found (0 when none passed), within bound / 2**steps of
+    the threshold when passing is monotonic."""
+    if meets(bound):
+        return bound
+    low, high = 0.0, bound
+    for _ in range(steps):
+        middle = (low + high) / 2
+        low, high = (middle, high) if meets(middle) else (low, middle)
+    return low
+
+
+def typical_image() -> bytes:
+    """The corpus's most common kind: a medium-size photo."""
+    return next(image.data for image in build_corpus() if "@640" in image.name)
+
+
+def weighted_images(count: int) -> list[bytes]:
+    """`count` encoded images drawn from the load tests' weighted corpus, the same every run."""
+    sampler = WeightedSampler(build_corpus(), seed=0)
+    return [sampler.draw().data for _ in range(count)]

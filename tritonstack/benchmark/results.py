@@ -1,0 +1,90 @@
+"""The benchmark's JSON: the machine and versions, the keys every run writes, the targets
+and which ones a run missed."""
+
+
+from __future__ import annotations
+
+import json
+import platform
+from importlib import metadata
+from pathlib import Path
+
+from tritonstack.serve.launcher import TritonServer
+
+
+def versions(server: TritonServer) -> dict:
+    import tritonclient.http as httpclient
+
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        server_version = client.get_server_metadata()["version"]
+    packages = ("nvidia-dali-cuda120", "onnxruntime", "tritonclient", "nvidia-pytriton", "locust", "numpy", "pillow")
+    return {
+        "tritonserver": server_version,
+        "python": platform.python_version(),
+        **{package: metadata.version(package) for package in packages},
+    }
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+# Every key the benchmark promises (issues 5 and 14), besides versions and settings.
+# Each of RATIO_KEYS comes with `<key>_spread`: [min, max] over the rounds.
+RATIO_KEYS = (
+    "serving_efficiency", "dali_vs_pil_preprocess", "dali_vs_pil_per_cpu_second", "dali_vs_pil_ensemble",
+    "http_vs_grpc", "int8_vs_fp32_ensemble", "ensemble_overhead_ms_p50", "ensemble_overhead_share",
+    "p99_over_p50",
+)
+
+
+REQUIRED_KEYS = (
+    "inprocess_images_per_s", "server_images_per_s", "dali_preprocess_images_per_s", "pil_preprocess_images_per_s",
+    *RATIO_KEYS, *(f"{key}_spread" for key in RATIO_KEYS),
+    "capacity_at_slo", "int8_top1_agreement", "int8_top5_overlap",
+    "int8_top1_agreement_crops", "int8_top5_overlap_crops",
+    # what tritonstack/benchmark/plan.py reads
+    "latency_ms_p50_concurrency_1", "open_loop_rate", "open_loop_ms_p50", "open_loop_ms_p99",
+    "server_rss_mb", "errors", "versions", "cpu_model", "cpu_count",
+)
+
+
+TARGETS = {
+    "serving_efficiency": (">=", 0.90),
+    "dali_vs_pil_preprocess": (">=", 1.5),
+    "ensemble_overhead_ms_p50": ("<=", 1.0),
+    "ensemble_overhead_share": ("<=", 0.04),
+    "p99_over_p50": ("<=", 2.2),
+    "capacity_at_slo": (">=", 0.85),
+    "int8_vs_fp32_ensemble": (">=", 1.5),
+    "int8_top1_agreement": (">=", 0.95),
+    "int8_top5_overlap": (">=", 4.5),
+    "server_rss_mb": ("<=", 2048),
+    "errors": ("<=", 0),
+}
+
+
+def missed_targets(results: dict) -> list[str]:
+    missed = []
+    for key, (sense, target) in TARGETS.items():
+        value = results[key]
+        if value is None:  # not measurable here (a server on another host)
+            continue
+        if (sense == ">=" and value < target) or (sense == "<=" and value > target):
+            missed.append(f"{key} = {value:.4g} (target {sense} {target})")
+    return missed
+
+
+def write_results(results: dict, out: Path) -> str:
+    """Add the missed targets, write the JSON file, return its text."""
+    missing = [key for key in REQUIRED_KEYS if key not in results]
+    if missing:
+        raise KeyError(f"benchmark results lack {missing}")
+    results["missed_targets"] = missed_targets(results)
+    text = json.dumps(results, indent=2, default=float) + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return text

@@ -1,0 +1,77 @@
+"""What the benchmark measures and for how long: the models (named by tritonstack.contract),
+the phases' durations (FULL, QUICK, SMOKE), the SLO and load fractions."""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tritonstack import contract
+
+# The models it measures, named as the build names them (tritonstack.contract).
+CLASSIFIER = "efficientnet_lite0"
+
+
+DALI_PRESET = contract.DEFAULT_PRESET
+
+
+PIL_PRESET = f"python_{CLASSIFIER}"
+
+
+INT8_PRESET = f"{DALI_PRESET}_int8"
+
+
+DALI_PREPROCESS = contract.preprocessing_name(DALI_PRESET)
+
+
+PIL_PREPROCESS = contract.preprocessing_name(PIL_PRESET)
+
+
+DALI_ENSEMBLE = contract.ensemble_name(DALI_PRESET)
+
+
+PIL_ENSEMBLE = contract.ensemble_name(PIL_PRESET)
+
+
+INT8_ENSEMBLE = contract.ensemble_name(INT8_PRESET)
+
+
+REQUEST_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long each phase measures; warm-up runs before every measurement."""
+
+    seconds: float  # per measured closed-loop phase
+    warmup_s: float
+    concurrency: tuple[int, ...]  # in-flight requests tried for saturation
+    inprocess_grid: tuple[tuple[int, int, int], ...]  # (batch, DALI threads, ORT threads)
+    open_loop_s: float
+    repeats: int = 3  # interleaved rounds per ratio (at least 3: a median and a spread)
+    capacity_probes: int = 4  # bisection steps after the first probe at the upper bound
+    capacity_s: float = 8.0  # per capacity probe
+    traced_requests: int = 100  # at concurrency 1 with Triton's tracing on
+
+
+FULL = Settings(20.0, 3.0, (8, 16, 32, 48), ((1, 1, 1), (8, 1, 1), (32, 1, 1), (8, 2, 1), (8, 1, 2), (32, 2, 2)),
+                30.0, repeats=5, capacity_probes=6, capacity_s=20.0, traced_requests=300)
+
+
+QUICK = Settings(5.0, 1.0, (8, 24), ((8, 1, 1), (32, 1, 1), (8, 2, 2)), 10.0, repeats=3, capacity_probes=4,
+                 capacity_s=6.0)
+
+
+# For the test suite: every key, in the least time that still measures something.
+SMOKE = Settings(1.0, 0.3, (4,), ((8, 2, 2),), 1.5, repeats=3, capacity_probes=1, capacity_s=1.0)
+
+
+# capacity_at_slo: the p99 budget, in single-request medians, and the search's upper bound.
+SLO_P50_MULTIPLE = 8.0
+
+
+# p99_over_p50 is measured at this fraction of saturation.
+OPEN_LOOP_LOAD = 0.7
+
+
+CAPACITY_MAX_FRACTION = 1.1

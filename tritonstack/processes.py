@@ -1,0 +1,85 @@
+"""A running tritonserver's processes, the one place that knows them: the server,
+its Python backend stubs (one per model instance), and what they cost (RSS, its
+parts, CPU time). The launcher, its supervisor, the load test, the benchmark, the
+soak and the memory probe all ask here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+
+STUB_NAME = "triton_python_backend_stub"
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants (tritonserver and its backend stubs)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def server_stubs(server_pid: int) -> tuple[dict[int, str], set[int]]:
+    """The Python backend stubs of a server: live ones (pid -> model name) and dead
+    ones. The backend reaps a stub it stops; one that died on its own stays a zombie."""
+    live, dead = {}, set()
+    for child in psutil.Process(server_pid).children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                dead.add(child.pid)
+            elif child.name().startswith(STUB_NAME[:15]):  # Linux may truncate names
+                # argv[1] is the model file: <repository>/<model>/<version>/<file>
+                live[child.pid] = Path(child.cmdline()[1]).parent.parent.name
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, IndexError):
+            continue
+    return live, dead
+
+
+def processes_by_role(server_pid: int) -> dict[str, psutil.Process]:
+    """tritonserver and its live backend stubs, named by role ("tritonserver",
+    "stub:<model>", "stub:<model>:<pid>" for a model's further instances)."""
+    processes = {"tritonserver": psutil.Process(server_pid)}
+    live, _ = server_stubs(server_pid)
+    for pid, model in sorted(live.items()):
+        processes[f"stub:{model}" if f"stub:{model}" not in processes else f"stub:{model}:{pid}"] = psutil.Process(pid)
+    return processes
+
+
+def rss_mib(process: psutil.Process) -> float | None:
+    """Resident memory in MiB; None once the process is gone."""
+    try:
+        return process.memory_info().rss / 2**20
+    except psutil.NoSuchProcess:
+        return None
+
+
+def rss_parts_mib(pid: int) -> dict[str, float]:
+    """RSS split by kind (Linux): anonymous (the heap), file-backed (libraries),
+    shared memory (the Python backend's /dev/shm region, mapped by the server and
+    by each stub: its pages touched count in both)."""
+    parts = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssFile", "RssShmem"):
+            parts[key] = round(int(value.split()[0]) / 1024, 2)
+    return parts
+
+
+def tree_rss_mib(pid: int | None) -> float | None:
+    """Resident memory of a server and all its descendants, in MiB."""
+    sizes = [size for size in map(rss_mib, process_tree(pid)) if size is not None] if pid else []
+    return sum(sizes) if sizes else None
+
+
+def tree_cpu_seconds(pid: int | None) -> float:
+    """CPU time (user + system) of a server and its descendants so far."""
+    total = 0.0
+    for process in process_tree(pid) if pid else []:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
