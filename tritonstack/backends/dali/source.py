@@ -38,9 +38,11 @@ def _autoserialize(script_path: Path, cpu_only: bool) -> bytes:
     operators still serialize, and are refused by the load rules."""
     from nvidia.dali._utils.autoserialize import _discover_autoserialize
 
-    spec = importlib.util.spec_from_file_location(f"_dali_model_{abs(hash(script_path))}", script_path)
+    # As the C++ backend's script (src/utils/utils.h): the file loaded by path under
+    # the module name autoserialize_mod, the import path left as it is.
+    spec = importlib.util.spec_from_file_location("autoserialize_mod", script_path)
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(script_path.parent))  # dali.py may import its neighbours
+    sys.modules["autoserialize_mod"] = module
     # No __pycache__ in the user's repository (the stub's interpreter is isolated:
     # it ignores PYTHONDONTWRITEBYTECODE).
     writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
@@ -54,7 +56,7 @@ def _autoserialize(script_path: Path, cpu_only: bool) -> bytes:
     except Exception as error:
         raise RuntimeError(f"{script_path}: @autoserialize failed: {error}") from error
     finally:
-        sys.path.remove(str(script_path.parent))
+        sys.modules.pop("autoserialize_mod", None)
         sys.dont_write_bytecode = writes_bytecode
     return serialized
 
