@@ -213,3 +213,14 @@ def test_own_classifier_with_mismatched_labels_is_refused(tmp_path, model_reposi
     code = main(["build", "--out", str(tmp_path / "repo"), "--classifier-onnx",
                  str(model_repository / LITE0 / "1/model.onnx"), "--labels", str(tmp_path / "classes.txt")])
     assert code == 2 and not (tmp_path / "repo").exists()
+
+
+def test_classifiers_declare_what_tritons_image_clients_read(model_repository):
+    """triton-inference-server/client's image_client.py and grpc_image_client.py read
+    the model's config: one input of 3 dims (beside the batch) with its layout declared
+    (FORMAT_NCHW or FORMAT_NHWC), one FP32 vector output, labels for class_count."""
+    for classifier in {preset.classifier.name for preset in PRESETS}:
+        config = read_config(model_repository / classifier)
+        (image,), (scores,) = config.input, config.output
+        assert image.format == pb.ModelInput.FORMAT_NCHW and len(image.dims) == 3 and image.dims[0] == 3, classifier
+        assert scores.data_type == pb.TYPE_FP32 and len(scores.dims) == 1 and scores.label_filename, classifier

@@ -56,7 +56,7 @@ from tritonstack.benchmark.phases import (
     weighted_images,
     write_median,
 )
-from tritonstack.benchmark.results import cpu_model, versions, write_results
+from tritonstack.benchmark.results import cpu_flags, cpu_model, versions, write_results
 from tritonstack.benchmark.settings import (
     CLASSIFIER,
     DALI_ENSEMBLE,
@@ -89,7 +89,7 @@ def run(settings: Settings, repository: Path, log=print, server: TritonServer | 
     a server started and stopped here."""
     images = weighted_images(400)
     results: dict = {"settings": settings.__dict__ | {"quick": settings is QUICK}, "cpu_model": cpu_model(),
-                     "cpu_count": os.cpu_count()}
+                     "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count()}
     log("in-process reference (DALI + ONNX Runtime, no server): the best thread/batch setting...")
     setting = results["inprocess_best_setting"] = inprocess_best_setting(repository, images, settings)
     with tempfile.TemporaryDirectory(prefix="benchmark-") as folder:
@@ -229,12 +229,14 @@ def _write_capacity(results: dict, server, images: list[bytes], settings: Settin
 def _write_int8_agreement(results: dict, repository: Path) -> None:
     """Top-1 agreement and mean top-5 overlap of the INT8 classifier with FP32, both
     fed by the same DALI tensors: on the parity corpus (13 images), and on the
-    stricter crop corpus (216 images, `_crops`). ImageNet accuracy is not measured here."""
+    stricter crop corpus (216 images, `_crops`); `_clear` on the images where FP32's
+    top-1 leads by CLEAR_MARGIN or more. ImageNet accuracy is not measured here."""
     served = (repository / INT8_ENSEMBLE).is_dir()
     for suffix, images in (("", None), ("_crops", crop_images() if served else None)):
         report = compare_classifiers(repository, DALI_PRESET, INT8_PRESET, images) if served else None
         results[f"int8_top1_agreement{suffix}"] = report.top1_agreement if report else None
         results[f"int8_top5_overlap{suffix}"] = report.mean_top5_overlap if report else None
+        results[f"int8_top1_agreement_clear{suffix}"] = report.clear_top1_agreement() if report else None
 
 
 def main(argv: list[str] | None = None) -> int:

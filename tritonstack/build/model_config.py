@@ -29,10 +29,15 @@ class Tensor:
     dims: tuple[int, ...]
     allow_ragged_batch: bool = False
     label_filename: str | None = None
+    # An image input's layout ("FORMAT_NCHW"): what Triton's example image clients
+    # read to lay out the pixels they send.
+    format: str | None = None
 
     def to_input(self) -> pb.ModelInput:
         message = pb.ModelInput(name=self.name, data_type=_data_type(self.dtype), dims=self.dims)
         message.allow_ragged_batch = self.allow_ragged_batch
+        if self.format:
+            message.format = pb.ModelInput.Format.Value(self.format)
         return message
 
     def to_output(self) -> pb.ModelOutput:

@@ -172,6 +172,11 @@ def classify(repository: Path, preset_name: str, batch: np.ndarray) -> np.ndarra
     return session.run([classifier.output_name], {classifier.input_name: batch})[0]
 
 
+# A top-1 that leads its runner-up by this much probability is not a near-tie: a
+# quantized classifier, or a CPU with other instructions, should not flip it.
+CLEAR_MARGIN = 0.1
+
+
 @dataclass(frozen=True)
 class ClassifierAgreement:
     """One classifier against another on the same preprocessed images."""
@@ -180,10 +185,16 @@ class ClassifierAgreement:
     candidate: str
     top1_same: tuple[bool, ...]
     top5_overlaps: tuple[int, ...]
+    reference_margins: tuple[float, ...]  # the reference's top-1 minus top-2 score
 
     @property
     def top1_agreement(self) -> float:
         return float(np.mean(self.top1_same))
+
+    def clear_top1_agreement(self, margin: float = CLEAR_MARGIN) -> float:
+        """Top-1 agreement on the images whose reference top-1 leads by `margin` or
+        more: near-ties, which any rounding may flip, left out."""
+        return float(np.mean([same for same, lead in zip(self.top1_same, self.reference_margins) if lead >= margin]))
 
     @property
     def mean_top5_overlap(self) -> float:
@@ -197,12 +208,14 @@ def compare_classifiers(repository: Path, reference: str, candidate: str,
     Agreement with a reference, not accuracy against ground truth."""
     encoded = list((images or parity_images()).values())
     tensors = dali_tensors(repository, reference, encoded)
-    top5 = [np.argsort(scores, axis=1)[:, ::-1][:, :5] for scores in
-            (classify(repository, reference, tensors), classify(repository, candidate, tensors))]
+    scores = [classify(repository, reference, tensors), classify(repository, candidate, tensors)]
+    top5 = [np.argsort(each, axis=1)[:, ::-1][:, :5] for each in scores]
+    leading = np.sort(scores[0], axis=1)
     return ClassifierAgreement(
         reference=reference, candidate=candidate,
         top1_same=tuple(bool(a[0] == b[0]) for a, b in zip(*top5)),
         top5_overlaps=tuple(len(set(a) & set(b)) for a, b in zip(*top5)),
+        reference_margins=tuple(float(lead) for lead in leading[:, -1] - leading[:, -2]),
     )
 
 

@@ -112,7 +112,7 @@ def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelCon
         name=classifier.name,
         backend="onnxruntime",
         max_batch_size=options.max_batch_size,
-        inputs=(Tensor(classifier.input_name, "FP32", image),),
+        inputs=(Tensor(classifier.input_name, "FP32", image, format="FORMAT_NCHW"),),
         outputs=(
             Tensor(classifier.output_name, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),
         ),
