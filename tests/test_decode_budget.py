@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.test_hostile import png
-from tritonstack.decode_budget import BudgetError, DecodeBudget, plan_parts
+from tritonstack.decode_budget import DEFAULT_MAX_PIXELS, MAX_RUN_PIXELS, BudgetError, DecodeBudget, plan_parts
 
 
 def test_plan_parts_keeps_each_run_under_the_batch_budget():
@@ -28,7 +28,15 @@ def test_request_budget_names_the_numbers():
 
 
 def test_budget_defaults_follow_the_memory_share():
-    budget = DecodeBudget.from_parameters({"max_pixels": {"string_value": "1000"}}, share_bytes=4 << 30)
+    budget = DecodeBudget.from_parameters({"max_pixels": {"string_value": "1000"}}, share_bytes=1 << 30)
     assert budget.max_pixels == 1000
-    assert budget.max_batch_pixels == budget.max_request_pixels == (2 << 30) // 5
+    assert budget.max_batch_pixels == budget.max_request_pixels == (1 << 29) // 5
     assert not budget.problems()
+
+
+def test_budget_defaults_cap_one_run_at_two_of_the_largest_images():
+    """A large machine's share does not let one decoder run hold more than
+    MAX_RUN_PIXELS: the peak of a burst of huge images stays bounded."""
+    budget = DecodeBudget.from_parameters({}, share_bytes=64 << 30)
+    assert budget.max_batch_pixels == budget.max_request_pixels == MAX_RUN_PIXELS == 2 * DEFAULT_MAX_PIXELS
+    assert budget.max_pixels == DEFAULT_MAX_PIXELS and not budget.problems()

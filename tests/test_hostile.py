@@ -77,7 +77,9 @@ def add_parameters(model_dir, parameters: dict) -> None:
 
 @pytest.fixture(scope="module")
 def triton(hostile_repository):
-    with TritonServer(hostile_repository, stop_grace_s=5, memory_limits=LIMITS) as running:
+    # No recycling: these tests watch one DALI stub's memory across bursts
+    # (recycling after a burst: tests/test_burst_memory.py).
+    with TritonServer(hostile_repository, stop_grace_s=5, memory_limits=LIMITS, recycle=None) as running:
         yield running
 
 

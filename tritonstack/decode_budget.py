@@ -46,6 +46,11 @@ BYTES_PER_PIXEL = 5
 # interpreter, DALI, the request copies and the outputs.
 DECODE_SHARE = 0.5
 DEFAULT_MAX_PIXELS = 100_000_000  # one image: a 10000x10000 photo passes
+# One decoder run at most, whatever the memory share: two 10000x10000 photos. A burst
+# of eight such images on a large machine otherwise ran 6 at a time and took the
+# server's tree up by +2.6 GB; capped, +1.3 GB (docs/memory.md). Ordinary photos
+# (up to ~12 MP) still fill a batch of 16 in one run.
+MAX_RUN_PIXELS = 2 * DEFAULT_MAX_PIXELS
 PARAMETERS = ("max_pixels", "max_request_pixels", "max_batch_pixels", "release_above_pixels")
 
 # Pillow's own bomb check would raise before we read the size; our budget applies.
@@ -74,7 +79,7 @@ class DecodeBudget:
 
     @classmethod
     def from_memory(cls, share_bytes: int) -> "DecodeBudget":
-        batch = int(share_bytes * DECODE_SHARE) // BYTES_PER_PIXEL
+        batch = min(int(share_bytes * DECODE_SHARE) // BYTES_PER_PIXEL, MAX_RUN_PIXELS)
         return cls(max_pixels=min(DEFAULT_MAX_PIXELS, batch), max_request_pixels=batch,
                    max_batch_pixels=batch, release_above_pixels=batch // 4)
 

@@ -19,6 +19,7 @@ from tritonstack.serve.limits import MemoryLimits
 from tritonstack.serve.network import LOOPBACK, port_in_use
 from tritonstack.serve.security import RESTRICTED_APIS
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
+from tritonstack.serve.supervision import RecyclePolicy
 
 LOGGER = logging.getLogger("tritonstack.serve")
 
@@ -70,6 +71,9 @@ def serve(argv: list[str] | None) -> int:
     parser.add_argument("--compact-memory", action="store_true",
                         help="glibc settings that keep the DALI stub's heap flatter, for about 20%% of "
                              "throughput (docs/memory.md)")
+    parser.add_argument("--recycle-above-mib", type=float, default=RecyclePolicy.above_mib,
+                        help="reload a model whose stub idles this many MiB above its settled size, after a "
+                             "burst of huge images (default: %(default)s; 0: never; docs/memory.md)")
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -88,6 +92,7 @@ def serve(argv: list[str] | None) -> int:
         memory_limits=MemoryLimits(args.server_memory_bytes, args.stub_memory_bytes),
         environment=STUB_ENVIRONMENT if args.compact_memory else None,
         limit_memory=not args.no_memory_limits,
+        recycle=RecyclePolicy(above_mib=args.recycle_above_mib) if args.recycle_above_mib > 0 else None,
     )
     try:
         server.check_repository()  # before anything else is said: one line, exit 2

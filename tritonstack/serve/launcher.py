@@ -59,7 +59,7 @@ from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
 from tritonstack.serve.restart import ServerRestarter
 from tritonstack.serve.security import RESTRICTED_APIS
 from tritonstack.serve.shm_cleanup import mapped_regions, remove_orphaned_stub_regions
-from tritonstack.serve.supervision import StubSupervisor, reload_model
+from tritonstack.serve.supervision import RecyclePolicy, StubSupervisor, reload_model
 
 LOGGER = logging.getLogger("tritonstack.serve")
 _ERROR_LINE = re.compile(r"E\d{4} |error: ")
@@ -99,6 +99,7 @@ class TritonServer:
         environment: dict[str, str] | None = None,
         memory_limits: MemoryLimits | None = None,
         limit_memory: bool = True,
+        recycle: RecyclePolicy | None = RecyclePolicy(),
     ):
         # Object storage (s3://, gs://, as://) is fetched by Triton itself.
         self.model_repository = (str(model_repository) if is_remote_repository(model_repository)
@@ -121,6 +122,9 @@ class TritonServer:
         self.environment = dict(environment or {})
         # Address-space ceilings (tritonstack.serve.limits); None: the defaults.
         self.memory_limits = (memory_limits or MemoryLimits.default()) if limit_memory else None
+        # A stub that idles far above its settled size after a burst is replaced
+        # (tritonstack.serve.supervision); None: never.
+        self.recycle = recycle
         self.process: subprocess.Popen | None = None
         self.supervisor: StubSupervisor | None = None
         self.restarter: ServerRestarter | None = None
@@ -372,7 +376,7 @@ def _supervise_stubs(server: TritonServer) -> None:
     limit = (functools.partial(limit_address_space, limit_bytes=server.memory_limits.stub_bytes)
              if server.memory_limits else None)
     server.supervisor = StubSupervisor(server.process.pid, reload if server.explicit_model_control else None,
-                                       on_new_stub=limit)
+                                       on_new_stub=limit, recycle=server.recycle)
     server.supervisor.start()
 
 

@@ -1,4 +1,4 @@
-"""Reload a model whose Python backend stub died.
+"""Reload a model whose Python backend stub died, or grew and stayed grown.
 
 Seen with Triton 2.51's Python backend (which runs our `dali` and `onnxruntime`
 backends): when a model instance's stub process dies (killed, out of memory, a
@@ -14,6 +14,15 @@ command line names the model's file: `<repository>/<model>/<version>/...`). A st
 that the backend stops (unload, reload) is reaped at once; one that died on its
 own is left a zombie: the supervisor reloads that stub's model, if the model is
 still READY. Needs explicit model-control mode (the launcher's default).
+
+A stub can also outgrow itself without dying: DALI 2.4 keeps its host pool's largest
+run for good (docs/memory.md), so a burst of huge images leaves the DALI stub
+gigabytes larger under ordinary traffic afterwards. With a RecyclePolicy the
+supervisor reloads such a model once its stub has stayed more than `above_mib` above
+its settled size (its smallest RSS while idle) for `hold_s`: a new stub replaces it,
+and the old one's memory goes back to the system. Requests keep being served by the
+old instance until the new one is ready (Triton swaps them), so ordinary traffic
+flowing all along is not interrupted (tests/test_burst_memory.py).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import psutil
 import tritonclient.http as httpclient
@@ -33,7 +43,7 @@ from tritonstack.processes import server_stubs
 LOGGER = logging.getLogger("tritonstack.serve")
 
 
-def reload_model(http_url: str, admin_headers: dict[str, str], model: str) -> bool:
+def reload_model(http_url: str, admin_headers: dict[str, str], model: str, reason: str = "its stub died") -> bool:
     """Load a READY model again with its own config (with an override config the
     load is never skipped as "unchanged"). False when it was not ours to reload."""
     client = httpclient.InferenceServerClient(http_url, network_timeout=120)
@@ -41,7 +51,7 @@ def reload_model(http_url: str, admin_headers: dict[str, str], model: str) -> bo
         if not client.is_model_ready(model):
             return False  # being unloaded on purpose, or already failed
         config = client.get_model_config(model)
-        LOGGER.warning("the stub of model %s died: reloading the model", model)
+        LOGGER.warning("model %s: %s: reloading the model", model, reason)
         client.load_model(model, config=json.dumps(config), headers=admin_headers)
         return True
     except (InferenceServerException, OSError) as error:
@@ -51,19 +61,60 @@ def reload_model(http_url: str, admin_headers: dict[str, str], model: str) -> bo
         client.close()
 
 
-class StubSupervisor(threading.Thread):
-    """Watches the stubs of the server process `server_pid`; calls `reload(model)`
-    for a model whose stub died (None: explicit model control is off, so it can
-    only say so), and `on_new_stub(pid)` for each stub when first seen alive."""
+@dataclass(frozen=True)
+class RecyclePolicy:
+    """When a stub that grew is replaced by a new one."""
 
-    def __init__(self, server_pid: int, reload: Callable[[str], bool] | None, poll_s: float = 0.5,
-                 on_new_stub: Callable[[int], object] | None = None):
+    above_mib: float = 256.0  # RSS above the stub's settled size
+    hold_s: float = 5.0  # for this long without a break
+    cooldown_s: float = 30.0  # between two recycles of one model
+
+
+@dataclass
+class _StubMemory:
+    """What the supervisor knows of one live stub's memory and activity."""
+
+    settled_mib: float | None = None  # its smallest RSS while idle (loaded, no request)
+    cpu_s: float = 0.0
+    above_since: float | None = None  # since when it sits above the policy's bound
+
+    def observe(self, process: psutil.Process, now: float, above_mib: float) -> float | None:
+        """Update from a reading; how long it has sat above `above_mib` over its
+        settled size (0 when it does not), None if the stub is gone."""
+        try:
+            with process.oneshot():
+                times, rss = process.cpu_times(), process.memory_info().rss / 2**20
+        except psutil.Error:
+            return None
+        cpu_s = times.user + times.system
+        idle, self.cpu_s = cpu_s - self.cpu_s < 0.02, cpu_s
+        if idle:
+            self.settled_mib = rss if self.settled_mib is None else min(self.settled_mib, rss)
+        grown = self.settled_mib is not None and rss - self.settled_mib > above_mib
+        self.above_since = (self.above_since or now) if grown else None
+        return now - self.above_since if grown else 0.0
+
+    def grown_mib(self, process: psutil.Process) -> float:
+        return process.memory_info().rss / 2**20 - (self.settled_mib or 0.0)
+
+
+class StubSupervisor(threading.Thread):
+    """Watches the stubs of the server process `server_pid`; calls `reload(model,
+    reason)` for a model whose stub died (None: explicit model control is off, so it
+    can only say so) or, under `recycle`, grew and stayed grown; and
+    `on_new_stub(pid)` for each stub when first seen alive."""
+
+    def __init__(self, server_pid: int, reload: Callable[[str, str], bool] | None, poll_s: float = 0.5,
+                 on_new_stub: Callable[[int], object] | None = None, recycle: RecyclePolicy | None = None):
         super().__init__(name="stub-supervisor", daemon=True)
         self.server_pid = server_pid
         self.reload = reload
         self.poll_s = poll_s
         self.on_new_stub = on_new_stub
+        self.recycle = recycle if reload is not None else None
         self.reloads: list[tuple[float, str]] = []  # (time.monotonic(), model)
+        self.recycles: list[tuple[float, str, float]] = []  # (time.monotonic(), model, MiB above settled)
+        self._memory: dict[int, _StubMemory] = {}
         self._stopping = threading.Event()
         # Seen now, before start() returns: a stub killed right after is still caught.
         self._models: dict[int, str] = {}  # pid -> model, ever seen alive
@@ -84,8 +135,11 @@ class StubSupervisor(threading.Thread):
             self._seen(live)
             for pid in sorted(dead - handled):
                 handled.add(pid)
+                self._memory.pop(pid, None)
                 if pid in self._models and not self._stopping.is_set():
                     self._stub_died(self._models.pop(pid))
+            if self.recycle is not None:
+                self._recycle_grown(live)
 
     def _seen(self, live: dict[int, str]) -> None:
         for pid in live.keys() - self._models.keys():
@@ -97,5 +151,24 @@ class StubSupervisor(threading.Thread):
         if self.reload is None:
             LOGGER.error("the stub of model %s died; without explicit model-control mode it "
                          "cannot be reloaded: restart the server", model)
-        elif self.reload(model):
+        elif self.reload(model, "its stub died"):
             self.reloads.append((time.monotonic(), model))
+
+    def _recycle_grown(self, live: dict[int, str]) -> None:
+        now = time.monotonic()
+        for pid, model in live.items():
+            memory = self._memory.setdefault(pid, _StubMemory())
+            try:
+                process = psutil.Process(pid)
+                held_s = memory.observe(process, now, self.recycle.above_mib)
+                grown = memory.grown_mib(process)
+            except psutil.Error:
+                continue
+            if held_s is None or held_s < self.recycle.hold_s:
+                continue
+            if any(m == model and now - t < self.recycle.cooldown_s for t, m, _ in self.recycles):
+                continue
+            reason = (f"its stub has stayed {grown:.0f} MiB above its settled {memory.settled_mib:.0f} MiB "
+                      f"for {held_s:.0f} s")
+            if self.reload(model, reason):
+                self.recycles.append((now, model, grown))

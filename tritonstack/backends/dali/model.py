@@ -16,6 +16,7 @@ from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_byte
 from tritonstack.backends.dali.requests import BudgetError, InputError, UndecodableError, samples_of
 from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
 from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
+from tritonstack.backends.stub_memory import StubMemoryGauge
 from tritonstack.contract import (
     CONFIG_FILENAME,
     DALI_HOST_POOL_ENV,
@@ -96,6 +97,7 @@ class TritonPythonModel:
             self._memory_trace = MemoryTrace(os.environ[MEMORY_TRACE_ENV])
         self._trim_every = int(os.environ.get(MALLOC_TRIM_ENV) or DEFAULT_MALLOC_TRIM_EVERY)
         self._batches = 0
+        self._memory_gauge = StubMemoryGauge(args["model_name"], args["model_instance_name"])
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -127,6 +129,7 @@ class TritonPythonModel:
             malloc_trim()
         if self._memory_trace is not None:
             self._memory_trace.after_batch()
+        self._memory_gauge.update()
         return responses
 
     def _release_buffers(self) -> None:

@@ -30,6 +30,7 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
+from tritonstack.backends.stub_memory import StubMemoryGauge
 from tritonstack.contract import ONNX_MODEL_FILENAME, REPOSITORY_ENV, latest_version_dir, onnx_type
 
 # The load rules shared with `tritonstack check`.
@@ -95,8 +96,14 @@ class TritonPythonModel:
         self._input_names = [tensor["name"] for tensor in config["input"]]
         self._output_names = [tensor["name"] for tensor in config["output"]]
         self._batched = int(config.get("max_batch_size", 0)) > 0
+        self._memory_gauge = StubMemoryGauge(args["model_name"], args["model_instance_name"])
 
     def execute(self, requests):
+        responses = self._execute_batch(requests)
+        self._memory_gauge.update()
+        return responses
+
+    def _execute_batch(self, requests):
         feeds = [self._inputs_of(request) for request in requests]
         if not self._batched or len(feeds) == 1:
             return [self._execute_one(feed) for feed in feeds]

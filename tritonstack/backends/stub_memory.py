@@ -1,0 +1,30 @@
+"""A backend stub's own memory as a Triton metric, on Triton's /metrics next to its
+nv_* families: `tritonstack_stub_rss_bytes{model, instance}`, set after every batch
+(and at load). Triton's nv_cpu_memory_used_bytes is the whole machine's; this is
+the one process that grows when DALI keeps a burst's buffers (docs/memory.md)."""
+
+from __future__ import annotations
+
+import os
+
+import triton_python_backend_utils as pb_utils
+
+METRIC = "tritonstack_stub_rss_bytes"
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * _PAGE_BYTES
+
+
+class StubMemoryGauge:
+    def __init__(self, model: str, instance: str):
+        # Every stub registers the same family; Triton keeps one, with a series per label set.
+        self._family = pb_utils.MetricFamily(name=METRIC, description="Resident memory of a backend stub process",
+                                             kind=pb_utils.MetricFamily.GAUGE)
+        self._gauge = self._family.Metric(labels={"model": model, "instance": instance})
+        self.update()
+
+    def update(self) -> None:
+        self._gauge.set(rss_bytes())
