@@ -59,7 +59,7 @@ def _inprocess_run(repository, images, batch, dali_threads, ort_threads, setting
 
     producer = threading.Thread(target=preprocess, daemon=True)
     producer.start()
-    done, started = 0, None
+    done, started, cpu_started = 0, None, None
     deadline = time.perf_counter() + settings.warmup_s + settings.seconds
     # Past the deadline still until two batches were timed: a loaded machine must
     # not leave the phase empty (a rate of 0 and a ratio that divides by it).
@@ -67,10 +67,13 @@ def _inprocess_run(repository, images, batch, dali_threads, ort_threads, setting
         session.run(None, {"input": handoff.get()})
         if started is None and time.perf_counter() > deadline - settings.seconds:
             started = time.perf_counter()  # warm-up over: count from here
+            cpu_started = time.process_time()  # every thread of this process: DALI's and ONNX Runtime's
         elif started is not None:
             done += batch
+    seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     stop.set()
     while handoff.get() is not None:
         pass
     producer.join()
-    return Phase(images=done, seconds=time.perf_counter() - started)
+    # CPU over the counted window only (warm-up 0): images per CPU-second of the two libraries.
+    return Phase(images=done, seconds=seconds, server_cpu_s=cpu_s, warmup_s=0.0)

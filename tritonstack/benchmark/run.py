@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonstack import cli
+from tritonstack.benchmark.ideal_queue import ideal_capacity
 from tritonstack.benchmark.inprocess import inprocess_best_setting, inprocess_phase
 from tritonstack.benchmark.phases import (
     Phase,
@@ -58,6 +59,7 @@ from tritonstack.benchmark.phases import (
 )
 from tritonstack.benchmark.results import cpu_flags, cpu_model, versions, write_results
 from tritonstack.benchmark.settings import (
+    CAPACITY_MAX_FRACTION,
     CLASSIFIER,
     DALI_ENSEMBLE,
     DALI_PREPROCESS,
@@ -177,6 +179,12 @@ def _write_rounds(results: dict, rounds: dict[str, list[Phase]], settings: Setti
     write_median(results, "dali_preprocess_images_per_cpu_s", [r for r in per_cpu("dali_preprocess") if r])
     write_median(results, "pil_preprocess_images_per_cpu_s", [r for r in per_cpu("pil_preprocess") if r])
     write_median(results, "dali_vs_pil_per_cpu_second", ratios(per_cpu("dali_preprocess"), per_cpu("pil_preprocess")))
+    # The server's images per CPU-second (tritonserver and its stubs; the client
+    # excluded) over the two libraries' own in this process: 1.0 = nothing spent
+    # beyond DALI and ONNX Runtime.
+    write_median(results, "inprocess_images_per_cpu_s", [r for r in per_cpu("inprocess") if r])
+    write_median(results, "server_images_per_cpu_s", [r for r in per_cpu("grpc") if r])
+    write_median(results, "cpu_efficiency", ratios(per_cpu("grpc"), per_cpu("inprocess")))
     results["client_cpu_share"] = float(np.median([phase.client_cpu_s / (settings.seconds + settings.warmup_s)
                                                    for phase in rounds["grpc"]]))
 
@@ -203,10 +211,12 @@ def _write_open_loop(results: dict, server, images: list[bytes], settings: Setti
     for _ in range(settings.repeats):
         saturation = current_saturation(server, images, results["server_best_concurrency"], settings)
         rate = OPEN_LOOP_LOAD * saturation.images_per_s or 1.0
-        phases.append(asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, rate, settings.open_loop_s,
+        seconds = max(settings.open_loop_s, settings.open_loop_min_requests / rate)
+        phases.append(asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, rate, seconds,
                                             settings.warmup_s)))
         errors += saturation.errors
     measured = [phase for phase in phases if phase.latencies_s]
+    results["open_loop_requests"] = min(len(phase.latencies_s) + phase.errors for phase in phases)
     write_median(results, "open_loop_rate", [phase.offered_rate for phase in phases])
     write_median(results, "open_loop_ms_p50", [phase.percentile_ms(50) for phase in measured])
     write_median(results, "open_loop_ms_p99", [phase.percentile_ms(99) for phase in measured])
@@ -218,11 +228,18 @@ def _write_capacity(results: dict, server, images: list[bytes], settings: Settin
     single_p50 = results["latency_ms_p50_concurrency_1"]
     if not results["server_images_per_s"] or not single_p50:
         results["capacity_at_slo"], results["capacity_probes"] = None, []
+        results["ideal_queue_capacity"] = results["capacity_vs_ideal_queue"] = None
         return 0
     slo_ms = results["capacity_slo_ms"] = SLO_P50_MULTIPLE * single_p50
     log(f"capacity: the highest Poisson rate whose p99 stays under {slo_ms:.1f} ms...")
     fraction, probes = capacity_at_slo(server, images, results["server_best_concurrency"], slo_ms, settings)
     results["capacity_at_slo"], results["capacity_probes"] = fraction, probes
+    # The same SLO, arrivals and probe length on an ideal queue with the measured
+    # service rate and single-request latency (tritonstack.benchmark.ideal_queue).
+    saturation = float(np.median([probe["saturation"] for probe in probes]))
+    ideal = results["ideal_queue_capacity"] = ideal_capacity(saturation, single_p50, slo_ms, settings.capacity_s,
+                                                             CAPACITY_MAX_FRACTION)
+    results["capacity_vs_ideal_queue"] = fraction / ideal if ideal else None
     return sum(probe["errors"] for probe in probes)
 
 

@@ -52,6 +52,7 @@ class Settings:
     capacity_probes: int = 4  # bisection steps after the first probe at the upper bound
     capacity_s: float = 8.0  # per capacity probe
     traced_requests: int = 100  # at concurrency 1 with Triton's tracing on
+    open_loop_min_requests: int = 1000  # per open-loop phase: a p99 from ~10 slowest, not from one
 
 
 FULL = Settings(20.0, 3.0, (8, 16, 32, 48), ((1, 1, 1), (8, 1, 1), (32, 1, 1), (8, 2, 1), (8, 1, 2), (32, 2, 2)),
@@ -63,7 +64,8 @@ QUICK = Settings(5.0, 1.0, (8, 24), ((8, 1, 1), (32, 1, 1), (8, 2, 2)), 10.0, re
 
 
 # For the test suite: every key, in the least time that still measures something.
-SMOKE = Settings(1.0, 0.3, (4,), ((8, 2, 2),), 1.5, repeats=3, capacity_probes=1, capacity_s=1.0)
+SMOKE = Settings(1.0, 0.3, (4,), ((8, 2, 2),), 1.5, repeats=3, capacity_probes=1, capacity_s=1.0,
+                 open_loop_min_requests=0)
 
 
 # capacity_at_slo: the p99 budget, in single-request medians, and the search's upper bound.
