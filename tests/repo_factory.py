@@ -56,6 +56,13 @@ def two_in_two_out_pipeline():
     return a + b, a * b
 
 
+@pipeline_def(output_dtype=[types.UINT8, types.UINT8], output_ndim=[2, 1])
+def pairs_pipeline():
+    """A row of 2k values as (k, 2) pairs, and the row itself."""
+    row = fn.external_source(name="DALI_INPUT_0", dtype=types.UINT8, ndim=1)
+    return fn.reshape(row, shape=[-1, 2]), row
+
+
 @pipeline_def
 def decode_pipeline():
     encoded = fn.external_source(name="ENCODED", dtype=types.UINT8, ndim=1)

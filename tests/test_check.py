@@ -127,6 +127,15 @@ def test_dali_input_not_an_external_source(repo):
            "rename it to one of DALI_INPUT_0" in problems
 
 
+@pytest.mark.parametrize("filename, bad", [('model".dali', '"'), ("model dali", " "), ("../model.dali", "/")])
+def test_model_file_name_the_cpp_backend_refuses(repo, filename, bad):
+    """dali_backend src/utils/utils.h, ValidateFilename; a server cannot refuse the
+    quote or the space itself: Triton's Python backend never starts the stub."""
+    edit(repo, PREPROCESS, lambda config: setattr(config, "default_model_filename", filename))
+    problem = only_problem(repo)
+    assert f"Model file name '{filename}' contains an invalid character: '{bad}'" in problem, problem
+
+
 def test_dali_output_count(repo):
     edit(repo, PREPROCESS, lambda config: config.output.add(name="DALI_OUTPUT_1", data_type=pb.TYPE_FP32, dims=[1]))
     assert "config has 2 outputs, the pipeline has 1" in only_problem(repo)

@@ -83,6 +83,45 @@ def test_missing_pipeline_names_where_it_looked(repository, http):
     assert "no_pipeline/1/model.dali" in message and "no_pipeline/1/dali.py" in message, message
 
 
+def test_missing_pipeline_fails_in_the_cpp_backends_words(repository, http):
+    """src/dali_model.h, LoadModel."""
+    name = rf.write_model(repository, rf.identity_config("no_pipeline_words"), {})
+    message = rf.load_error(http, name)
+    assert "Failed to load model file. The program looked in the following locations: " in message, message
+    assert "Please make sure that the model exists in any of the locations and is properly serialized" in message
+
+
+def test_default_model_filename_naming_a_script_is_autoserialized(repository, http):
+    """src/dali_model.h: the default location is tried serialized, then autoserialized."""
+    name = rf.write_model(repository, rf.identity_config("script_as_default"), {"pipeline.py": rf.AUTOSERIALIZE_SCRIPT},
+                          default_model_filename="pipeline.py")
+    http.load_model(name)
+    data = np.array([[1, 2, 3]], np.uint8)
+    result = rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"])
+    np.testing.assert_array_equal(result.as_numpy("DALI_OUTPUT_0"), data * 2)
+
+
+def test_unreadable_default_file_falls_back_to_dali_py(repository, http):
+    name = rf.write_model(repository, rf.identity_config("fallback_after_garbage"),
+                          {"model.dali": b"not a pipeline", "dali.py": rf.AUTOSERIALIZE_SCRIPT})
+    http.load_model(name)
+    data = np.array([[4]], np.uint8)
+    np.testing.assert_array_equal(
+        rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), data * 2)
+
+
+@pytest.mark.parametrize("filename, bad", [("../1/model.dali", "/"), ("sub/model.dali", "/")])
+def test_default_model_filename_with_a_path_separator_is_refused(repository, http, filename, bad):
+    """src/utils/utils.h, ValidateFilename: no path from a config is followed. (A quote
+    or a space is refused by `tritonstack check`, tests/test_check.py: with one in the
+    name, Triton 2.51's Python backend never starts the model's stub.)"""
+    name = rf.write_model(repository, rf.identity_config(f"bad_filename_{len(filename)}"),
+                          {"model.dali": rf.serialized(rf.identity_pipeline)}, default_model_filename=filename)
+    message = rf.load_error(http, name)
+    assert f"Model file name '{filename}' contains an invalid character: '{bad}'" in message, message
+    assert "Allowed characters are: a-z, A-Z, 0-9, _, ., -" in message
+
+
 # --- tensors: mapping and load-time validation ---------------------------------
 
 def test_several_inputs_and_outputs_renamed_by_position(repository, http):
@@ -173,6 +212,36 @@ def test_ragged_requests_merge_and_split_back(repository, http):
     assert stats["execution_count"] < 4, stats  # at least two requests shared one DALI batch
 
 
+def test_split_along_outer_axis_turns_each_samples_rows_into_samples(repository, http):
+    """docs/config.md and src/dali_executor/utils/utils.h (split_outer_dim): samples of
+    (2, 2) and (3, 2) leave as five samples of (2,); the config's dims lose the outer
+    axis; an output not listed is left whole."""
+    config = rf.dali_config("split_pairs", inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,), allow_ragged_batch=True),),
+                            outputs=(Tensor("PAIRS", "UINT8", (2,)), Tensor("ROWS", "UINT8", (-1,))),
+                            parameters={"split_along_outer_axis": "PAIRS"},
+                            dynamic_batching=DynamicBatching(max_queue_delay_us=200_000))
+    name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.pairs_pipeline)})
+    http.load_model(name)
+    metadata = http.get_model_metadata(name)
+    assert [output["shape"] for output in metadata["outputs"]] == [[-1, 2], [-1, -1]], metadata
+    rows = np.arange(10, dtype=np.uint8).reshape(2, 5)[:, :4], np.arange(6, dtype=np.uint8).reshape(1, 6)
+    for row in rows:
+        result = rf.infer_http(http, name, {"DALI_INPUT_0": np.ascontiguousarray(row)}, ["PAIRS", "ROWS"])
+        np.testing.assert_array_equal(result.as_numpy("PAIRS"), row.reshape(-1, 2))
+        np.testing.assert_array_equal(result.as_numpy("ROWS"), row)
+    # Merged by the batcher: each request gets its own samples' rows back.
+    merged = rf.infer_concurrently(http, name, [{"DALI_INPUT_0": np.full((1, 2 * n), n, np.uint8)} for n in (1, 3, 2)],
+                                   ["PAIRS"])
+    assert [result.as_numpy("PAIRS").shape for result in merged] == [(1, 2), (3, 2), (2, 2)]
+
+
+def test_split_output_keeps_the_pipelines_rank_without_the_parameter(repository, http):
+    config = rf.dali_config("unsplit_pairs", inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,), allow_ragged_batch=True),),
+                            outputs=(Tensor("PAIRS", "UINT8", (2,)), Tensor("ROWS", "UINT8", (-1,))))
+    name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.pairs_pipeline)})
+    assert "rank mismatch" in rf.load_error(http, name)
+
+
 def test_num_threads_parameter_sets_dali_worker_threads(repository, http, triton):
     threads = {}
     for count in (1, 6):
@@ -185,8 +254,11 @@ def test_num_threads_parameter_sets_dali_worker_threads(repository, http, triton
 
 def stub_of(triton, model: str) -> psutil.Process:
     for child in psutil.Process(triton.process.pid).children(recursive=True):
-        if any(model in part for part in child.cmdline()):
-            return child
+        try:
+            if any(model in part for part in child.cmdline()):
+                return child
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):  # an unloaded model's stub, exiting
+            continue
     raise AssertionError(f"no stub process for {model}")
 
 

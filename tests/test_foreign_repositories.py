@@ -60,6 +60,19 @@ def pipeline():
     encoded = fn.external_source(name="DALI_INPUT_0", dtype=dali.types.UINT8, ndim=1)
     return fn.decoders.image(encoded, device="mixed")
 '''
+# qa/L0_video_split's shape: a sample of 2k values reshaped to (k, 2), split into k samples.
+PAIRS_PIPELINE = '''
+import nvidia.dali as dali
+import nvidia.dali.fn as fn
+from nvidia.dali.plugin.triton import autoserialize
+
+
+@autoserialize
+@dali.pipeline_def(batch_size=4, num_threads=1, device_id=0, output_dtype=dali.types.UINT8, output_ndim=[2, 1])
+def pipeline():
+    row = fn.external_source(name="IN", dtype=dali.types.UINT8, ndim=1)
+    return fn.reshape(row, shape=[-1, 2], name="PAIRS"), fn.copy(row, name="ROW")
+'''
 SCALE_PIPELINE = '''
 import nvidia.dali as dali
 import nvidia.dali.fn as fn
@@ -148,6 +161,12 @@ output [ { name: "HALF" dims: [ -1 ] }, { name: "TRIPLE" data_type: TYPE_FP32 } 
     "unbatched": {
         "config.pbtxt": 'backend: "dali"\nmax_batch_size: 0\ninstance_group [ { kind: KIND_CPU } ]\n',
         "1/dali.py": qa_pipeline(),
+    },
+    # qa/L0_video_split's config: only the parameter; the split output's dims lose an axis.
+    "split_autoconfig": {
+        "config.pbtxt": 'backend: "dali"\nparameters [ { key: "split_along_outer_axis" '
+                        'value: { string_value: "PAIRS" } } ]\n',
+        "1/dali.py": PAIRS_PIPELINE,
     },
     # GPU-written, CPU operators only, served on KIND_CPU instances.
     "gpu_written_cpu_pipeline": {
@@ -323,6 +342,15 @@ def test_stated_zero_max_batch_size_is_unbatched(http):
     a, b = np.array([2, 4], np.float16), np.array([1], np.float16)
     answers = infer(http, "unbatched", {"DALI_INPUT_0": a, "DALI_INPUT_1": b}, ["DALI_OUTPUT_0"])
     np.testing.assert_array_equal(answers["DALI_OUTPUT_0"], a / 2)
+
+
+def test_split_output_is_auto_completed_without_its_outer_axis(http):
+    """src/dali_model.h ReadPipelineProperties: the declared shape loses its outer axis."""
+    config = loaded_config(http, "split_autoconfig")
+    assert tensors(config, "output") == [("PAIRS", "TYPE_UINT8", [-1]), ("ROW", "TYPE_UINT8", [-1])]
+    row = np.arange(6, dtype=np.uint8)[np.newaxis]
+    answers = infer(http, "split_autoconfig", {"IN": row}, ["PAIRS", "ROW"])
+    np.testing.assert_array_equal(answers["PAIRS"], row.reshape(3, 2))
 
 
 # --- dali: devices and versions ------------------------------------------------------

@@ -44,7 +44,7 @@ from tritonstack.dali_errors import meaningful_lines
 from tritonstack.decode_budget import BudgetError, DecodeBudget
 from tritonstack.rules import dali as dali_rules
 from tritonstack.rules import onnxruntime as onnx_rules
-from tritonstack.rules.common import Problem, stated_max_batch_size
+from tritonstack.rules.common import Problem, invalid_filename, stated_max_batch_size
 from tritonstack.rules.repository import BUILD_FIX
 from tritonstack.samples import sample_jpeg
 
@@ -102,6 +102,10 @@ def _check_files(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
     if not versions:
         return [Problem(model_dir.name, "version folder", "", "no numeric version folder (e.g. 1/)",
                         "create <model>/1/ with the model file in it, or " + BUILD_FIX)]
+    refusal = invalid_filename(config.default_model_filename) if config.default_model_filename else None
+    if refusal:
+        return [Problem(model_dir.name, "default_model_filename", "", refusal.replace("\n", "; "),
+                        "rename the model file with those characters only")]
     kind = "ensemble" if config.platform == "ensemble" else config.backend
     expected = (config.default_model_filename,) if config.default_model_filename else MODEL_FILES.get(kind, ())
     if not expected:

@@ -1,6 +1,6 @@
 """What every load-time rule shares: a Problem (where, what, what to do), the
 error that refuses a model with its problems, and the reading of a config's
-batching.
+batching, the file names a config may give.
 
 The rules themselves, one module per backend: `rules.dali` (config vs DALI
 pipeline, auto-complete), `rules.onnxruntime` (config vs ONNX graph, parameters,
@@ -16,6 +16,7 @@ protobuf to that form (`config_dict`). Each rule returns Problems; none raises.
 from __future__ import annotations
 
 import re
+import string
 from dataclasses import dataclass
 
 
@@ -66,3 +67,33 @@ def stated_max_batch_size(config_text: str | None) -> int | None:
     no config.pbtxt): Triton's JSON says 0 either way (dali_model.h ReadMBSFromPBtxt)."""
     found = _STATED_MAX_BATCH_SIZE.search(config_text or "")
     return int(found.group(1)) if found else None
+
+
+# --- file names a config may give ------------------------------------------------------------
+#
+# The C++ dali backend refuses a default_model_filename (and a model path) with any other
+# character before it touches a file (src/utils/utils.h: ValidateFilename,
+# ValidateAbsPath): it builds a command line from them. Triton 2.51's Python backend
+# builds one too, for the stub of every Python-based model: with a quote or a space
+# in the name the stub never starts and the load hangs. Refused alike everywhere.
+_FILENAME_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
+
+
+def invalid_filename(name: str) -> str | None:
+    """The C++ backend's refusal of a model file name, or None when it is allowed."""
+    bad = next((char for char in name if char not in _FILENAME_CHARS), None)
+    if bad is None:
+        return None
+    return (f"Model file name '{name}' contains an invalid character: '{bad}'\n"
+            "Allowed characters are: a-z, A-Z, 0-9, _, ., -")
+
+
+def invalid_path(path: str) -> str | None:
+    """The C++ backend's refusal of a model file's absolute path, or None."""
+    bad = next((char for char in path if char not in _FILENAME_CHARS | {"/"}), None)
+    if bad is not None:
+        return (f"File path '{path}' contains an invalid character: '{bad}'\n"
+                "Allowed characters are: a-z, A-Z, 0-9, _, ., -, /")
+    if ".." in path:
+        return f"Invalid '..' sequence found in model path: '{path}'"
+    return None

@@ -3,8 +3,43 @@ auto-complete as the C++ backend merges (dali_backend src/config_tools/config_to
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tritonstack.dali_proto import PipelineSpec, Port
 from tritonstack.rules.common import MISSING_TYPES, Problem, dims_of, is_batched
+
+# --- DALI: outputs split along their outer axis ----------------------------------------------
+#
+# parameters { key: "split_along_outer_axis" value { string_value: "OUT_A:OUT_B" } }
+# (dali_backend docs/config.md, src/parameters.h GetOutputsToSplit): each sample of
+# such an output, of shape (n, d1..dD), leaves the model as n samples of (d1..dD);
+# a request's samples are concatenated. Its config dims lose the outer axis
+# (src/dali_model.h ReadPipelineProperties erases it from the declared shape).
+SPLIT_PARAMETER = "split_along_outer_axis"
+
+
+def split_outputs(config: dict) -> frozenset[str]:
+    """The output names the config's split_along_outer_axis lists."""
+    value = config.get("parameters", {}).get(SPLIT_PARAMETER, {}).get("string_value", "")
+    return frozenset(name for name in value.split(":") if name)
+
+
+def as_served(spec: PipelineSpec, config: dict) -> PipelineSpec:
+    """The pipeline as the model serves it: a split output's declared rank is one
+    less. An output is split when the parameter names it by the pipeline's name or by
+    the config's name at its position (the C++ backend reads the one, then the other)."""
+    names = split_outputs(config)
+    if not names:
+        return spec
+    config_names = [tensor.get("name") for tensor in config.get("output", [])]
+    outputs = tuple(
+        replace(port, ndim=port.ndim - 1)
+        if port.ndim and (port.name in names or (index < len(config_names) and config_names[index] in names))
+        else port
+        for index, port in enumerate(spec.outputs)
+    )
+    return replace(spec, outputs=outputs)
+
 
 # --- DALI: config vs pipeline --------------------------------------------------------------
 
@@ -12,6 +47,7 @@ def dali_problems(config: dict, spec: PipelineSpec, instance_kind: str = "KIND_C
     """Inputs are the pipeline's external sources, by name both ways; outputs map by
     position, as many as the pipeline's; types and ranks agree where the pipeline
     declares them; a CPU instance has no GPU operator."""
+    spec = as_served(spec, config)
     model = config.get("name", "")
     problems = _dali_names(model, config, spec)
     config_inputs = {tensor["name"]: tensor for tensor in config.get("input", [])}
@@ -92,6 +128,7 @@ def dali_autocomplete(config: dict, spec: PipelineSpec, pipeline_max_batch_size:
                       stated_batch_size: int | None) -> tuple[dict, list[Problem]]:
     """The config as the C++ DALI backend completes it from the pipeline, and the
     problems that leave a field it cannot fill."""
+    spec = as_served(spec, config)
     merged = {**config, "input": [dict(t) for t in config.get("input", [])],
               "output": [dict(t) for t in config.get("output", [])]}
     model = config.get("name", "")

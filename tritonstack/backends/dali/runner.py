@@ -1,6 +1,7 @@
 """The DALI pipeline of one model instance: built from the serialized pipeline with
 the config's batch size and threads, fed the requests' samples as one batch, its
-outputs split back per request; rebuilt after a failure, since DALI invalidates a
+outputs split back per request (an output listed in split_along_outer_axis
+concatenated along its samples' outer axis); rebuilt after a failure, since DALI invalidates a
 pipeline object that failed."""
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ class PipelineError(Exception):
 
 class PipelineRunner:
     def __init__(self, serialized: bytes, batch_size: int, device_id: int | None, num_threads: int | None,
-                 input_names: list[str], batched: bool):
+                 input_names: list[str], batched: bool, split: tuple[bool, ...] = ()):
         self._serialized = serialized
         self._batch_size = batch_size
         self._device_id = device_id
         self._num_threads = num_threads
         self._input_names = input_names
         self._batched = batched
+        self._split = split  # per pipeline output: split along its outer axis
         self._pipeline: Pipeline | None = self._build()
 
     def _build(self) -> Pipeline:
@@ -65,19 +67,34 @@ class PipelineRunner:
             self.rebuild()
             raise PipelineError(explain(error)) from error
         sizes = [len(feed[self._input_names[0]]) for feed in feeds]
-        return _split(pipeline_outputs, sizes, self._batched)
+        return _per_request(pipeline_outputs, sizes, self._batched, self._split)
 
 
-def _split(pipeline_outputs, request_sizes, batched):
+def _per_request(pipeline_outputs, request_sizes, batched, split):
     """Each request's rows of each output. A ragged merged batch leaves DALI as
     samples of different shapes: those are stacked per request."""
     outputs = [output.as_array() if output.is_dense_tensor() else output
                for output in pipeline_outputs]
+    split = list(split) + [False] * (len(outputs) - len(split))
     offsets = np.cumsum([0] + request_sizes)
     return [
-        [_rows(output, start, end, batched) for output in outputs]
+        [_split_rows(output, start, end) if is_split else _rows(output, start, end, batched)
+         for output, is_split in zip(outputs, split)]
         for start, end in zip(offsets[:-1], offsets[1:])
     ]
+
+
+def _split_rows(output, start: int, end: int) -> np.ndarray:
+    """As the C++ backend's split_outer_dim (src/dali_executor/utils/utils.h): the
+    request's samples (n_i, d1..dD) become sum(n_i) rows of (d1..dD)."""
+    samples = [output[index] for index in range(start, end)] if isinstance(output, np.ndarray) \
+        else [np.asarray(output[index]) for index in range(start, end)]
+    if any(sample.ndim < 1 for sample in samples):
+        raise PipelineError("To split outer dimension, the batch must be at least 2-dimensional.")
+    if len({sample.shape[1:] for sample in samples}) > 1:
+        raise PipelineError(f"DALI pipeline output split along its outer axis has samples of shapes "
+                            f"{[s.shape for s in samples]} in one request: their inner shapes must agree")
+    return np.concatenate(samples)
 
 
 def _rows(output, start: int, end: int, batched: bool) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Where the pipeline comes from: `<version>/model.dali` (or the config's
-`default_model_filename`), else `<version>/dali.py`, whose single @autoserialize
-pipeline is serialized when the model loads."""
+`default_model_filename`, serialized or a script), else `<version>/dali.py`, whose
+single @autoserialize pipeline is serialized when the model loads."""
 
 from __future__ import annotations
 
@@ -12,23 +12,44 @@ import nvidia.dali
 import triton_python_backend_utils as pb_utils
 
 from tritonstack.contract import DALI_MODEL_FILENAME, DALI_SCRIPT_FILENAME, DALI_VERSION_FILENAME
+from tritonstack.dali_proto import parse_pipeline
+from tritonstack.rules.common import invalid_filename, invalid_path
 
 
 def load_serialized(version_dir: Path, config: dict, cpu_only: bool = True) -> bytes:
-    """model.dali (or default_model_filename), else dali.py's @autoserialize
-    pipeline, serialized now by the serving DALI (with device_id=None when it will
-    run on CPU instances only)."""
+    """As the C++ backend's DaliModel::LoadModel (src/dali_model.h): the file named
+    by default_model_filename (model.dali) as a serialized pipeline, else the same
+    file autoserialized (a .py with one @autoserialize pipeline), else dali.py
+    autoserialized; serialized now by the serving DALI (with device_id=None when it
+    will run on CPU instances only). The failure names both locations, in the C++
+    backend's words, followed by what each attempt said."""
     filename = config.get("default_model_filename") or DALI_MODEL_FILENAME
-    serialized_path = version_dir / filename
-    script_path = version_dir / DALI_SCRIPT_FILENAME
-    if serialized_path.is_file():
-        return serialized_path.read_bytes()
-    if script_path.is_file():
-        return _autoserialize(script_path, cpu_only)
-    raise FileNotFoundError(
-        f"no DALI pipeline for model '{config.get('name')}': looked for "
-        f"{serialized_path} (default_model_filename) and {script_path} (@autoserialize)"
+    default_path, fallback_path = version_dir / filename, version_dir / DALI_SCRIPT_FILENAME
+    refusal = invalid_filename(filename) or invalid_path(str(default_path)) or invalid_path(str(fallback_path))
+    if refusal:
+        raise ValueError(refusal)
+    attempts = [(default_path, _serialized_file), (default_path, lambda path: _autoserialize(path, cpu_only)),
+                (fallback_path, lambda path: _autoserialize(path, cpu_only))]
+    causes = []
+    for path, load in attempts:
+        if not path.is_file():
+            continue
+        try:
+            return load(path)
+        except (OSError, ValueError, IndexError, RuntimeError) as error:
+            causes.append(f"{path.name}: {error}")
+    raise RuntimeError(
+        "Failed to load model file. The program looked in the following locations: "
+        f"{default_path}, {fallback_path}. Please make sure that the model exists in any of the locations "
+        "and is properly serialized or can be properly serialized."
+        + (f" ({'; '.join(dict.fromkeys(causes))})" if causes else "")
     )
+
+
+def _serialized_file(path: Path) -> bytes:
+    serialized = path.read_bytes()
+    parse_pipeline(serialized)  # ValueError when it is not a serialized pipeline
+    return serialized
 
 
 def _autoserialize(script_path: Path, cpu_only: bool) -> bytes:
@@ -41,6 +62,8 @@ def _autoserialize(script_path: Path, cpu_only: bool) -> bytes:
     # As the C++ backend's script (src/utils/utils.h): the file loaded by path under
     # the module name autoserialize_mod, the import path left as it is.
     spec = importlib.util.spec_from_file_location("autoserialize_mod", script_path)
+    if spec is None:
+        raise RuntimeError(f"{script_path}: @autoserialize failed: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules["autoserialize_mod"] = module
     # No __pycache__ in the user's repository (the stub's interpreter is isolated:
