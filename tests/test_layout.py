@@ -20,9 +20,9 @@ from tritonstack.samples import photo_path
 PACKAGE = PROJECT_ROOT / "tritonstack"
 ROOMS = ("tritonstack.build", "tritonstack.serve", "tritonstack.client")
 SHARED = ("tritonstack.contract", "tritonstack.dali_proto", "tritonstack.dali_errors", "tritonstack.decode_budget",
-          "tritonstack.decodable", "tritonstack.rules", "tritonstack.rules.common", "tritonstack.rules.dali",
-          "tritonstack.rules.onnxruntime", "tritonstack.rules.repository", "tritonstack.samples", "tritonstack.address",
-          "tritonstack.cli", "tritonstack.backends", "tritonstack.processes", "tritonstack.corpus")
+          "tritonstack.decodable", "tritonstack.video_header", "tritonstack.rules", "tritonstack.rules.common",
+          "tritonstack.rules.dali", "tritonstack.rules.onnxruntime", "tritonstack.rules.repository", "tritonstack.samples",
+          "tritonstack.address", "tritonstack.cli", "tritonstack.backends", "tritonstack.processes", "tritonstack.corpus")
 # What both backends use and nothing else may (it imports the stub's pb_utils).
 BACKEND_SHARED = ("tritonstack.backends.stub_memory",)
 # Tools that run the stack and measure it: they may use every room; no room, shared

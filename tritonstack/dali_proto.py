@@ -26,6 +26,8 @@ _ARG_NAME, _ARG_INTS, _ARG_STRINGS = 1, 4, 5
 _UNKNOWN = (1 << 64) - 1  # -1 as a protobuf varint: type or ndim not declared
 
 EXTERNAL_SOURCES = {"ExternalSource", "_ExternalSource"}
+# Operators whose first input is an encoded clip (fn.decoders.video and its older name).
+VIDEO_DECODERS = {"decoders__Video", "experimental__decoders__Video"}
 # Operators whose first input is an encoded image.
 DECODERS = {"decoders__Image", "decoders__ImageCrop", "decoders__ImageSlice",
             "decoders__ImageRandomCrop", "ImageDecoder", "ImageDecoderCrop",
@@ -56,6 +58,9 @@ class PipelineSpec:
     operators: tuple[Operator, ...]
     decoded_inputs: frozenset[str]  # external sources that feed an image decoder
     max_batch_size: int | None = None  # the batch size it was serialized with
+    video_inputs: frozenset[str] = frozenset()  # external sources that feed a video decoder
+    # The frames a video decoder gives per clip (its sequence_length), None: every frame.
+    clip_frames: int | None = None
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -70,7 +75,7 @@ class PipelineSpec:
 def parse_pipeline(serialized: bytes) -> PipelineSpec:
     """What a serialized pipeline declares; ValueError when it is not one."""
     pipeline = _fields(serialized)
-    inputs, operators, decoded = [], [], set()
+    inputs, operators, decoded, videos, clip_frames = [], [], set(), set(), None
     for op in (_fields(data) for number, data in pipeline if number == _OP):
         name = _string(op, _OP_NAME)
         args = {_string(_fields(arg), _ARG_NAME): _fields(arg) for number, arg in op if number == _OP_ARG}
@@ -82,6 +87,9 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
                                _int(args.get("ndim", []), _ARG_INTS), device))
         elif name in DECODERS:
             decoded.add(_string(_fields(_first(op, _OP_INPUT)), _IO_NAME))
+        elif name in VIDEO_DECODERS:
+            videos.add(_string(_fields(_first(op, _OP_INPUT)), _IO_NAME))
+            clip_frames = _int(args.get("sequence_length", []), _ARG_INTS)
     outputs = tuple(
         Port(_string(output, _IO_NAME), _triton_dtype(_int(output, _IO_DTYPE)),
              _int(output, _IO_NDIM), _string(output, _IO_DEVICE))
@@ -91,7 +99,7 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
         raise ValueError("no pipeline outputs found")
     sources = {port.name for port in inputs}
     return PipelineSpec(tuple(inputs), outputs, tuple(operators), frozenset(decoded & sources),
-                        _int(pipeline, _BATCH_SIZE))
+                        _int(pipeline, _BATCH_SIZE), frozenset(videos & sources), clip_frames)
 
 
 def _triton_dtype(value: int | None) -> str | None:

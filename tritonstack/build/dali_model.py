@@ -47,6 +47,29 @@ def classification(resize_shorter, crop, mean, std, device="cpu"):
 
 classification_pipeline = pipeline_def(classification)
 
+
+def video_classification(resize_shorter, crop, mean, std, frames, stride, device="cpu"):
+    """decode a clip -> `frames` frames, `stride` apart (the last one repeated when
+    the clip is shorter) -> the image transform on each -> FP32 FCHW. Served with
+    `split_along_outer_axis` on its output, each frame leaves as one sample for the
+    classifier. DALI's CPU decoder reads VP8, VP9 and MJPEG; `device="gpu"` decodes
+    with NVDEC (H.264, H.265, AV1 too)."""
+    encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
+    sequence = fn.decoders.video(encoded, device="mixed" if device == "gpu" else "cpu",
+                                 sequence_length=frames, stride=stride, pad_mode="edge")
+    sequence = fn.resize(sequence, resize_shorter=resize_shorter, antialias=True)
+    return fn.crop_mirror_normalize(
+        sequence,
+        crop=(crop, crop),
+        mean=list(mean),
+        std=list(std),
+        dtype=types.FLOAT,
+        output_layout="FCHW",
+    )
+
+
+video_classification_pipeline = pipeline_def(video_classification, output_dtype=types.FLOAT, output_ndim=4)
+
 _PARAMETERS_FILE = Path(__file__).with_name(PARAMETERS_FILENAME)
 if _PARAMETERS_FILE.exists():  # only as a model's dali.py, never as tritonstack's module
     _parameters = json.loads(_PARAMETERS_FILE.read_text())

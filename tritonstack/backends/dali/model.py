@@ -13,7 +13,7 @@ import nvidia.dali.backend
 import triton_python_backend_utils as pb_utils
 
 from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes
-from tritonstack.backends.dali.requests import BudgetError, InputError, UndecodableError, samples_of
+from tritonstack.backends.dali.requests import BudgetError, ClipInputs, InputError, UndecodableError, samples_of
 from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
 from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
 from tritonstack.backends.stub_memory import StubMemoryGauge
@@ -81,6 +81,8 @@ class TritonPythonModel:
                            for tensor in config["input"]}
         self._input_names = [port.name for port in spec.inputs]
         self._decoded_inputs = [name for name in self._input_names if name in spec.decoded_inputs]
+        video_inputs = [name for name in self._input_names if name in spec.video_inputs]
+        self._clips = ClipInputs(video_inputs, device_id is not None, spec.clip_frames) if video_inputs else None
         self._outputs = [
             (tensor["name"], TRITON_TO_NUMPY[tensor["data_type"]])
             for tensor in config["output"]
@@ -108,7 +110,7 @@ class TritonPythonModel:
         for index, request in enumerate(requests):
             try:
                 feed, declared = samples_of(request, self._input_names, self._decoded_inputs, self._itemsizes,
-                                            self._max_input_bytes, self._batched, self._budget)
+                                            self._max_input_bytes, self._batched, self._budget, self._clips)
             except UndecodableError as error:
                 # The status the decoder's own failure has (as in the C++ backend).
                 responses[index] = _error_response(error)

@@ -1,6 +1,6 @@
 """A request's samples as the pipeline will take them, refused before the pipeline
 runs when they are too large (max_input_bytes, the decode budget) or certain not to
-decode (tritonstack.decodable)."""
+decode (tritonstack.decodable for images, tritonstack.video_header for clips)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import triton_python_backend_utils as pb_utils
 
 from tritonstack.decodable import undecodable_reason
 from tritonstack.decode_budget import BudgetError, DecodeBudget
+from tritonstack.video_header import CPU_CODECS, GPU_CODECS, read_header, unreadable_reason
 
-__all__ = ["BudgetError", "InputError", "UndecodableError", "check_size", "samples_of"]
+__all__ = ["BudgetError", "ClipInputs", "InputError", "UndecodableError", "check_size", "samples_of"]
 
 
 class InputError(Exception):
@@ -22,10 +23,44 @@ class UndecodableError(InputError):
     its failure would cost a pipeline rebuild (tritonstack.decodable)."""
 
 
+class ClipInputs:
+    """The inputs that feed a video decoder, the codecs it reads, and the frames it
+    keeps of a clip (its sequence_length; None: all the clip's frames)."""
+
+    def __init__(self, names: list[str], on_gpu: bool, frames: int | None):
+        self.names = names
+        self.codecs = GPU_CODECS if on_gpu else CPU_CODECS
+        self.frames = frames
+
+    def request_pixels(self, name: str, clips, budget: DecodeBudget) -> int:
+        """The pixels a request's clips decode to (frames x width x height, read from
+        their headers), refused above the decode budget as images are."""
+        total = 0
+        for row, clip in enumerate(clips):
+            data = bytes(clip.data)
+            reason = unreadable_reason(data, self.codecs)
+            if reason:
+                raise UndecodableError(f"input '{name}' sample {row} cannot be decoded: {reason}; refused "
+                                       "before the pipeline's video decoder (decoders.video) ran")
+            header = read_header(data)
+            frames = self.frames or header.frames or 1
+            pixels = frames * (header.width or 0) * (header.height or 0)
+            if pixels > budget.max_pixels:
+                raise BudgetError(f"input '{name}' sample {row}: clip decodes to {frames} frames of "
+                                  f"{header.width}x{header.height} = {pixels} pixels, above this model's "
+                                  f"max_pixels {budget.max_pixels}: send a shorter or smaller clip")
+            total += pixels
+        if total > budget.max_request_pixels:
+            raise BudgetError(f"input '{name}': the request's clips decode to {total} pixels, above this "
+                              f"model's max_request_pixels {budget.max_request_pixels}: send fewer clips per request")
+        return total
+
+
 def samples_of(request, input_names: list[str], decoded_inputs: list[str], itemsizes: dict[str, int],
-               max_input_bytes: int, batched: bool, budget: DecodeBudget) -> tuple[dict[str, np.ndarray], int]:
+               max_input_bytes: int, batched: bool, budget: DecodeBudget,
+               clips: ClipInputs | None = None) -> tuple[dict[str, np.ndarray], int]:
     """A request's inputs (each row of a batched input is one sample) and the
-    pixels its images declare."""
+    pixels its images and clips declare."""
     tensors = {name: pb_utils.get_input_tensor_by_name(request, name) for name in input_names}
     for name, tensor in tensors.items():
         check_size(name, tensor.shape(), itemsizes[name], max_input_bytes)
@@ -39,6 +74,8 @@ def samples_of(request, input_names: list[str], decoded_inputs: list[str], items
             if reason:
                 raise UndecodableError(f"input '{name}' sample {row} cannot be decoded: {reason}; refused "
                                        "before the pipeline's image decoder (decoders.image) ran")
+    if clips is not None:
+        pixels += sum(clips.request_pixels(name, feed[name], budget) for name in clips.names)
     return feed, pixels
 
 

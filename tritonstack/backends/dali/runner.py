@@ -117,6 +117,8 @@ def explain(error: RuntimeError) -> str:
     text = " ".join(meaningful_lines(error))
     if "bad_alloc" in text:  # the stub's memory ceiling (tritonstack.serve.limits)
         text += " (out of memory: this model's memory ceiling was reached; send fewer or smaller images)"
+    elif "decoders.video" in text:
+        text += " (the input is not a complete clip the video decoder reads, or has no frames)"
     elif "decoders" in text:
         text += " (the input is not a complete image in a format the decoder supports)"
     return "DALI pipeline failed: " + text
