@@ -211,7 +211,9 @@ def _write_open_loop(results: dict, server, images: list[bytes], settings: Setti
     for _ in range(settings.repeats):
         saturation = current_saturation(server, images, results["server_best_concurrency"], settings)
         rate = OPEN_LOOP_LOAD * saturation.images_per_s or 1.0
-        seconds = max(settings.open_loop_s, settings.open_loop_min_requests / rate)
+        # One gap more than the minimum: sends at equal gaps within [0, seconds) are
+        # floor(seconds x rate), which float rounding took to 999 of 1000.
+        seconds = max(settings.open_loop_s, (settings.open_loop_min_requests + 1) / rate)
         phases.append(asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, rate, seconds,
                                             settings.warmup_s)))
         errors += saturation.errors
