@@ -34,15 +34,14 @@ def classification(resize_shorter, crop, mean, std, device="cpu"):
                                    hw_decoder_load=HW_DECODER_LOAD)
     else:
         images = fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+    return _resize_crop_normalize(images, resize_shorter, crop, mean, std, "CHW")
+
+
+def _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout):
+    """Resize the shorter side, center-crop, normalize to FP32 in `layout` (frames too: FCHW)."""
     images = fn.resize(images, resize_shorter=resize_shorter, antialias=True)
-    return fn.crop_mirror_normalize(
-        images,
-        crop=(crop, crop),
-        mean=list(mean),
-        std=list(std),
-        dtype=types.FLOAT,
-        output_layout="CHW",
-    )
+    return fn.crop_mirror_normalize(images, crop=(crop, crop), mean=list(mean), std=list(std),
+                                    dtype=types.FLOAT, output_layout=layout)
 
 
 classification_pipeline = pipeline_def(classification)
@@ -57,15 +56,7 @@ def video_classification(resize_shorter, crop, mean, std, frames, stride, device
     encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
     sequence = fn.decoders.video(encoded, device="mixed" if device == "gpu" else "cpu",
                                  sequence_length=frames, stride=stride, pad_mode="edge")
-    sequence = fn.resize(sequence, resize_shorter=resize_shorter, antialias=True)
-    return fn.crop_mirror_normalize(
-        sequence,
-        crop=(crop, crop),
-        mean=list(mean),
-        std=list(std),
-        dtype=types.FLOAT,
-        output_layout="FCHW",
-    )
+    return _resize_crop_normalize(sequence, resize_shorter, crop, mean, std, "FCHW")
 
 
 video_classification_pipeline = pipeline_def(video_classification, output_dtype=types.FLOAT, output_ndim=4)

@@ -24,20 +24,23 @@ def split_outputs(config: dict) -> frozenset[str]:
     return frozenset(name for name in value.split(":") if name)
 
 
-def as_served(spec: PipelineSpec, config: dict) -> PipelineSpec:
-    """The pipeline as the model serves it: a split output's declared rank is one
-    less. An output is split when the parameter names it by the pipeline's name or by
-    the config's name at its position (the C++ backend reads the one, then the other)."""
+def split_flags(spec: PipelineSpec, config: dict) -> tuple[bool, ...]:
+    """Per pipeline output: is it split? The parameter names an output by the
+    pipeline's name or by the config's name at its position (the C++ backend reads
+    the one at load, the other when it answers)."""
     names = split_outputs(config)
-    if not names:
-        return spec
     config_names = [tensor.get("name") for tensor in config.get("output", [])]
-    outputs = tuple(
-        replace(port, ndim=port.ndim - 1)
-        if port.ndim and (port.name in names or (index < len(config_names) and config_names[index] in names))
-        else port
-        for index, port in enumerate(spec.outputs)
-    )
+    return tuple(port.name in names or (index < len(config_names) and config_names[index] in names)
+                 for index, port in enumerate(spec.outputs))
+
+
+def as_served(spec: PipelineSpec, config: dict) -> PipelineSpec:
+    """The pipeline as the model serves it: a split output's declared rank is one less."""
+    flags = split_flags(spec, config)
+    if not any(flags):
+        return spec
+    outputs = tuple(replace(port, ndim=port.ndim - 1) if split and port.ndim else port
+                    for port, split in zip(spec.outputs, flags))
     return replace(spec, outputs=outputs)
 
 

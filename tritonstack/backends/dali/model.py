@@ -34,7 +34,7 @@ from tritonstack.contract import (
 from tritonstack.dali_proto import parse_pipeline
 from tritonstack.decode_budget import DecodeBudget, plan_parts
 from tritonstack.rules.common import raise_problems, stated_max_batch_size
-from tritonstack.rules.dali import dali_autocomplete, dali_problems, split_outputs
+from tritonstack.rules.dali import dali_autocomplete, dali_problems, split_flags
 
 
 class TritonPythonModel:
@@ -87,11 +87,8 @@ class TritonPythonModel:
             (tensor["name"], TRITON_TO_NUMPY[tensor["data_type"]])
             for tensor in config["output"]
         ]
-        split = split_outputs(config)
-        split_flags = tuple(port.name in split or tensor["name"] in split
-                            for port, tensor in zip(spec.outputs, config["output"]))
         self._runner = PipelineRunner(self._serialized, batch_size, device_id, _int_parameter(parameters, "num_threads"),
-                                      self._input_names, self._batched, split_flags)
+                                      self._input_names, self._batched, split_flags(spec, config))
         # With DALI's host pool on, a rebuilt pipeline's buffers go back to the pool,
         # not to the system: releasing after large runs would only cost a rebuild.
         self._buffers_return = pool_threshold_bytes(os.environ[DALI_HOST_POOL_ENV]) == 0
