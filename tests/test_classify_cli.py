@@ -86,8 +86,8 @@ def test_jsonl_has_one_line_per_file_and_error_lines(server, photo_folder, capsy
     assert "nvImageCodec" in by_name["broken.jpg"]["error"] or "400" in by_name["broken.jpg"]["error"]
     assert "empty file" in by_name["empty.png"]["error"]
     assert code == 1
-    assert err.strip().splitlines()[-1].startswith("5 images, 2 failed,")
-    assert "images/s" in err
+    assert err.strip().splitlines()[-1].startswith("5 files, 2 failed,")
+    assert "files/s" in err
 
 
 def test_all_good_files_exit_0_in_table_format(server, capsys):
@@ -97,7 +97,7 @@ def test_all_good_files_exit_0_in_table_format(server, capsys):
     assert code == 0
     assert [line.split()[0] for line in lines] == [str(path) for path in paths]
     assert "espresso (0.9" in lines[1]
-    assert "3 images, 0 failed" in err
+    assert "3 files, 0 failed" in err
 
 
 def test_csv_has_a_header_and_one_row_per_file(server, photo_folder, capsys):
@@ -121,7 +121,7 @@ def test_many_files_in_natural_order_without_progress_frames_off_a_terminal(serv
     assert names == [f"c{n}.jpg" for n in range(12)]  # c2 before c10
     assert len({line.index("missile") for line in out.splitlines()}) == 1  # an aligned column
     assert "\r" not in err  # stderr is not a terminal here: no bar frames in logs
-    assert err.startswith("12 images, 0 failed")
+    assert err.startswith("12 files, 0 failed")
 
 
 def test_no_server_exits_2_with_a_clear_message(tmp_path, capsys):
@@ -136,7 +136,7 @@ def test_no_image_files_exits_2(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("nothing to see")
     code, _, err = run_cli(capsys, tmp_path, "--url", "127.0.0.1:1")
     assert code == 2
-    assert "no image files" in err
+    assert "no image or clip files" in err
 
 
 def test_runs_as_a_script(server):
@@ -169,5 +169,5 @@ def test_progress_bar_only_on_a_terminal_and_out_of_the_results_way(stream, fram
     assert ("/12" in text and "\r" in text) is frames
     for n in range(12):  # every result line whole, at the start of a line or after the bar's clearing \r
         assert re.search(rf"(^|\r)result {n}\n", text, re.MULTILINE), n
-    assert text.endswith("12 images, 1 failed" + text.split("12 images, 1 failed", 1)[1])
+    assert text.endswith("12 files, 1 failed" + text.split("12 files, 1 failed", 1)[1])
     assert progress.failed == 1

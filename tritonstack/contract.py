@@ -108,6 +108,16 @@ def preprocessing_name(preset: str) -> str:
 DEFAULT_PRESET = "dali_efficientnet_lite0"
 DEFAULT_MODEL = ensemble_name(DEFAULT_PRESET)
 
+# Video presets' preprocessing is "video": their ensembles take encoded clips (a zero-padded
+# row each, as images) and answer with `frames` rows of probabilities per clip, in order.
+VIDEO_PREPROCESSOR = "video"
+VIDEO_ENSEMBLE_PREFIX = ensemble_name(f"{VIDEO_PREPROCESSOR}_")
+DEFAULT_VIDEO_MODEL = ensemble_name(f"{VIDEO_PREPROCESSOR}_efficientnet_lite0")
+
+
+def is_video_model(name: str) -> bool:
+    return name.startswith(VIDEO_ENSEMBLE_PREFIX)
+
 # --- the wire format of a batch of images ------------------------------------------------
 
 

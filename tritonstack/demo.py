@@ -1,5 +1,6 @@
 """`make demo`: start tritonserver on the model repository, classify real photos
-over HTTP and over gRPC, print each one's top 5, stop the server."""
+over HTTP and over gRPC, print each one's top 5, classify a clip with the video
+preset when the repository has it, stop the server."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import sys
 from pathlib import Path
 
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.contract import DEFAULT_MODEL
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.contract import CONFIG_FILENAME, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL
+from tritonstack.samples import PHOTOS, SAMPLE_CLIP, photo_bytes, sample_clip
 from tritonstack.serve.launcher import TritonServer
 
 
@@ -30,8 +31,23 @@ def main(argv: list[str] | None = None) -> int:
                     ranked = ", ".join(f"{p.label} ({p.score:.3f})" for p in top)
                     print(f"  {name:<22} {ranked}")
                 print()
+        if (args.model_repository / DEFAULT_VIDEO_MODEL / CONFIG_FILENAME).exists():
+            show_clip(server)
     print("server stopped")
     return 0
+
+
+def show_clip(server: TritonServer) -> None:
+    """The packaged clip (panning over chelsea) through the video ensemble: its
+    frames' mean top 5 and each frame's top 1."""
+    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        with ClassifierClient(url, protocol, DEFAULT_VIDEO_MODEL) as client:
+            (clip,) = client.classify_clips_each([sample_clip()], top_k=5)
+            print(f"== {DEFAULT_VIDEO_MODEL} over {protocol.upper()}: {SAMPLE_CLIP.name}, {len(clip.frames)} frames ==")
+            print("  mean of the frames  " + ", ".join(f"{p.label} ({p.score:.3f})" for p in clip.top))
+            print("  each frame's top 1  " + ", ".join(f"{frame[0].label} ({frame[0].score:.2f})"
+                                                       for frame in clip.frames))
+            print()
 
 
 if __name__ == "__main__":

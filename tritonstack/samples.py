@@ -47,6 +47,18 @@ def sample_jpeg() -> bytes:
     return SAMPLE_JPEG.read_bytes()
 
 
+# A real clip: 2.5 s (30 frames, 12 fps, 240x240) panning over chelsea, VP9 in MP4 (what
+# DALI's CPU decoder reads), made once with tests/clips.py. The video preset's warmup
+# sample and `make demo`'s clip; classified as chelsea is (PHOTOS).
+SAMPLE_CLIP = Path(__file__).parent / "data" / "sample_clip.mp4"
+SAMPLE_CLIP_LABELS = PHOTOS["chelsea.png"]
+
+
+@functools.cache
+def sample_clip() -> bytes:
+    return SAMPLE_CLIP.read_bytes()
+
+
 # Labelled inputs for load that checks its answers (the soak, the memory probe):
 # each photo with the classes it may get, and inputs every decoder refuses.
 @dataclass(frozen=True)

@@ -46,13 +46,16 @@ class ClipHeader:
     frames: int | None  # None when the container does not say (WebM)
 
 
+def has_video_signature(head: bytes) -> bool:
+    """Whether the first bytes are those of an MP4/MOV or a Matroska/WebM file."""
+    return head[4:8] == b"ftyp" or head[:4] == _EBML_MAGIC
+
+
 def read_header(data: bytes) -> ClipHeader | None:
     """The clip's header, or None when the bytes are no MP4 or Matroska/WebM video."""
-    if data[4:8] == b"ftyp":
-        return _mp4(data)
-    if data[:4] == _EBML_MAGIC:
-        return _matroska(data)
-    return None
+    if not has_video_signature(data):
+        return None
+    return _mp4(data) if data[4:8] == b"ftyp" else _matroska(data)
 
 
 def unreadable_reason(data: bytes, codecs: frozenset[str] = CPU_CODECS) -> str | None:

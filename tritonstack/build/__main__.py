@@ -1,7 +1,8 @@
 """Build, list and check Triton model repositories of DALI-preprocessed classifiers.
 
 Each preset is an ensemble `ensemble_<preprocessor>_<classifier>`: a preprocessing
-model (DALI, or the Pillow baseline) chained to an ONNX classifier.
+model (DALI, or the Pillow baseline; "video": DALI decoding clips) chained to an
+ONNX classifier.
 
     tritonstack list                       # the presets
     tritonstack build                      # all presets into ./model_repository
@@ -45,6 +46,8 @@ def build(args: argparse.Namespace) -> int:
         classifier_batch=args.classifier_batch,
         device=args.device,
         format=args.format,
+        clip_frames=args.clip_frames,
+        frame_stride=args.frame_stride,
     )
     changed = write_repository(args.out, presets=_presets(args), options=options)
     for path in changed:
@@ -148,6 +151,14 @@ def _add_build_parser(commands) -> None:
                         help="on the CPU, the batch the classifier's dynamic batcher forms from queued "
                              "requests (preferred_batch_size; 0: none): ONNX Runtime's best rate per image "
                              "and a bounded arena. Requests of more images still run whole")
+    video = parser.add_argument_group("video presets", "A clip per sample, decoded by DALI (VP8, VP9, MJPEG on "
+                                      "the CPU; H.264, H.265, AV1 too with --device gpu); every frame kept is "
+                                      "classified and answered, a row each, in order.")
+    video.add_argument("--clip-frames", type=cli.positive_int, default=defaults.clip_frames, metavar="N",
+                       help="frames kept per clip (the last one repeated when a clip is shorter); a request "
+                            "holds max_batch_size // N clips")
+    video.add_argument("--frame-stride", type=cli.positive_int, default=defaults.frame_stride, metavar="N",
+                       help="distance between kept frames")
     own = parser.add_argument_group(
         "bring your own classifier",
         "An ONNX classifier taking FP32 NCHW images (0..255 RGB normalized with --mean/--std) gets its "

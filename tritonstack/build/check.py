@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as pb
 
-from tritonstack import dali_proto
+from tritonstack import dali_proto, video_header
 from tritonstack.build.model_config import ConfigError, config_dict, read_config
 from tritonstack.contract import (
     CONFIG_FILENAME,
@@ -154,11 +154,26 @@ def _check_warmup(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
                 problems.append(Problem(model_dir.name, field, name,
                                         f"warmup/{tensor.input_data_file} has {path.stat().st_size} bytes, dims "
                                         f"{list(tensor.dims)} need {size}", "set dims to the file's size"))
-            elif config.backend in ("dali", "python") and tensor.data_type == pb.TYPE_UINT8 and not _decodes(path):
-                problems.append(Problem(model_dir.name, field, name,
-                                        f"warmup/{tensor.input_data_file} is not a decodable image: the model "
-                                        "would fail its warmup and not load", "use a real encoded JPEG or PNG"))
+            elif config.backend in ("dali", "python") and tensor.data_type == pb.TYPE_UINT8:
+                problems += _check_warmup_sample(model_dir.name, field, name, path, _instance_kinds(config))
     return problems
+
+
+def _check_warmup_sample(model: str, field: str, name: str, path: Path, kinds: set[str]) -> list[Problem]:
+    """A clip the model's video decoder reads (the CPU's codecs unless every instance
+    is on a GPU), or an image Pillow decodes."""
+    data = path.read_bytes()
+    if video_header.read_header(data) is not None:
+        codecs = video_header.GPU_CODECS if kinds == {"KIND_GPU"} else video_header.CPU_CODECS
+        reason = video_header.unreadable_reason(data, codecs)
+        if reason:
+            return [Problem(model, field, name, f"warmup/{path.name}: {reason}: the model would fail its warmup "
+                                                "and not load", "use a clip the decoder reads")]
+        return []
+    if not _decodes(data):
+        return [Problem(model, field, name, f"warmup/{path.name} is not a decodable image: the model would fail "
+                                            "its warmup and not load", "use a real encoded JPEG or PNG")]
+    return []
 
 
 def _check_decode_budget(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
@@ -183,11 +198,11 @@ def _check_decode_budget(model_dir: Path, config: pb.ModelConfig) -> list[Proble
     return problems
 
 
-def _decodes(path: Path) -> bool:
+def _decodes(data: bytes) -> bool:
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(path.read_bytes())) as image:
+        with Image.open(io.BytesIO(data)) as image:
             image.load()
         return True
     except Exception:  # Pillow raises many types for undecodable data

@@ -69,4 +69,7 @@ if _PARAMETERS_FILE.exists():  # only as a model's dali.py, never as tritonstack
     @pipeline_def(batch_size=_parameters["max_batch_size"], num_threads=_parameters["num_threads"],
                   device_id=None if _parameters["device"] == "cpu" else 0)
     def preprocessing_pipeline():
+        if "clips" in _parameters:  # a video preset's: {"frames": ..., "stride": ...}
+            return video_classification(**_parameters["preprocessing"], **_parameters["clips"],
+                                        device=_parameters["device"])
         return classification(**_parameters["preprocessing"], device=_parameters["device"])

@@ -16,14 +16,16 @@ from nvidia.dali._utils import dali_trace
 
 from tritonstack.build import dali_model
 from tritonstack.build.classifiers import Preprocessing
-from tritonstack.build.dali_model import classification_pipeline
+from tritonstack.build.dali_model import classification_pipeline, video_classification_pipeline
+from tritonstack.build.presets import FrameSampling
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 
 DALI_VERSION = nvidia.dali.__version__
 
 
 def serialize_pipeline(
-    preprocessing: Preprocessing, max_batch_size: int, num_threads: int, device: str = "cpu"
+    preprocessing: Preprocessing, max_batch_size: int, num_threads: int, device: str = "cpu",
+    clips: FrameSampling | None = None,
 ) -> bytes:
     """Serialize without building: works on a machine with no GPU, for the GPU
     variant too (device_id is left unset; the DALI backend sets each instance's).
@@ -32,20 +34,25 @@ def serialize_pipeline(
     in the serialized pipeline. That would make model.dali differ per checkout and
     leak the builder's paths, so tracing is off while the graph is defined; errors
     still name the failing operator.
+
+    With `clips`, the pipeline decodes a video per sample into those frames.
     """
     dali_trace.set_tracing(enabled=False)
     try:
-        pipe = classification_pipeline(
-            **asdict(preprocessing), device=device,
-            batch_size=max_batch_size, num_threads=num_threads, device_id=None,
-        )
+        if clips is None:
+            pipe = classification_pipeline(**asdict(preprocessing), device=device,
+                                           batch_size=max_batch_size, num_threads=num_threads, device_id=None)
+        else:
+            pipe = video_classification_pipeline(**asdict(preprocessing), **asdict(clips), device=device,
+                                                 batch_size=max_batch_size, num_threads=num_threads, device_id=None)
         return pipe.serialize()
     finally:
         dali_trace.set_tracing(enabled=True)
 
 
 def dali_py_files(
-    preprocessing: Preprocessing, max_batch_size: int, num_threads: int, device: str = "cpu"
+    preprocessing: Preprocessing, max_batch_size: int, num_threads: int, device: str = "cpu",
+    clips: FrameSampling | None = None,
 ) -> dict[str, bytes]:
     """The `dali.py` model format: the pipeline's source file and its parameters."""
     parameters = {
@@ -54,6 +61,8 @@ def dali_py_files(
         "device": device,
         "preprocessing": asdict(preprocessing),
     }
+    if clips is not None:
+        parameters["clips"] = asdict(clips)
     return {
         "dali.py": open(dali_model.__file__, "rb").read(),
         dali_model.PARAMETERS_FILENAME: (json.dumps(parameters, indent=2) + "\n").encode(),

@@ -11,7 +11,15 @@ from tritonstack.build.classifiers import Classifier
 
 DEVICES = ("cpu", "gpu")
 FORMATS = (contract.DALI_MODEL_FILENAME, contract.DALI_SCRIPT_FILENAME)
-PREPROCESSORS = ("dali", "python")
+PREPROCESSORS = ("dali", "python", contract.VIDEO_PREPROCESSOR)
+
+
+@dataclass(frozen=True)
+class FrameSampling:
+    """Which frames of a clip a video preset classifies: `frames`, `stride` apart."""
+
+    frames: int
+    stride: int
 
 
 @dataclass(frozen=True)
@@ -31,19 +39,36 @@ class BuildOptions:
     classifier_batch: int = 8
     device: str = "cpu"  # "gpu": nvJPEG decoding, GPU resize/normalize, KIND_GPU
     format: str = "model.dali"  # or "dali.py": serialized by the DALI backend at load
+    # Video presets: each clip is decoded to `clip_frames` frames, `frame_stride` apart
+    # (the last one repeated when the clip is shorter), every one classified.
+    clip_frames: int = 8
+    frame_stride: int = 4
 
     def __post_init__(self):
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, not {self.device!r}")
         if self.format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, not {self.format!r}")
-        for name in ("max_batch_size", "num_threads", "intra_op_threads", "instances"):
+        for name in ("max_batch_size", "num_threads", "intra_op_threads", "instances", "clip_frames",
+                     "frame_stride"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.classifier_batch < 0:
             raise ValueError(f"classifier_batch must be >= 0, not {self.classifier_batch}")
         if self.max_queue_delay_us < 0:
             raise ValueError(f"max_queue_delay_us must be >= 0, not {self.max_queue_delay_us}")
+
+    @property
+    def frame_sampling(self) -> FrameSampling:
+        return FrameSampling(self.clip_frames, self.frame_stride)
+
+    @property
+    def clips_per_request(self) -> int:
+        """A video model's max_batch_size: as many clips as the classifier's batch holds frames of."""
+        if self.clip_frames > self.max_batch_size:
+            raise ValueError(f"clip_frames {self.clip_frames} exceeds max_batch_size {self.max_batch_size}: "
+                             "the classifier takes a clip's frames in one batch")
+        return self.max_batch_size // self.clip_frames
 
     @property
     def classifier_preferred_batches(self) -> tuple[int, ...]:
@@ -78,12 +103,18 @@ class Preset:
     def ensemble_name(self) -> str:
         return contract.ensemble_name(self.name)
 
+    @property
+    def video(self) -> bool:
+        """Takes clips: DALI's video decoder, each frame classified (tritonstack.contract)."""
+        return self.preprocessor == contract.VIDEO_PREPROCESSOR
+
 
 PRESETS = (
     Preset(classifiers.EFFICIENTNET_LITE0, "dali"),
     Preset(classifiers.EFFICIENTNET_LITE0, "python"),
     Preset(classifiers.EFFICIENTNET_LITE2, "dali"),
     Preset(classifiers.EFFICIENTNET_LITE0_INT8, "dali"),
+    Preset(classifiers.EFFICIENTNET_LITE0, contract.VIDEO_PREPROCESSOR),
 )
 
 

@@ -50,13 +50,14 @@ from tritonstack.contract import (
     PYTHON_MODEL_FILENAME,
     WARMUP_DIR,
 )
-from tritonstack.samples import sample_jpeg
+from tritonstack.samples import sample_clip, sample_jpeg
 
 VERSION = "1"
 LOGGER = logging.getLogger(__name__)  # a line per step; build_pipelines.py shows them
 # How long one EfficientNet-Lite export takes on 2 cores (measured: 10-20 s), told before it starts.
 EXPORT_SECONDS = 15
 WARMUP_SAMPLE = "sample.jpg"
+WARMUP_CLIP = "sample_clip.mp4"
 
 
 def _batching(options: BuildOptions, preferred_batch_sizes: tuple[int, ...] = ()) -> DynamicBatching:
@@ -68,10 +69,10 @@ def _preprocessed(classifier: Classifier) -> Tensor:
     return Tensor(PREPROCESS_OUTPUT, "FP32", (3, crop, crop))
 
 
-def _sample_warmup(sample: bytes) -> tuple[Warmup, ...]:
-    """A real JPEG: random bytes cannot be decoded, and would fail the model's load."""
-    tensor = WarmupInput(PREPROCESS_INPUT, "UINT8", (len(sample),), data_file=WARMUP_SAMPLE)
-    return (Warmup(name="sample_jpeg", batch_size=1, inputs=(tensor,)),)
+def _sample_warmup(sample: bytes, filename: str = WARMUP_SAMPLE, name: str = "sample_jpeg") -> tuple[Warmup, ...]:
+    """A real JPEG (or clip): random bytes cannot be decoded, and would fail the model's load."""
+    tensor = WarmupInput(PREPROCESS_INPUT, "UINT8", (len(sample),), data_file=filename)
+    return (Warmup(name=name, batch_size=1, inputs=(tensor,)),)
 
 
 def _preprocessing_config(preset: Preset, options: BuildOptions, sample: bytes, backend: str, kind: str,
@@ -92,6 +93,22 @@ def _preprocessing_config(preset: Preset, options: BuildOptions, sample: bytes, 
 def dali_config(preset: Preset, options: BuildOptions, sample: bytes) -> ModelConfig:
     return _preprocessing_config(preset, options, sample, "dali", options.instance_kind,
                                  {"num_threads": str(options.num_threads)})
+
+
+def video_config(preset: Preset, options: BuildOptions) -> ModelConfig:
+    """A clip per sample in, its frames out as samples of their own
+    (`split_along_outer_axis`), so the classifier takes them as a batch."""
+    return ModelConfig(
+        name=preset.preprocessing_name,
+        backend="dali",
+        max_batch_size=options.clips_per_request,
+        inputs=(Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),),
+        outputs=(_preprocessed(preset.classifier),),
+        dynamic_batching=_batching(options),
+        instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
+        parameters={"num_threads": str(options.num_threads), "split_along_outer_axis": PREPROCESS_OUTPUT},
+        warmup=_sample_warmup(sample_clip(), WARMUP_CLIP, "sample_clip"),
+    )
 
 
 def python_config(preset: Preset, options: BuildOptions, sample: bytes) -> ModelConfig:
@@ -133,7 +150,8 @@ def ensemble_config(preset: Preset, options: BuildOptions) -> ModelConfig:
     return ModelConfig(
         name=preset.ensemble_name,
         platform="ensemble",
-        max_batch_size=options.max_batch_size,
+        # A video ensemble answers with clip_frames rows per clip.
+        max_batch_size=options.clips_per_request if preset.video else options.max_batch_size,
         inputs=(Tensor(ENSEMBLE_INPUT, "UINT8", (-1,)),),
         outputs=(
             Tensor(ENSEMBLE_OUTPUT, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),
@@ -192,7 +210,8 @@ def write_model_folder(repository: Path, config: ModelConfig, files: dict[str, b
 
 def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions, sample: bytes) -> list[Path]:
     preprocessing = preset.classifier.preprocessing
-    changed = _write_if_changed(model_dir / WARMUP_DIR / WARMUP_SAMPLE, sample)
+    warmup = (WARMUP_CLIP, sample_clip()) if preset.video else (WARMUP_SAMPLE, sample)
+    changed = _write_if_changed(model_dir / WARMUP_DIR / warmup[0], warmup[1])
     version_dir = model_dir / VERSION
     if preset.preprocessor == "python":
         changed += _write_model(model_dir, python_config(preset, options, sample))
@@ -201,13 +220,18 @@ def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions,
         # too): its decode budget travels beside it.
         return changed + _write_if_changed(version_dir / decode_budget.MODULE_FILENAME,
                                            Path(decode_budget.__file__).read_bytes())
-    changed += _write_model(model_dir, dali_config(preset, options, sample))
+    if preset.video:
+        config, clips = video_config(preset, options), options.frame_sampling
+    else:
+        config, clips = dali_config(preset, options, sample), None
+    changed += _write_model(model_dir, config)
     if options.format == DALI_SCRIPT_FILENAME:
-        files = pipelines.dali_py_files(preprocessing, options.max_batch_size, options.num_threads, options.device)
+        files = pipelines.dali_py_files(preprocessing, config.max_batch_size, options.num_threads, options.device,
+                                        clips)
         stale = (DALI_MODEL_FILENAME, DALI_VERSION_FILENAME)
     else:
         serialized = pipelines.serialize_pipeline(
-            preprocessing, options.max_batch_size, options.num_threads, options.device
+            preprocessing, config.max_batch_size, options.num_threads, options.device, clips
         )
         files = {DALI_MODEL_FILENAME: serialized, DALI_VERSION_FILENAME: f"{pipelines.DALI_VERSION}\n".encode()}
         stale = tuple(pipelines.dali_py_files(preprocessing, 1, 1))

@@ -23,10 +23,12 @@ from tritonclient.utils import InferenceServerException
 from tritonstack.client.protocol import (
     DEFAULT_TIMEOUT_S,
     ClientBase,
+    ClipPredictions,
     ModelInfo,
     Prediction,
     batch_rows,
     build_request,
+    clip_predictions,
     labels_from,
     output_nbytes,
     parse_classification,
@@ -81,18 +83,25 @@ class AsyncClassifierClient(ClientBase):
 
     async def classify_each(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction] | Exception]:
         """One outcome per image; see tritonstack.client.classifier.outcome_per_image."""
+        return await self._outcome_per_item(images, lambda chunk: self._classify_chunk(chunk, top_k))
+
+    async def classify_clips_each(self, clips: Sequence[bytes], top_k: int = 5) -> list[ClipPredictions | Exception]:
+        """See ClassifierClient.classify_clips_each."""
+        return await self._outcome_per_item(clips, lambda chunk: self._classify_clips_chunk(chunk, top_k))
+
+    async def _outcome_per_item(self, items: Sequence[bytes], classify_chunk) -> list:
         outcomes = []
-        for chunk in self.info.chunks(images):
+        for chunk in self.info.chunks(items):
             try:
-                outcomes += await self._classify_chunk(chunk, top_k)
+                outcomes += await classify_chunk(chunk)
                 continue
             except Exception as error:
                 if not worth_splitting(error, len(chunk)):
                     outcomes += [error] * len(chunk)
                     continue
-            for image in chunk:
+            for item in chunk:
                 try:
-                    outcomes += await self._classify_chunk([image], top_k)
+                    outcomes += await classify_chunk([item])
                 except Exception as error:
                     outcomes.append(error)
         return outcomes
@@ -114,6 +123,13 @@ class AsyncClassifierClient(ClientBase):
             return await self._infer_classification(images, top_k)
         probabilities = await self._probabilities_chunk(images)
         return top_predictions(probabilities, top_k, await self.labels(images[0]))
+
+    async def _classify_clips_chunk(self, clips: list[bytes], top_k: int) -> list[ClipPredictions]:
+        # Never in shared memory: the answer's size is the model's frames per clip.
+        inputs, outputs = build_request(self.protocol, self.info, self.info.encode(clips), class_count=0)
+        result = await self.retry.acall(lambda: self._infer(inputs, outputs))
+        frames = batch_rows(self.info, result.as_numpy(self.info.output_name))
+        return clip_predictions(frames, len(clips), top_k, await self.labels(clips[0]))
 
     async def _infer_classification(self, images: list[bytes], class_count: int) -> list[list[Prediction]]:
         inputs, outputs = build_request(self.protocol, self.info, self.info.encode(images), class_count)

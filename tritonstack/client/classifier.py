@@ -26,10 +26,12 @@ from tritonclient.utils import InferenceServerException
 from tritonstack.client.protocol import (
     DEFAULT_TIMEOUT_S,
     ClientBase,
+    ClipPredictions,
     ModelInfo,
     Prediction,
     batch_rows,
     build_request,
+    clip_predictions,
     labels_from,
     output_nbytes,
     parse_classification,
@@ -104,6 +106,15 @@ class ClassifierClient(ClientBase):
             for outcome in outcome_per_image(lambda part: self._classify_chunk(part, top_k), chunk)
         ]
 
+    def classify_clips_each(self, clips: Sequence[bytes], top_k: int = 5) -> list[ClipPredictions | Exception]:
+        """With a video model: one outcome per encoded clip, its frames' mean ranking
+        and each frame's, or the error for that clip alone."""
+        return [
+            outcome
+            for chunk in self.info.chunks(clips)
+            for outcome in outcome_per_image(lambda part: self._classify_clips_chunk(part, top_k), chunk)
+        ]
+
     def probabilities(self, images: Sequence[bytes]) -> np.ndarray:
         parts = [self._probabilities_chunk(chunk) for chunk in self.info.chunks(images)]
         return np.concatenate(parts) if parts else np.empty((0, *self.info.output_shape), np.float32)
@@ -120,6 +131,13 @@ class ClassifierClient(ClientBase):
         if self._regions is None:
             return self._infer_classification(images, top_k)
         return top_predictions(self._probabilities_chunk(images), top_k, self.labels(images[0]))
+
+    def _classify_clips_chunk(self, clips: list[bytes], top_k: int) -> list[ClipPredictions]:
+        # Never in shared memory: the answer's size is the model's frames per clip.
+        inputs, outputs = build_request(self.protocol, self.info, self.info.encode(clips), class_count=0)
+        result = self.retry.call(lambda: self._infer(inputs, outputs))
+        frames = batch_rows(self.info, result.as_numpy(self.info.output_name))
+        return clip_predictions(frames, len(clips), top_k, self.labels(clips[0]))
 
     def _infer_classification(self, images: list[bytes], class_count: int) -> list[list[Prediction]]:
         inputs, outputs = build_request(self.protocol, self.info, self.info.encode(images), class_count)

@@ -1,8 +1,14 @@
-"""Classify image files and folders with a running Triton server.
+"""Classify image files, video clips and folders with a running Triton server.
 
     tritonstack classify photo.jpg my_photos/ --url 127.0.0.1:8000 --top-k 5
     tritonstack classify my_photos/ --url grpc://127.0.0.1:8001 --batch-size 8 --concurrency 4 --format jsonl
     tritonstack classify my_photos/ --async --shm system --retries 8 --timeout 30
+    tritonstack classify clip.mp4 --model ensemble_video_efficientnet_lite0 --format jsonl --per-frame
+
+Clips (.mp4, .webm, .mkv, .mov, or by content) go to the video model, photos to
+the image model: --model names either kind (a video model's name starts with
+ensemble_video_), --video-model the one for clips. A clip's line ranks the mean
+of its frames' probabilities; --per-frame adds a line per frame.
 
 --url takes host:port, http://host:port or grpc://host:port (the scheme sets the
 protocol). Folders are searched recursively for images (by extension, or by
@@ -29,18 +35,22 @@ from tritonstack.address import endpoint
 from tritonstack.client.images import image_files
 from tritonstack.client.options import add_server_options
 from tritonstack.client.preflight import check_model
-from tritonstack.client.protocol import DEFAULT_URLS, SHM_MODES
+from tritonstack.client.protocol import DEFAULT_URLS, SHM_MODES, Prediction
 from tritonstack.client.retry import RetryPolicy
 from tritonstack.client.runner import FileResult, Progress, RunSettings, classify_files
-from tritonstack.contract import admin_headers
+from tritonstack.contract import DEFAULT_MODEL, DEFAULT_VIDEO_MODEL, admin_headers, is_video_model
 
 FORMATS = ("table", "jsonl", "csv")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = cli.parser(__doc__)
-    parser.add_argument("paths", nargs="+", type=Path, help="image files or folders")
-    add_server_options(parser)
+    parser.add_argument("paths", nargs="+", type=Path, help="image files, video clips or folders")
+    add_server_options(parser, model_help="the model for photos, or for clips when it is a video model "
+                                          f"(default: {DEFAULT_MODEL})")
+    parser.add_argument("--video-model", default=DEFAULT_VIDEO_MODEL,
+                        help="the model for clips, unless --model is a video model")
+    parser.add_argument("--per-frame", action="store_true", help="a clip's frames' rankings too, a line each")
     parser.add_argument("--top-k", type=cli.positive_int, default=5, help="classes shown per image")
     parser.add_argument("--batch-size", type=cli.positive_int, default=1, help="images per request")
     parser.add_argument("--concurrency", type=cli.positive_int, default=1, help="requests in flight")
@@ -54,38 +64,50 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class ResultWriter:
     """Formats results on stdout: one line (or CSV row) per file."""
 
-    def __init__(self, fmt: str, top_k: int, out: TextIO | None = None, path_width: int = 0):
+    def __init__(self, fmt: str, top_k: int, out: TextIO | None = None, path_width: int = 0,
+                 per_frame: bool = False):
         self.fmt = fmt
+        self.per_frame = per_frame
         self.out = out or sys.stdout
         self.path_width = path_width  # table: the paths' column, as wide as the longest
         if fmt == "csv":
             self._csv = csv.writer(self.out)
             ranks = [f"{field}_{rank}" for rank in range(1, top_k + 1) for field in ("label", "index", "score")]
-            self._csv.writerow(["path", "error", *ranks])
+            self._csv.writerow(["path", *(["frame"] if per_frame else []), "error", *ranks])
 
     def write(self, result: FileResult) -> None:
-        if self.fmt == "jsonl":
-            self.out.write(json.dumps(_as_dict(result)) + "\n")
-        elif self.fmt == "csv":
-            cells = [str(result.path), result.error or ""]
-            for p in result.top or []:
-                cells += [p.label, p.index, f"{p.score:.6f}"]
-            self._csv.writerow(cells)
-        elif result.error is not None:
-            self.out.write(f"{str(result.path):<{self.path_width}}  error: {result.error}\n")
-        else:
-            self.out.write(f"{str(result.path):<{self.path_width}}  "
-                           + ", ".join(f"{p.label} ({p.score:.3f})" for p in result.top) + "\n")
+        self._write_line(result.path, result.error, result.top, frames=len(result.frames or []) or None)
+        if self.per_frame:
+            for frame, top in enumerate(result.frames or []):
+                self._write_line(result.path, None, top, frame=frame)
         self.out.flush()
 
+    def _write_line(self, path: Path, error: str | None, top: list[Prediction] | None,
+                    frame: int | None = None, frames: int | None = None) -> None:
+        if self.fmt == "jsonl":
+            self.out.write(json.dumps(_as_dict(path, error, top, frame, frames)) + "\n")
+        elif self.fmt == "csv":
+            cells = [str(path), *([] if not self.per_frame else ["" if frame is None else frame]), error or ""]
+            for p in top or []:
+                cells += [p.label, p.index, f"{p.score:.6f}"]
+            self._csv.writerow(cells)
+        else:
+            shown = str(path) if frame is None else f"{path} [frame {frame}]"
+            answer = f"error: {error}" if error is not None else ", ".join(f"{p.label} ({p.score:.3f})" for p in top)
+            self.out.write(f"{shown:<{self.path_width}}  {answer}\n")
 
-def _as_dict(result: FileResult) -> dict:
-    if result.error is not None:
-        return {"path": str(result.path), "error": result.error}
-    return {
-        "path": str(result.path),
-        "top": [{"label": p.label, "index": p.index, "score": p.score} for p in result.top],
-    }
+
+def _as_dict(path: Path, error: str | None, top: list[Prediction] | None, frame: int | None,
+             frames: int | None) -> dict:
+    record = {"path": str(path)}
+    if frame is not None:
+        record["frame"] = frame
+    if error is not None:
+        return {**record, "error": error}
+    record["top"] = [{"label": p.label, "index": p.index, "score": p.score} for p in top]
+    if frames is not None:  # a clip's line: how many frames its ranking averages
+        record["frames"] = frames
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
 def classify(argv: list[str] | None) -> int:
     args = parse_args(argv)
     url, protocol = endpoint(args.url, args.protocol, DEFAULT_URLS)
-    files = image_files(cli.existing_paths(args.paths))
+    files = image_files(cli.existing_paths(args.paths), clips=True)
     if not files:
-        raise cli.UsageError(f"no image files in {' '.join(map(str, args.paths))}")
+        raise cli.UsageError(f"no image or clip files in {' '.join(map(str, args.paths))}")
+    video_model = args.model if is_video_model(args.model) else args.video_model
     settings = RunSettings(
         url=url,
         protocol=protocol,
-        model=args.model,
+        model=DEFAULT_MODEL if is_video_model(args.model) else args.model,
+        video_model=video_model,
         top_k=args.top_k,
         batch_size=args.batch_size,
         concurrency=args.concurrency,
@@ -112,8 +136,11 @@ def classify(argv: list[str] | None) -> int:
         retry=RetryPolicy(retries=args.retries),
         headers=admin_headers(protocol, args.admin_key),
     )
-    check_model(url, protocol, args.model, settings.headers, settings.retry)
-    writer = ResultWriter(args.format, args.top_k, path_width=max(len(str(path)) for path in files))
+    for model in settings.models_for(files):
+        check_model(url, protocol, model, settings.headers, settings.retry)
+    frame_width = len(" [frame 99]") if args.per_frame else 0
+    writer = ResultWriter(args.format, args.top_k, path_width=max(len(str(path)) for path in files) + frame_width,
+                          per_frame=args.per_frame)
     progress = Progress(len(files))
     for result in classify_files(files, settings):
         with progress.above():

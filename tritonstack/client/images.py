@@ -1,5 +1,5 @@
-"""Which files are images: by extension, or by their first bytes for files named
-otherwise (camera dumps, downloads without a suffix)."""
+"""Which files are images, and which are video clips: by extension, or by their
+first bytes for files named otherwise (camera dumps, downloads without a suffix)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tritonstack.cli import natural_key
+from tritonstack.video_header import has_video_signature
 
+CLIP_SUFFIXES = {".mp4", ".m4v", ".mov", ".webm", ".mkv"}
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".jp2", ".pnm", ".ppm"}
 
 # Leading bytes of the formats DALI's decoder reads.
@@ -36,14 +38,29 @@ def is_image_file(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_SUFFIXES or has_image_signature(path)
 
 
-def image_files(paths: Iterable[Path]) -> list[Path]:
-    """Folders expanded recursively to their images, in natural order (c1, c2,
-    c10); files named explicitly are kept as they are (a broken one gets its own
-    error)."""
+def is_clip_file(path: Path) -> bool:
+    if path.suffix.lower() in CLIP_SUFFIXES:
+        return True
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return False  # e.g. AVIF and HEIC photos also start like an MP4
+    try:
+        with open(path, "rb") as file:
+            return has_video_signature(file.read(16))
+    except OSError:
+        return False
+
+
+def image_files(paths: Iterable[Path], clips: bool = False) -> list[Path]:
+    """Folders expanded recursively to their images (and clips, when asked), in
+    natural order (c1, c2, c10); files named explicitly are kept as they are (a
+    broken one gets its own error)."""
+    def wanted(path: Path) -> bool:
+        return is_image_file(path) or (clips and is_clip_file(path))
+
     files = []
     for path in paths:
         if path.is_dir():
-            files += sorted((p for p in path.rglob("*") if p.is_file() and is_image_file(p)), key=natural_key)
+            files += sorted((p for p in path.rglob("*") if p.is_file() and wanted(p)), key=natural_key)
         else:
             files.append(path)
     return files

@@ -1,6 +1,7 @@
 """Classify many files: batches of images per request, several requests in
 flight (threads with one sync client each, or one asyncio client), one result
-per file in the files' order, whatever fails.
+per file in the files' order, whatever fails. Clips go to the video model, in
+batches of their own (a batch holds one kind).
 
     settings = RunSettings(url="127.0.0.1:8001", protocol="grpc", concurrency=4)
     for result in classify_files(files, settings):
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import queue
 import sys
 import threading
@@ -24,9 +26,10 @@ from tqdm import tqdm
 
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.client.protocol import Prediction
+from tritonstack.client.images import is_clip_file
+from tritonstack.client.protocol import ClipPredictions, Prediction
 from tritonstack.client.retry import RetryPolicy, describe_error
-from tritonstack.contract import DEFAULT_MODEL
+from tritonstack.contract import DEFAULT_MODEL, DEFAULT_VIDEO_MODEL
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class RunSettings:
     url: str
     protocol: str = "http"
     model: str = DEFAULT_MODEL
+    video_model: str = DEFAULT_VIDEO_MODEL  # for clips
     top_k: int = 5
     batch_size: int = 1
     concurrency: int = 1
@@ -46,12 +50,20 @@ class RunSettings:
     def client_options(self) -> dict:
         return {"timeout_s": self.timeout_s, "retry": self.retry, "shm": self.shm, "headers": self.headers}
 
+    def model_for(self, clips: bool) -> str:
+        return self.video_model if clips else self.model
+
+    def models_for(self, files: Sequence[Path]) -> list[str]:
+        """The models these files need, each once: clips the video model, images the other."""
+        return list(dict.fromkeys(self.model_for(is_clip_file(path)) for path in files))
+
 
 @dataclass(frozen=True)
 class FileResult:
     path: Path
-    top: list[Prediction] | None = None
+    top: list[Prediction] | None = None  # a clip's: of its frames' mean probabilities
     error: str | None = None
+    frames: list[list[Prediction]] | None = None  # a clip's, each frame's ranking
 
 
 def read_image(path: Path) -> bytes:
@@ -62,7 +74,12 @@ def read_image(path: Path) -> bytes:
 
 
 def _batches(files: Sequence[Path], size: int) -> list[list[Path]]:
-    return [list(files[start : start + size]) for start in range(0, len(files), size)]
+    """Runs of consecutive files of one kind (images or clips), cut into batches."""
+    batches = []
+    for _, run in itertools.groupby(files, key=is_clip_file):
+        run = list(run)
+        batches += [run[start : start + size] for start in range(0, len(run), size)]
+    return batches
 
 
 class _Batch:
@@ -71,6 +88,7 @@ class _Batch:
 
     def __init__(self, paths: list[Path]):
         self.paths = paths
+        self.clips = is_clip_file(paths[0])
         self.results: dict[int, FileResult] = {}
         self.readable: list[tuple[int, bytes]] = []
         for position, path in enumerate(paths):
@@ -83,11 +101,19 @@ class _Batch:
     def images(self) -> list[bytes]:
         return [data for _, data in self.readable]
 
+    def classify(self, client, top_k: int):
+        """The outcomes from a client of this batch's model (awaitable from the asyncio one)."""
+        if self.clips:
+            return client.classify_clips_each(self.images, top_k)
+        return client.classify_each(self.images, top_k)
+
     def finish(self, outcomes: list, settings: RunSettings) -> list[FileResult]:
         for (position, _), outcome in zip(self.readable, outcomes):
             path = self.paths[position]
             if isinstance(outcome, Exception):
                 self.results[position] = FileResult(path, error=describe_error(outcome, settings.timeout_s))
+            elif isinstance(outcome, ClipPredictions):
+                self.results[position] = FileResult(path, top=outcome.top, frames=outcome.frames)
             else:
                 self.results[position] = FileResult(path, top=outcome)
         return [self.results[position] for position in range(len(self.paths))]
@@ -106,7 +132,8 @@ def _classify_files_threads(files: Sequence[Path], settings: RunSettings) -> Ite
     """Worker threads, each with its own sync client (the HTTP one is bound to
     the thread that made it), take batches from a queue; results are handed
     back in the batches' order."""
-    ClassifierClient(settings.url, settings.protocol, settings.model, **settings.client_options()).close()
+    for model in settings.models_for(files):
+        ClassifierClient(settings.url, settings.protocol, model, **settings.client_options()).close()
     batches = _batches(files, settings.batch_size)
     jobs: queue.SimpleQueue = queue.SimpleQueue()
     for job in enumerate(batches):
@@ -114,22 +141,23 @@ def _classify_files_threads(files: Sequence[Path], settings: RunSettings) -> Ite
     finished: queue.SimpleQueue = queue.SimpleQueue()
 
     def work() -> None:
-        client = None
+        clients: dict[str, ClassifierClient] = {}  # by model
         try:
             while (job := jobs.get()) is not None:
                 index, paths = job
                 try:
-                    client = client or ClassifierClient(
-                        settings.url, settings.protocol, settings.model, **settings.client_options()
-                    )
                     batch = _Batch(paths)
-                    outcomes = client.classify_each(batch.images, settings.top_k) if batch.readable else []
+                    model = settings.model_for(batch.clips)
+                    if model not in clients:
+                        clients[model] = ClassifierClient(settings.url, settings.protocol, model,
+                                                          **settings.client_options())
+                    outcomes = batch.classify(clients[model], settings.top_k) if batch.readable else []
                     results = batch.finish(outcomes, settings)
                 except Exception as error:  # e.g. no server for this worker: its files fail, explicitly
                     results = [FileResult(path, error=describe_error(error, settings.timeout_s)) for path in paths]
                 finished.put((index, results))
         finally:
-            if client is not None:
+            for client in clients.values():
                 client.close()
 
     workers = [threading.Thread(target=work, name=f"classify-{n}", daemon=True) for n in range(settings.concurrency)]
@@ -165,15 +193,17 @@ def _classify_files_async(files: Sequence[Path], settings: RunSettings) -> Itera
     done = object()
 
     async def produce() -> None:
-        async with AsyncClassifierClient(
-            settings.url, settings.protocol, settings.model, **settings.client_options()
-        ) as client:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = {model: await stack.enter_async_context(
+                           AsyncClassifierClient(settings.url, settings.protocol, model, **settings.client_options()))
+                       for model in settings.models_for(files)}
             in_flight = asyncio.Semaphore(settings.concurrency)
 
             async def run(paths: list[Path]) -> list[FileResult]:
                 async with in_flight:
                     batch = _Batch(paths)
-                    outcomes = await client.classify_each(batch.images, settings.top_k) if batch.readable else []
+                    client = clients[settings.model_for(batch.clips)]
+                    outcomes = await batch.classify(client, settings.top_k) if batch.readable else []
                     return batch.finish(outcomes, settings)
 
             tasks = [asyncio.ensure_future(run(paths)) for paths in _batches(files, settings.batch_size)]
@@ -213,7 +243,7 @@ class Progress:
         self.failed = 0
         self.started = time.monotonic()
         visible = total > shown_above and _is_terminal(self.stream)
-        self.bar = tqdm(total=total, unit="image", file=self.stream, disable=not visible, leave=False,
+        self.bar = tqdm(total=total, unit="file", file=self.stream, disable=not visible, leave=False,
                         dynamic_ncols=True, mininterval=0.1)
 
     @property
@@ -236,7 +266,7 @@ class Progress:
         self.bar.update()
 
     def summary(self) -> str:
-        return f"{self.done} images, {self.failed} failed, {self.rate:.1f} images/s ({self.elapsed_s:.1f} s)"
+        return f"{self.done} files, {self.failed} failed, {self.rate:.1f} files/s ({self.elapsed_s:.1f} s)"
 
     def close(self) -> None:
         self.bar.close()
