@@ -191,12 +191,22 @@ def test_config_max_batch_size_overrides_the_serialized_batch_size(repository, h
 
 
 def test_unbatched_model(repository, http):
-    config = rf.dali_config("unbatched", inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,)),),
-                            outputs=(Tensor("OUT", "UINT8", (-1,)),), max_batch_size=0)
-    name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.identity_pipeline)})
+    """src/config_tools/config_tools.cc add_batch_dim: an unbatched model's dims
+    start with the samples' axis, one rank above the pipeline's; a request's rows
+    are its samples, up to the pipeline's batch size."""
+    config = rf.dali_config("unbatched", inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1, -1)),),
+                            outputs=(Tensor("OUT", "UINT8", (-1, -1)),), max_batch_size=0)
+    name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.identity_pipeline, batch_size=4)})
     http.load_model(name)
-    data = np.arange(5, dtype=np.uint8)
+    data = np.arange(15, dtype=np.uint8).reshape(3, 5)
     np.testing.assert_array_equal(rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["OUT"]).as_numpy("OUT"), data)
+    with pytest.raises(InferenceServerException) as refused:
+        rf.infer_http(http, name, {"DALI_INPUT_0": np.zeros((5, 2), np.uint8)}, ["OUT"])
+    assert "5 samples, above the pipeline's batch size 4" in str(refused.value)
+    rank_1 = rf.dali_config("unbatched_rank_1", inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,)),),
+                            outputs=(Tensor("OUT", "UINT8", (-1, -1)),), max_batch_size=0)
+    name = rf.write_model(repository, rank_1, {"model.dali": rf.serialized(rf.identity_pipeline)})
+    assert "rank mismatch" in rf.load_error(http, name)
 
 
 def test_ragged_requests_merge_and_split_back(repository, http):

@@ -337,9 +337,12 @@ def test_what_the_cpp_backend_refuses_is_refused_naming_the_fix(http, model, wor
 
 
 def test_stated_zero_max_batch_size_is_unbatched(http):
+    """src/dali_model.h Batched(); config_tools.cc add_batch_dim: the filled dims
+    start with the samples' axis, and a request's rows are its samples."""
     config = loaded_config(http, "unbatched")
     assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
-    a, b = np.array([2, 4], np.float16), np.array([1], np.float16)
+    assert [[int(d) for d in t["dims"]] for t in config["input"]] == [[-1, -1], [-1, -1]]
+    a, b = np.array([[2, 4], [6, 8], [1, 3]], np.float16), np.ones((3, 1), np.float16)
     answers = infer(http, "unbatched", {"DALI_INPUT_0": a, "DALI_INPUT_1": b}, ["DALI_OUTPUT_0"])
     np.testing.assert_array_equal(answers["DALI_OUTPUT_0"], a / 2)
 

@@ -7,12 +7,14 @@ and MJPEG)."""
 
 from __future__ import annotations
 
+import queue
 import shutil
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from nvidia.dali import fn, pipeline_def, types
 from tritonclient.utils import InferenceServerException
 
 from tests import clips
@@ -21,12 +23,35 @@ from tests.conftest import MODEL_REPOSITORY
 from tritonstack.build.classifiers import EFFICIENTNET_LITE0
 from tritonstack.build.dali_model import video_classification_pipeline
 from tritonstack.build.model_config import DynamicBatching, EnsembleStep, ModelConfig, Tensor
-from tritonstack.samples import PHOTOS
+from tritonstack.samples import PHOTOS, sample_clip
 
 FRAMES, STRIDE = 6, 4
 CLASSIFIER = EFFICIENTNET_LITE0.name
 PREPROCESS, ENSEMBLE, SMALL_BUDGET = "preprocess_video_lite0", "ensemble_video_lite0", "video_small_budget"
 CLIPS_PER_REQUEST = 4  # the classifier's max_batch_size 32 holds 4 x 6 frames
+# qa/L0_video_input_decoupled's model: fn.experimental.inputs.video, 5 frames a
+# sequence, 3 sequences a run, each run a response of a decoupled model.
+STREAM, NOT_DECOUPLED, SEQUENCE, SEQUENCES_PER_RUN = "video_stream", "video_stream_coupled", 5, 3
+STREAM_CONFIG = """backend: "dali"
+max_batch_size: 0
+{policy}
+input [ {{ name: "INPUT" dims: [ 1, -1 ] }} ]
+output [ {{ name: "OUTPUT" }} ]
+instance_group [ {{ kind: KIND_CPU }} ]
+"""
+
+
+@pipeline_def(output_ndim=4, output_dtype=types.UINT8)
+def streamed_video_pipeline():
+    return fn.experimental.inputs.video(sequence_length=SEQUENCE, name="INPUT", last_sequence_policy="pad")
+
+
+def write_stream_model(repository, name: str, decoupled: bool) -> None:
+    folder = repository / name
+    (folder / "1").mkdir(parents=True)
+    policy = "model_transaction_policy { decoupled: true }" if decoupled else ""
+    (folder / "config.pbtxt").write_text(STREAM_CONFIG.format(policy=policy))
+    (folder / "1" / "model.dali").write_bytes(rf.serialized(streamed_video_pipeline, batch_size=SEQUENCES_PER_RUN))
 
 
 def video_preprocess_config(name: str, **parameters: str) -> ModelConfig:
@@ -72,13 +97,15 @@ def repository(tmp_path_factory, model_repository):
     rf.write_model(out, video_preprocess_config(SMALL_BUDGET, max_pixels="300000", max_request_pixels="300000",
                                                 max_batch_pixels="300000"), {"model.dali": serialized})
     rf.write_model(out, ensemble_config(), {})
+    write_stream_model(out, STREAM, decoupled=True)
+    write_stream_model(out, NOT_DECOUPLED, decoupled=False)
     return out
 
 
 @pytest.fixture(scope="module")
 def triton(repository):
     with rf.explicit_server(repository) as running, httpclient.InferenceServerClient(running.http_url) as client:
-        for model in (CLASSIFIER, PREPROCESS, ENSEMBLE, SMALL_BUDGET):
+        for model in (CLASSIFIER, PREPROCESS, ENSEMBLE, SMALL_BUDGET, STREAM):
             client.load_model(model)
         yield running
 
@@ -142,3 +169,69 @@ def test_a_clips_frames_count_against_the_decode_budget(http, clip_files):
         infer(http, SMALL_BUDGET, [clip_files["chelsea"]])
     message = str(refused.value)
     assert f"{FRAMES} frames of 240x240" in message and "max_pixels 300000" in message, message
+
+
+def stream(url: str, clip: bytes) -> list[np.ndarray]:
+    """One request to the decoupled model over gRPC's stream: every response's
+    OUTPUT until the final flag."""
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(url) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        tensor = grpcclient.InferInput("INPUT", [1, len(clip)], "UINT8")
+        tensor.set_data_from_numpy(np.frombuffer(clip, np.uint8)[None])
+        client.async_stream_infer(STREAM, [tensor], request_id="clip", enable_empty_final_response=True)
+        outputs = []
+        try:
+            while True:
+                result, error = answers.get(timeout=120)
+                if error is not None:
+                    raise error
+                if result.as_numpy("OUTPUT") is not None:
+                    outputs.append(result.as_numpy("OUTPUT"))
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    return outputs
+        finally:
+            client.stop_stream()
+
+
+def reference_sequences(clip: bytes) -> np.ndarray:
+    """The clip's frames decoded at once, zero-padded to whole sequences, as the QA client's reference."""
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1)
+    def decode():
+        frames = fn.decoders.video(fn.external_source(name="data"), device="cpu")
+        return fn.pad(frames, axes=0, align=SEQUENCE)
+
+    pipeline = decode()
+    pipeline.build()
+    pipeline.feed_input("data", [np.frombuffer(clip, np.uint8)])
+    (frames,) = pipeline.run()
+    frames = np.asarray(frames.at(0))
+    return frames.reshape(-1, SEQUENCE, *frames.shape[1:])
+
+
+@pytest.mark.parametrize("clip_name, sequences, responses", [
+    ("chelsea", 5, [3, 2]),  # 24 frames: the last run is short
+    ("sample", 6, [3, 3]),  # 30 frames: the last run is full, the input is found consumed after it
+])
+def test_a_decoupled_model_streams_a_clip_run_by_run(triton, clip_files, clip_name, sequences, responses):
+    """qa/L0_video_input_decoupled; src/dali_model_instance.cc ProcessRequest (a
+    response per run until the input is consumed)."""
+    clip = sample_clip() if clip_name == "sample" else clip_files["chelsea"]
+    expected = reference_sequences(clip)
+    assert len(expected) == sequences
+    for _ in range(2):  # nothing of one request's clip is left for the next
+        outputs = stream(triton.grpc_url, clip)
+        assert [len(output) for output in outputs] == responses
+        np.testing.assert_array_equal(np.concatenate(outputs), expected)
+
+
+def test_a_bad_clip_ends_its_stream_with_an_error(triton, clip_files):
+    with pytest.raises(InferenceServerException) as refused:
+        stream(triton.grpc_url, clip_files["h264"])
+    assert "H.264" in str(refused.value)
+    assert len(stream(triton.grpc_url, sample_clip())) == 2
+
+
+def test_an_input_operator_needs_a_decoupled_model(http):
+    message = rf.load_error(http, NOT_DECOUPLED)
+    assert "decoupled" in message and "fn.experimental.inputs.video" in message, message

@@ -28,6 +28,10 @@ _UNKNOWN = (1 << 64) - 1  # -1 as a protobuf varint: type or ndim not declared
 EXTERNAL_SOURCES = {"ExternalSource", "_ExternalSource"}
 # Operators whose first input is an encoded clip (fn.decoders.video and its older name).
 VIDEO_DECODERS = {"decoders__Video", "experimental__decoders__Video"}
+# Input operators: a pipeline input fed once per request, then run until it is
+# consumed, each run a response of its own (a decoupled model). fn.experimental.inputs.video
+# takes one encoded clip and gives its frames in sequences, `batch_size` sequences a run.
+INPUT_OPERATORS = {"experimental__inputs__Video", "inputs__Video"}
 # Operators whose first input is an encoded image.
 DECODERS = {"decoders__Image", "decoders__ImageCrop", "decoders__ImageSlice",
             "decoders__ImageRandomCrop", "ImageDecoder", "ImageDecoderCrop",
@@ -59,8 +63,10 @@ class PipelineSpec:
     decoded_inputs: frozenset[str]  # external sources that feed an image decoder
     max_batch_size: int | None = None  # the batch size it was serialized with
     video_inputs: frozenset[str] = frozenset()  # external sources that feed a video decoder
-    # The frames a video decoder gives per clip (its sequence_length), None: every frame.
+    # The frames a video decoder gives per clip (its sequence_length), None: every frame;
+    # for an input operator, the frames of one of its sequences.
     clip_frames: int | None = None
+    streamed_inputs: frozenset[str] = frozenset()  # input operators' names (fn.experimental.inputs.video)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -75,7 +81,7 @@ class PipelineSpec:
 def parse_pipeline(serialized: bytes) -> PipelineSpec:
     """What a serialized pipeline declares; ValueError when it is not one."""
     pipeline = _fields(serialized)
-    inputs, operators, decoded, videos, clip_frames = [], [], set(), set(), None
+    inputs, operators, decoded, videos, streamed, clip_frames = [], [], set(), set(), set(), None
     for op in (_fields(data) for number, data in pipeline if number == _OP):
         name = _string(op, _OP_NAME)
         args = {_string(_fields(arg), _ARG_NAME): _fields(arg) for number, arg in op if number == _OP_ARG}
@@ -85,6 +91,12 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
             output = _string(_fields(_first(op, _OP_OUTPUT)), _IO_NAME)
             inputs.append(Port(output, _triton_dtype(_int(args.get("dtype", []), _ARG_INTS)),
                                _int(args.get("ndim", []), _ARG_INTS), device))
+        elif name in INPUT_OPERATORS:  # encoded clips: one dimension of bytes
+            output = _string(_fields(_first(op, _OP_OUTPUT)), _IO_NAME)
+            inputs.append(Port(output, "TYPE_UINT8", 1, device))
+            videos.add(output)
+            streamed.add(output)
+            clip_frames = _int(args.get("sequence_length", []), _ARG_INTS)
         elif name in DECODERS:
             decoded.add(_string(_fields(_first(op, _OP_INPUT)), _IO_NAME))
         elif name in VIDEO_DECODERS:
@@ -99,7 +111,7 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
         raise ValueError("no pipeline outputs found")
     sources = {port.name for port in inputs}
     return PipelineSpec(tuple(inputs), outputs, tuple(operators), frozenset(decoded & sources),
-                        _int(pipeline, _BATCH_SIZE), frozenset(videos & sources), clip_frames)
+                        _int(pipeline, _BATCH_SIZE), frozenset(videos & sources), clip_frames, frozenset(streamed))
 
 
 def _triton_dtype(value: int | None) -> str | None:

@@ -232,10 +232,11 @@ def _check_dali(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
         spec, failure = _observed(model_dir.name, spec, config, serialized_path.read_bytes())
         if failure:
             return [failure]
-    # Complete the config as the backend will (the C++ backend's merge); the
-    # batch size it would fill does not change any problem.
+    # Complete the config as the backend will (the C++ backend's merge), the
+    # pipeline's batch size filling a missing max_batch_size.
     stated = stated_max_batch_size((model_dir / CONFIG_FILENAME).read_text())
-    as_dict, problems = dali_rules.dali_autocomplete(_named_dict(model_dir, config), spec, 0, stated)
+    as_dict, problems = dali_rules.dali_autocomplete(_named_dict(model_dir, config), spec,
+                                                     spec.max_batch_size or 1, stated)
     problems += [problem for kind in sorted(kinds) for problem in dali_rules.dali_problems(as_dict, spec, kind)]
     return list(dict.fromkeys(problems))  # one line per problem, whatever the instance groups
 

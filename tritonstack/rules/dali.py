@@ -34,14 +34,21 @@ def split_flags(spec: PipelineSpec, config: dict) -> tuple[bool, ...]:
                  for index, port in enumerate(spec.outputs))
 
 
-def as_served(spec: PipelineSpec, config: dict) -> PipelineSpec:
-    """The pipeline as the model serves it: a split output's declared rank is one less."""
+def as_served(spec: PipelineSpec, config: dict, batched: bool | None = None) -> PipelineSpec:
+    """The pipeline as the model serves it: a split output's declared rank is one
+    less; an unbatched model's tensors have the samples' axis first, one rank more
+    (src/config_tools/config_tools.cc add_batch_dim: a request's first dimension is
+    its samples whether or not Triton batches the model)."""
     flags = split_flags(spec, config)
-    if not any(flags):
-        return spec
-    outputs = tuple(replace(port, ndim=port.ndim - 1) if split and port.ndim else port
-                    for port, split in zip(spec.outputs, flags))
-    return replace(spec, outputs=outputs)
+    extra = 0 if (is_batched(config) if batched is None else batched) else 1
+
+    def served(port: Port, split: bool = False) -> Port:
+        if port.ndim is None:
+            return port
+        return replace(port, ndim=port.ndim - (1 if split and port.ndim else 0) + extra)
+
+    return replace(spec, inputs=tuple(served(port) for port in spec.inputs),
+                   outputs=tuple(served(port, split) for port, split in zip(spec.outputs, flags)))
 
 
 # --- DALI: config vs pipeline --------------------------------------------------------------
@@ -60,7 +67,24 @@ def dali_problems(config: dict, spec: PipelineSpec, instance_kind: str = "KIND_C
               for index, (tensor, port) in enumerate(zip(config.get("output", []), spec.outputs))]
     for tensor, port, kind, source in pairs:
         problems += _dali_tensor(model, kind, tensor, port, source)
-    return problems + gpu_operators_on_cpu(model, spec, instance_kind)
+    return problems + _streamed_inputs(model, config, spec) + gpu_operators_on_cpu(model, spec, instance_kind)
+
+
+def is_decoupled(config: dict) -> bool:
+    return bool(config.get("model_transaction_policy", {}).get("decoupled"))
+
+
+def _streamed_inputs(model: str, config: dict, spec: PipelineSpec) -> list[Problem]:
+    """An input operator (fn.experimental.inputs.video) answers a request with one
+    response per pipeline run until its input is consumed: only a decoupled model
+    may (the C++ backend: src/dali_model_instance.cc ProcessRequest)."""
+    if not spec.streamed_inputs or is_decoupled(config):
+        return []
+    names = ", ".join(sorted(spec.streamed_inputs))
+    return [Problem(model, "model_transaction_policy", names,
+                    "the pipeline's input operator (fn.experimental.inputs.video) answers a request with a "
+                    "response per run until the input is consumed, which only a decoupled model may",
+                    "set model_transaction_policy { decoupled: true }")]
 
 
 def _dali_names(model: str, config: dict, spec: PipelineSpec) -> list[Problem]:
@@ -131,7 +155,7 @@ def dali_autocomplete(config: dict, spec: PipelineSpec, pipeline_max_batch_size:
                       stated_batch_size: int | None) -> tuple[dict, list[Problem]]:
     """The config as the C++ DALI backend completes it from the pipeline, and the
     problems that leave a field it cannot fill."""
-    spec = as_served(spec, config)
+    spec = as_served(spec, config, batched=stated_batch_size != 0)
     merged = {**config, "input": [dict(t) for t in config.get("input", [])],
               "output": [dict(t) for t in config.get("output", [])]}
     model = config.get("name", "")

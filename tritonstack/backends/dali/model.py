@@ -71,8 +71,9 @@ class TritonPythonModel:
         warn_on_version_skew(version_dir)
         parameters = config.get("parameters", {})
         device_id = int(args["model_instance_device_id"]) if args["model_instance_kind"] == "GPU" else None
-        self._batched = int(config.get("max_batch_size", 0)) > 0
-        batch_size = max(int(config.get("max_batch_size", 0)), 1)
+        # An unbatched model runs a request's samples in one batch of up to the
+        # pipeline's own batch size (the C++ backend's for max_batch_size 0).
+        batch_size = int(config.get("max_batch_size", 0)) or spec.max_batch_size or 1
         self._budget = DecodeBudget.from_parameters(parameters)
         raise_budget_problems(self._budget)
         self._max_input_bytes = (_int_parameter(parameters, "max_input_bytes")
@@ -81,14 +82,20 @@ class TritonPythonModel:
                            for tensor in config["input"]}
         self._input_names = [port.name for port in spec.inputs]
         self._decoded_inputs = [name for name in self._input_names if name in spec.decoded_inputs]
+        # An input operator (fn.experimental.inputs.video) streams: a response per run.
+        self._streamed = bool(spec.streamed_inputs)
+        # Its runs decode at most batch_size sequences of a clip at once.
+        frames = spec.clip_frames * batch_size if self._streamed and spec.clip_frames else spec.clip_frames
         video_inputs = [name for name in self._input_names if name in spec.video_inputs]
-        self._clips = ClipInputs(video_inputs, device_id is not None, spec.clip_frames) if video_inputs else None
+        self._clips = (ClipInputs(video_inputs, device_id is not None, frames, streamed=self._streamed)
+                       if video_inputs else None)
+        self._batch_size = batch_size
         self._outputs = [
             (tensor["name"], TRITON_TO_NUMPY[tensor["data_type"]])
             for tensor in config["output"]
         ]
         self._runner = PipelineRunner(self._serialized, batch_size, device_id, _int_parameter(parameters, "num_threads"),
-                                      self._input_names, self._batched, split_flags(spec, config))
+                                      self._input_names, split_flags(spec, config))
         # With DALI's host pool on, a rebuilt pipeline's buffers go back to the pool,
         # not to the system: releasing after large runs would only cost a rebuild.
         self._buffers_return = pool_threshold_bytes(os.environ[DALI_HOST_POOL_ENV]) == 0
@@ -102,12 +109,16 @@ class TritonPythonModel:
         self._memory_gauge = StubMemoryGauge(args["model_name"], args["model_instance_name"])
 
     def execute(self, requests):
+        if self._streamed:  # a decoupled model: each request answered through its sender
+            for request in requests:
+                self._stream(request)
+            self._memory_gauge.update()
+            return None
         responses = [None] * len(requests)
         runnable, pixels = [], []
         for index, request in enumerate(requests):
             try:
-                feed, declared = samples_of(request, self._input_names, self._decoded_inputs, self._itemsizes,
-                                            self._max_input_bytes, self._batched, self._budget, self._clips)
+                feed, declared = self._samples_of(request)
             except UndecodableError as error:
                 # The status the decoder's own failure has (as in the C++ backend).
                 responses[index] = _error_response(error)
@@ -133,6 +144,38 @@ class TritonPythonModel:
             self._memory_trace.after_batch()
         self._memory_gauge.update()
         return responses
+
+    def _samples_of(self, request) -> tuple[dict[str, np.ndarray], int]:
+        feed, pixels = samples_of(request, self._input_names, self._decoded_inputs, self._itemsizes,
+                                  self._max_input_bytes, self._budget, self._clips)
+        samples = len(next(iter(feed.values())))
+        if samples > self._batch_size:  # only an unbatched model's requests can be (Triton bounds the others)
+            raise InputError(f"the request has {samples} samples, above the pipeline's batch size "
+                             f"{self._batch_size}: send at most {self._batch_size} per request")
+        return feed, pixels
+
+    def _stream(self, request) -> None:
+        """One response per pipeline run until the request's input is consumed (the
+        C++ backend's ProcessRequest loop), then the final flag; a failure ends the
+        stream with an error response."""
+        sender = request.get_response_sender()
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            feed, _ = self._samples_of(request)
+            clips = len(next(iter(feed.values())))
+            if clips != 1:
+                raise InputError(f"the pipeline's input operator (fn.experimental.inputs.video) takes one clip "
+                                 f"per request, got {clips}: send each clip in a request of its own")
+            for outputs in self._runner.stream(feed):
+                sender.send(self._respond(outputs))
+        except UndecodableError as error:
+            sender.send(_error_response(error), flags=final)
+        except (InputError, BudgetError) as error:
+            sender.send(_error_response(error, pb_utils.TritonError.INVALID_ARG), flags=final)
+        except PipelineError as error:
+            sender.send(_error_response(error), flags=final)
+        else:
+            sender.send(flags=final)
 
     def _release_buffers(self) -> None:
         """Return the buffers a run of large images grew: a new pipeline (the old

@@ -27,10 +27,12 @@ class ClipInputs:
     """The inputs that feed a video decoder, the codecs it reads, and the frames it
     keeps of a clip (its sequence_length; None: all the clip's frames)."""
 
-    def __init__(self, names: list[str], on_gpu: bool, frames: int | None):
+    def __init__(self, names: list[str], on_gpu: bool, frames: int | None, streamed: bool = False):
         self.names = names
         self.codecs = GPU_CODECS if on_gpu else CPU_CODECS
         self.frames = frames
+        # An input operator decodes a clip `frames` at a time, in runs: at most that many at once.
+        self.streamed = streamed
 
     def request_pixels(self, name: str, clips, budget: DecodeBudget) -> int:
         """The pixels a request's clips decode to (frames x width x height, read from
@@ -44,6 +46,8 @@ class ClipInputs:
                                        "before the pipeline's video decoder (decoders.video) ran")
             header = read_header(data)
             frames = self.frames or header.frames or 1
+            if self.streamed and header.frames:
+                frames = min(frames, header.frames)
             pixels = frames * (header.width or 0) * (header.height or 0)
             if pixels > budget.max_pixels:
                 raise BudgetError(f"input '{name}' sample {row}: clip decodes to {frames} frames of "
@@ -57,16 +61,21 @@ class ClipInputs:
 
 
 def samples_of(request, input_names: list[str], decoded_inputs: list[str], itemsizes: dict[str, int],
-               max_input_bytes: int, batched: bool, budget: DecodeBudget,
+               max_input_bytes: int, budget: DecodeBudget,
                clips: ClipInputs | None = None) -> tuple[dict[str, np.ndarray], int]:
-    """A request's inputs (each row of a batched input is one sample) and the
-    pixels its images and clips declare."""
+    """A request's inputs and the pixels its images and clips declare. Each row of
+    an input is one sample, whether or not Triton batches the model: an unbatched
+    model's dims start with the samples' axis (the C++ backend's add_batch_dim)."""
     tensors = {name: pb_utils.get_input_tensor_by_name(request, name) for name in input_names}
     for name, tensor in tensors.items():
         check_size(name, tensor.shape(), itemsizes[name], max_input_bytes)
     feed = {name: tensor.as_numpy() for name, tensor in tensors.items()}
-    if not batched:
-        feed = {name: array[np.newaxis] for name, array in feed.items()}
+    if any(array.ndim == 0 for array in feed.values()):
+        raise InputError("a scalar input has no samples: give every input at least one dimension, its samples")
+    counts = {name: len(array) for name, array in feed.items()}
+    if len(set(counts.values())) > 1:
+        # The C++ backend's words (src/dali_model_instance.cc GenerateInputs).
+        raise InputError(f"Each input in a request must have the same batch size. (samples per input: {counts})")
     pixels = sum(budget.request_pixels((sample.data for sample in feed[name]), name) for name in decoded_inputs)
     for name in decoded_inputs:
         for row, sample in enumerate(feed[name]):

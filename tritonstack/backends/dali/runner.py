@@ -6,7 +6,7 @@ pipeline object that failed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from nvidia.dali import Pipeline
@@ -18,15 +18,18 @@ class PipelineError(Exception):
     """A DALI pipeline run failed on the data it was given."""
 
 
+# What DALI says when a run finds an input operator with nothing left to give.
+_INPUT_DEPLETED = "No data was provided to the InputOperator"
+
+
 class PipelineRunner:
     def __init__(self, serialized: bytes, batch_size: int, device_id: int | None, num_threads: int | None,
-                 input_names: list[str], batched: bool, split: tuple[bool, ...] = ()):
+                 input_names: list[str], split: tuple[bool, ...] = ()):
         self._serialized = serialized
         self._batch_size = batch_size
         self._device_id = device_id
         self._num_threads = num_threads
         self._input_names = input_names
-        self._batched = batched
         self._split = split  # per pipeline output: split along its outer axis
         self._pipeline: Pipeline | None = self._build()
 
@@ -67,10 +70,42 @@ class PipelineRunner:
             self.rebuild()
             raise PipelineError(explain(error)) from error
         sizes = [len(feed[self._input_names[0]]) for feed in feeds]
-        return _per_request(pipeline_outputs, sizes, self._batched, self._split)
+        return _per_request(pipeline_outputs, sizes, self._split)
 
 
-def _per_request(pipeline_outputs, request_sizes, batched, split):
+    def stream(self, feed: dict[str, np.ndarray]) -> Iterator[list[np.ndarray]]:
+        """Feed an input operator's request once, then run until it is consumed:
+        each run's outputs, a batch of up to batch_size samples (sequences of a
+        clip). DALI's Python API does not tell when an input operator is depleted
+        (the C++ backend reads its "depleted" trace): a run of fewer samples than the
+        batch size is the last; after a full one, the next run finds nothing, and
+        the pipeline, which a failed run invalidates, is rebuilt."""
+        finished = False
+        try:
+            for name in self._input_names:
+                self._pipeline.feed_input(name, feed[name])
+            while not finished:
+                try:
+                    outputs = self._pipeline.run()
+                except RuntimeError as error:
+                    self.rebuild()
+                    finished = True
+                    if _INPUT_DEPLETED in str(error):
+                        return
+                    raise PipelineError(explain(error)) from error
+                samples = len(outputs[0])
+                finished = samples < self._batch_size
+                yield _per_request(outputs, [samples], self._split)[0]
+        except RuntimeError as error:  # feed_input refused the data
+            finished = True
+            self.rebuild()
+            raise PipelineError(explain(error)) from error
+        finally:
+            if not finished:  # the caller stopped early: what is left of the input must not reach the next request
+                self.rebuild()
+
+
+def _per_request(pipeline_outputs, request_sizes, split):
     """Each request's rows of each output. A ragged merged batch leaves DALI as
     samples of different shapes: those are stacked per request."""
     outputs = [output.as_array() if output.is_dense_tensor() else output
@@ -78,7 +113,7 @@ def _per_request(pipeline_outputs, request_sizes, batched, split):
     split = list(split) + [False] * (len(outputs) - len(split))
     offsets = np.cumsum([0] + request_sizes)
     return [
-        [_split_rows(output, start, end) if is_split else _rows(output, start, end, batched)
+        [_split_rows(output, start, end) if is_split else _rows(output, start, end)
          for output, is_split in zip(outputs, split)]
         for start, end in zip(offsets[:-1], offsets[1:])
     ]
@@ -97,12 +132,10 @@ def _split_rows(output, start: int, end: int) -> np.ndarray:
     return np.concatenate(samples)
 
 
-def _rows(output, start: int, end: int, batched: bool) -> np.ndarray:
+def _rows(output, start: int, end: int) -> np.ndarray:
     if isinstance(output, np.ndarray):
-        return output[start:end] if batched else output[start]
+        return output[start:end]
     samples = [np.asarray(output[index]) for index in range(start, end)]
-    if not batched:
-        return samples[0]
     if len({sample.shape for sample in samples}) > 1:
         raise PipelineError(
             f"DALI pipeline output has samples of shapes {[s.shape for s in samples]} in one "
