@@ -364,3 +364,25 @@ def test_per_model_max_input_bytes_overrides_the_launchers(repository, http, ide
     larger = np.full((1, 101), 5, np.uint8)
     np.testing.assert_array_equal(
         rf.infer_http(http, identity, {"DALI_INPUT_0": larger}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), larger)
+
+
+def test_backend_config_reaches_the_dali_stubs(tmp_path):
+    """--backend-config=dali,plugin_libs=...: a plugin that cannot be loaded is logged
+    with the C++ backend's words and the model still serves (src/dali_backend.cc
+    TRITONBACKEND_Initialize); release_after_unload=true lets the model unload
+    (docs/config.md). The launcher hands both to the stubs (tritonstack.contract)."""
+    from tritonstack.serve.launcher import TritonServer
+
+    name = rf.write_model(tmp_path, rf.identity_config("identity"), {"model.dali": rf.serialized(rf.identity_pipeline)})
+    flags = ("--backend-config=dali,plugin_libs=/nonexistent/libnot_a_plugin.so",
+             "--backend-config", "dali,release_after_unload=true")
+    with TritonServer(tmp_path, extra_args=(*rf.EXPLICIT, *flags), restricted_apis=()) as server, \
+            httpclient.InferenceServerClient(server.http_url) as client:
+        client.load_model(name)
+        data = np.arange(8, dtype=np.uint8).reshape(2, 4)
+        np.testing.assert_array_equal(rf.infer_http(client, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"])
+                                      .as_numpy("DALI_OUTPUT_0"), data)
+        client.unload_model(name)
+        wait_for(lambda: not client.is_model_ready(name), timeout_s=30)
+        log = server.log_path.read_text(errors="replace")
+    assert "Failed to load plugin libs: /nonexistent/libnot_a_plugin.so" in log, log[-2000:]

@@ -69,6 +69,25 @@ DALI_HOST_POOL_THRESHOLD = "128k"
 # (default 0: never; --compact-memory: 1): it hands the heap's free pages back (docs/memory.md).
 MALLOC_TRIM_ENV = "TRITONSTACK_MALLOC_TRIM_EVERY"
 DEFAULT_MALLOC_TRIM_EVERY = 0  # off unless the launcher is asked for compact memory
+# `tritonserver --backend-config=dali,plugin_libs=a.so:b.so` reaches NVIDIA's C++ dali
+# backend (src/parameters.h: plugin_libs, release_after_unload); Triton hands a
+# Python-based backend only the python backend's settings, so the launcher passes
+# the dali entries of its tritonserver flags to the stubs here, as JSON.
+DALI_BACKEND_CONFIG_ENV = "TRITONSTACK_DALI_BACKEND_CONFIG"
+
+
+def backend_config(args: list[str] | tuple[str, ...], backend: str) -> dict[str, str]:
+    """`backend`'s settings among tritonserver flags: --backend-config=<backend>,<key>=<value>
+    (or the value as the next argument), the last of a key winning, as in tritonserver."""
+    values = [arg.split("=", 1)[1] for arg in args if arg.startswith("--backend-config=")]
+    values += [value for flag, value in zip(args, args[1:]) if flag == "--backend-config"]
+    settings = {}
+    for value in values:
+        name, _, setting = value.partition(",")
+        key, equals, setting_value = setting.partition("=")
+        if name == backend and equals:
+            settings[key] = setting_value
+    return settings
 
 # --- the restricted (admin) APIs --------------------------------------------------------
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import json
 import logging
 import os
 import re
@@ -49,7 +50,14 @@ from pathlib import Path
 import psutil
 
 from tritonstack.address import METRICS_PATH
-from tritonstack.contract import DEFAULT_MAX_INPUT_BYTES, MAX_INPUT_BYTES_ENV, REPOSITORY_ENV, admin_headers
+from tritonstack.contract import (
+    DALI_BACKEND_CONFIG_ENV,
+    DEFAULT_MAX_INPUT_BYTES,
+    MAX_INPUT_BYTES_ENV,
+    REPOSITORY_ENV,
+    admin_headers,
+    backend_config,
+)
 from tritonstack.processes import process_tree
 from tritonstack.rules.repository import unservable_reason
 from tritonstack.serve import security
@@ -233,6 +241,9 @@ class TritonServer:
             # repository is a temporary folder nobody is told of.
             env[REPOSITORY_ENV] = str(self.model_repository)
         env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
+        dali_settings = backend_config(self.extra_args, "dali")
+        if dali_settings:
+            env[DALI_BACKEND_CONFIG_ENV] = json.dumps(dali_settings)
         env.update(self.environment)
         env.update(self.memory_limits.environment() if self.memory_limits else {})
         with open(self.log_path, "ab") as log:

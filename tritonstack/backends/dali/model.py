@@ -19,6 +19,7 @@ from tritonstack.backends.dali.source import load_serialized, warn_on_version_sk
 from tritonstack.backends.stub_memory import StubMemoryGauge
 from tritonstack.contract import (
     CONFIG_FILENAME,
+    DALI_BACKEND_CONFIG_ENV,
     DALI_HOST_POOL_ENV,
     DEFAULT_MALLOC_TRIM_EVERY,
     DEFAULT_MAX_INPUT_BYTES,
@@ -63,6 +64,8 @@ class TritonPythonModel:
         return cfg
 
     def initialize(self, args):
+        self._backend_config = json.loads(os.environ.get(DALI_BACKEND_CONFIG_ENV) or "{}")
+        load_plugins(self._backend_config.get("plugin_libs", ""))
         config = json.loads(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self._serialized = load_serialized(version_dir, config, cpu_only=args["model_instance_kind"] == "CPU")
@@ -177,6 +180,13 @@ class TritonPythonModel:
         else:
             sender.send(flags=final)
 
+    def finalize(self):
+        """--backend-config=dali,release_after_unload=true (docs/config.md): DALI's
+        pools go back when the model unloads. The stub exits after this anyway."""
+        if self._backend_config.get("release_after_unload", "").lower() in ("true", "1"):
+            self._runner = None
+            _return_freed_memory()
+
     def _release_buffers(self) -> None:
         """Return the buffers a run of large images grew: a new pipeline (the old
         one's buffers are freed), DALI's unused pools, glibc's free heap."""
@@ -204,6 +214,19 @@ class TritonPythonModel:
             for (name, dtype), array in zip(self._outputs, outputs)
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def load_plugins(plugin_libs: str) -> None:
+    """--backend-config=dali,plugin_libs=a.so:b.so: DALI plugin libraries loaded before
+    the pipeline is built; a failure is logged, not fatal (src/dali_backend.cc
+    TRITONBACKEND_Initialize, src/parameters.h GetPluginNames)."""
+    import nvidia.dali.plugin_manager as plugin_manager
+
+    for path in filter(None, plugin_libs.split(":")):
+        try:
+            plugin_manager.load_library(path)
+        except Exception as error:  # DALI raises RuntimeError; anything else is as fatal to the load
+            pb_utils.Logger.log_error(f"Failed to load plugin libs: {path}: {error}")
 
 
 def _return_freed_memory() -> None:
