@@ -4,18 +4,21 @@ loads it, and checks what the server answers (status codes and messages)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import grpc
 import numpy as np
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from nvidia.dali import fn, pipeline_def, types
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
 from tests.processes import wait_for
 from tritonstack.build.model_config import DynamicBatching, Tensor
-from tritonstack.samples import photo_bytes
+from tritonstack.samples import photo_bytes, sample_jpeg
 
 
 @pytest.fixture(scope="module")
@@ -386,3 +389,41 @@ def test_backend_config_reaches_the_dali_stubs(tmp_path):
         wait_for(lambda: not client.is_model_ready(name), timeout_s=30)
         log = server.log_path.read_text(errors="replace")
     assert "Failed to load plugin libs: /nonexistent/libnot_a_plugin.so" in log, log[-2000:]
+
+
+@pipeline_def(output_dtype=types.UINT8, output_ndim=1)
+def untyped_identity_pipeline():
+    return fn.external_source(name="DALI_INPUT_0", ndim=1)
+
+
+@pipeline_def(output_dtype=types.UINT8, output_ndim=3)
+def untyped_decoder_pipeline():
+    return fn.decoders.image(fn.external_source(name="DALI_INPUT_0", ndim=1), device="cpu")
+
+
+def test_string_inputs_are_taken_as_the_raw_buffer(repository, http):
+    """src/utils/triton.h to_dali: BYTES reaches DALI as UINT8, Triton's buffer as it is
+    (each element's 4-byte length, then its bytes). A decoder cannot read that
+    (dali_backend issue #176): such a request is refused saying what to send."""
+    def config(name):
+        return rf.dali_config(name, inputs=(Tensor("DALI_INPUT_0", "STRING", (1,)),),
+                              outputs=(Tensor("DALI_OUTPUT_0", "UINT8", (-1,)),))
+
+    identity = rf.write_model(repository, config("string_identity"),
+                              {"model.dali": rf.serialized(untyped_identity_pipeline)})
+    http.load_model(identity)
+    strings = np.array([[b"abc"], [b"xyz"]], dtype=np.object_)
+    answer = rf.infer_http(http, identity, {"DALI_INPUT_0": strings}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0")
+    np.testing.assert_array_equal(answer, [list(b"\x03\x00\x00\x00abc"), list(b"\x03\x00\x00\x00xyz")])
+
+    decoder_config = replace(config("string_decoder"), outputs=(Tensor("DALI_OUTPUT_0", "UINT8", (-1, -1, 3)),))
+    decoder = rf.write_model(repository, decoder_config, {"model.dali": rf.serialized(untyped_decoder_pipeline)})
+    http.load_model(decoder)
+    with pytest.raises(InferenceServerException) as refused:
+        rf.infer_http(http, decoder, {"DALI_INPUT_0": np.array([[sample_jpeg()]], dtype=np.object_)},
+                      ["DALI_OUTPUT_0"])
+    assert "TYPE_STRING" in str(refused.value) and "TYPE_UINT8" in str(refused.value), refused.value
+
+    typed = rf.write_model(repository, config("string_for_uint8_source"),
+                           {"model.dali": rf.serialized(rf.identity_pipeline)})
+    assert "data type mismatch" in rf.load_error(http, typed)  # the C++ backend's ValidateDtypeConfig too

@@ -81,7 +81,8 @@ class TritonPythonModel:
         raise_budget_problems(self._budget)
         self._max_input_bytes = (_int_parameter(parameters, "max_input_bytes")
                                  or int(os.environ.get(MAX_INPUT_BYTES_ENV) or DEFAULT_MAX_INPUT_BYTES))
-        self._itemsizes = {tensor["name"]: np.dtype(TRITON_TO_NUMPY[tensor["data_type"]]).itemsize
+        # A TYPE_STRING input's size is its data's, not its shape's: bounded after it is read.
+        self._itemsizes = {tensor["name"]: np.dtype(TRITON_TO_NUMPY.get(tensor["data_type"], np.uint8)).itemsize
                            for tensor in config["input"]}
         self._input_names = [port.name for port in spec.inputs]
         self._decoded_inputs = [name for name in self._input_names if name in spec.decoded_inputs]

@@ -4,6 +4,8 @@ decode (tritonstack.decodable for images, tritonstack.video_header for clips).""
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -72,6 +74,10 @@ def samples_of(request, input_names: list[str], decoded_inputs: list[str], items
     feed = {name: tensor.as_numpy() for name, tensor in tensors.items()}
     if any(array.ndim == 0 for array in feed.values()):
         raise InputError("a scalar input has no samples: give every input at least one dimension, its samples")
+    for name, array in feed.items():
+        if array.dtype == np.object_:
+            feed[name] = raw_string_samples(name, array, refuse=name in decoded_inputs
+                                            or (clips is not None and name in clips.names))
     counts = {name: len(array) for name, array in feed.items()}
     if len(set(counts.values())) > 1:
         # The C++ backend's words (src/dali_model_instance.cc GenerateInputs).
@@ -86,6 +92,25 @@ def samples_of(request, input_names: list[str], decoded_inputs: list[str], items
     if clips is not None:
         pixels += sum(clips.request_pixels(name, feed[name], budget) for name in clips.names)
     return feed, pixels
+
+
+def raw_string_samples(name: str, array: np.ndarray, refuse: bool) -> list[np.ndarray]:
+    """A TYPE_STRING (BYTES) input as NVIDIA's dali backend takes it: Triton's raw
+    buffer, each element its 4-byte little-endian length then its bytes, read as
+    UINT8 (src/utils/triton.h to_dali maps BYTES to UINT8), a sample per row. No
+    decoder reads an image behind a length prefix (dali_backend issue #176:
+    "Encoded image has ambiguous format"), so an input that feeds one is refused,
+    saying what to send instead."""
+    if refuse:
+        raise UndecodableError(f"input '{name}' is TYPE_STRING (BYTES): the dali backend takes a string "
+                               "input's raw buffer, a 4-byte length before each element, which no decoder "
+                               "reads; declare the input TYPE_UINT8 and send the encoded bytes as UINT8")
+    return [np.frombuffer(_serialized(row.reshape(-1)), np.uint8) for row in array]
+
+
+def _serialized(elements) -> bytes:
+    return b"".join(struct.pack("<I", len(element)) + bytes(element) for element in
+                    (e if isinstance(e, bytes) else str(e).encode() for e in elements))
 
 
 def check_size(name: str, shape, itemsize: int, max_bytes: int) -> None:
