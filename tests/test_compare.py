@@ -46,7 +46,11 @@ def test_an_open_loop_at_a_rate(lite0_repository, tmp_path):
 
 def test_the_same_server_twice_is_refused(lite0_repository, tmp_path):
     assert compare.main(["--a-repository", str(lite0_repository), "--out", str(tmp_path / "x.json")]) == 2
+    same_recycling = ["--a-recycle-above-mib", "64", "--b-recycle-above-mib", "64"]
+    assert compare.main(["--a-repository", str(lite0_repository), *same_recycling,
+                         "--out", str(tmp_path / "x.json")]) == 2
     assert not (tmp_path / "x.json").exists()
+    assert compare.recycle_policy(0) is None and compare.recycle_policy(None) == compare.RecyclePolicy()
 
 
 def test_a_rate_must_be_positive(lite0_repository, tmp_path):

@@ -46,6 +46,7 @@ from tritonstack.benchmark.phases import (
 from tritonstack.benchmark.settings import DALI_ENSEMBLE, INT8_ENSEMBLE
 from tritonstack.rules.repository import unservable_reason
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.supervision import RecyclePolicy
 
 SIDES = ("a", "b")
 
@@ -91,12 +92,21 @@ def summary(phases: dict[tuple[str, str], list[Phase]], models: list[str]) -> di
     return results
 
 
+def recycle_policy(above_mib: float | None) -> RecyclePolicy | None:
+    """The launcher's stub recycling: its default, another bound, or off (0)."""
+    if above_mib is None:
+        return RecyclePolicy()
+    return RecyclePolicy(above_mib=above_mib) if above_mib > 0 else None
+
+
 def compare(args: argparse.Namespace, log=print) -> dict:
     images = weighted_images(400)
     repositories = {"a": args.a_repository.resolve(), "b": (args.b_repository or args.a_repository).resolve()}
     environments = {"a": dict(args.a_env), "b": dict(args.b_env)}
+    recycles = {"a": recycle_policy(args.a_recycle_above_mib), "b": recycle_policy(args.b_recycle_above_mib)}
     with contextlib.ExitStack() as stack:
-        servers = {side: stack.enter_context(TritonServer(repositories[side], environment=environments[side]))
+        servers = {side: stack.enter_context(TritonServer(repositories[side], environment=environments[side],
+                                                          recycle=recycles[side]))
                    for side in SIDES}
 
         def measure(side: str, model: str, round_index: int) -> Phase:
@@ -111,8 +121,8 @@ def compare(args: argparse.Namespace, log=print) -> dict:
         phases = interleaved_sides(measure, args.model, args.rounds, log)
         memory = {side: server_rss_mb_by_process(servers[side]) for side in SIDES}
     return {
-        "a": {"repository": str(repositories["a"]), "environment": environments["a"]},
-        "b": {"repository": str(repositories["b"]), "environment": environments["b"]},
+        **{side: {"repository": str(repositories[side]), "environment": environments[side],
+                  "recycle_above_mib": recycles[side].above_mib if recycles[side] else None} for side in SIDES},
         "settings": {"rounds": args.rounds, "seconds": args.seconds, "warmup_s": args.warmup_s,
                      "concurrency": None if args.rate else args.concurrency, "rate": args.rate},
         "models": summary(phases, args.model),
@@ -145,6 +155,10 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--b-repository", type=Path, help="default: A's")
     parser.add_argument("--a-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--b-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")
+    for side in SIDES:
+        parser.add_argument(f"--{side}-recycle-above-mib", type=float, metavar="MIB",
+                            help=f"{side.upper()}'s stub recycling bound (0: off; default: the launcher's, "
+                                 f"{RecyclePolicy.above_mib:g})")
     parser.add_argument("--model", action="append", help=f"default: {DALI_ENSEMBLE} and {INT8_ENSEMBLE}")
     parser.add_argument("--rounds", type=cli.positive_int, default=5, help="at least 3: a median and a spread")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured per side, model and round")
@@ -154,8 +168,10 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args(argv)
     args.model = args.model or [DALI_ENSEMBLE, INT8_ENSEMBLE]
-    if args.b_repository is None and not args.a_env and not args.b_env:
-        raise cli.UsageError("A and B would be the same: give --b-repository or an --a-env/--b-env")
+    if (args.b_repository is None and not args.a_env and not args.b_env
+            and args.a_recycle_above_mib == args.b_recycle_above_mib):
+        raise cli.UsageError("A and B would be the same: give --b-repository, an --a-env/--b-env "
+                             "or different --a/--b-recycle-above-mib")
     for repository in filter(None, (args.a_repository, args.b_repository)):
         reason = unservable_reason(repository)
         if reason:
