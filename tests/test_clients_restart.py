@@ -127,4 +127,4 @@ def test_folder_run_survives_a_server_restart(model_repository, many_images, tmp
     # The run really crossed the restart: the new server did part of the work.
     assert served_by_second > 0
     assert process.returncode == 1, stderr
-    assert f"{IMAGES + 1} images, 1 failed" in stderr
+    assert f"{IMAGES + 1} files, 1 failed" in stderr
