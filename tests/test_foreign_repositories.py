@@ -96,6 +96,20 @@ class TritonPythonModel:
 HEADER = 'backend: "{backend}"\n'
 
 
+LAYOUT_PIPELINE = '''
+import nvidia.dali as dali
+import nvidia.dali.fn as fn
+from nvidia.dali.plugin.triton import autoserialize
+
+
+@autoserialize
+@dali.pipeline_def(batch_size=8, num_threads=1, device_id=0, output_dtype=[dali.types.UINT8], output_ndim=[3])
+def pipeline():
+    image = fn.external_source(device="cpu", name="DALI_INPUT_0", layout="HWC", dtype=dali.types.UINT8)
+    return fn.flip(image, name="DALI_OUTPUT_0")
+'''
+
+
 def qa_pipeline(batch_size: int = 256, input0_dtype: bool = True) -> str:
     dtype = "dtype=dali.types.FLOAT16, " if input0_dtype else ""
     return QA_PIPELINE.format(batch_size=batch_size, input0_dtype=dtype)
@@ -135,6 +149,8 @@ dynamic_batching { preferred_batch_size: [ 32 ] max_queue_delay_microseconds: 50
     },
     # qa/L0_autoconfig/model_repository/no_config_file.dali: no config.pbtxt.
     "no_config_file.dali": {"1/dali.py": qa_pipeline()},
+    # qa/L0_img_proc's img_proc.dali: no config, a source with a layout but no ndim.
+    "layout_only.dali": {"1/dali.py": LAYOUT_PIPELINE},
     # Outputs renamed by position, dims stated only for one of them; an input stating dims only.
     "renamed_outputs": {
         "config.pbtxt": '''backend: "dali"
@@ -427,6 +443,16 @@ def test_python_backend_model_serves(http):
     np.testing.assert_array_equal(infer(http, "python_identity", {"IN": x}, ["OUT"])["OUT"], x)
 
 
+def test_a_sources_rank_comes_from_its_layout(http):
+    """DALI infers an external source's ndim from its layout ("HWC": 3); auto-complete
+    fills the input's dims from it (qa/L0_img_proc, a folder without config.pbtxt)."""
+    config = loaded_config(http, "layout_only.dali")
+    assert tensors(config, "input") == [("DALI_INPUT_0", "TYPE_UINT8", [-1, -1, -1])]
+    image = np.arange(2 * 3 * 4 * 3, dtype=np.uint8).reshape(2, 3, 4, 3)
+    answers = infer(http, "layout_only.dali", {"DALI_INPUT_0": image}, ["DALI_OUTPUT_0"])
+    np.testing.assert_array_equal(answers["DALI_OUTPUT_0"], image[:, :, ::-1])
+
+
 def test_serving_changed_no_byte_of_the_repository(repository, before, triton, http):
     """Runs last: every model above was loaded (or refused) and most were asked.
     Our backends write nothing there; Triton's own Python backend writes model.py's
@@ -437,3 +463,4 @@ def test_serving_changed_no_byte_of_the_repository(repository, before, triton, h
     assert fingerprint(repository) != before  # python_identity/1/__pycache__, for now
     triton.stop()
     assert fingerprint(repository) == before
+

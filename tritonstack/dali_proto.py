@@ -89,8 +89,11 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
         operators.append(Operator(name, _string(args.get("_display_name", []), _ARG_STRINGS) or name, device))
         if name in EXTERNAL_SOURCES:
             output = _string(_fields(_first(op, _OP_OUTPUT)), _IO_NAME)
+            # DALI infers a source's rank from its layout ("HWC": 3) when ndim is not given.
+            ndim = _int(args.get("ndim", []), _ARG_INTS)
+            layout = _string(args.get("layout", []), _ARG_STRINGS)
             inputs.append(Port(output, _triton_dtype(_int(args.get("dtype", []), _ARG_INTS)),
-                               _int(args.get("ndim", []), _ARG_INTS), device))
+                               ndim if ndim is not None or not layout else len(layout), device))
         elif name in INPUT_OPERATORS:  # encoded clips: one dimension of bytes
             output = _string(_fields(_first(op, _OP_OUTPUT)), _IO_NAME)
             inputs.append(Port(output, "TYPE_UINT8", 1, device))

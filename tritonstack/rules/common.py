@@ -29,6 +29,9 @@ class Problem:
     tensor: str
     message: str
     fix: str
+    # The C++ backend's own words for it, which clients written for that backend
+    # compare (dali_backend qa/L0_config_validation): the server's error carries them.
+    cpp_text: str = ""
 
     def __str__(self) -> str:
         where = f"{self.field} {self.tensor!r}" if self.tensor else self.field
@@ -39,7 +42,8 @@ class LoadError(ValueError):
     """A model the backend refuses to load: every problem, one per line."""
 
     def __init__(self, problems: list[Problem]):
-        super().__init__("\n".join(str(problem) for problem in problems))
+        super().__init__("\n".join(str(problem) + (f"\n{problem.cpp_text}" if problem.cpp_text else "")
+                                   for problem in problems))
         self.problems = problems
 
 

@@ -16,6 +16,9 @@ from tritonstack.rules.common import MISSING_TYPES, Problem, dims_of, is_batched
 # a request's samples are concatenated. Its config dims lose the outer axis
 # (src/dali_model.h ReadPipelineProperties erases it from the declared shape).
 SPLIT_PARAMETER = "split_along_outer_axis"
+# Triton's words before a TRITONSERVER_ERROR_INVALID_ARG message, as a C++ backend's
+# load failure reaches the client (the texts below follow src/config_tools/config_tools.cc).
+CPP_INVALID_ARG = "Invalid argument: "
 
 
 def split_outputs(config: dict) -> frozenset[str]:
@@ -90,14 +93,18 @@ def _streamed_inputs(model: str, config: dict, spec: PipelineSpec) -> list[Probl
 def _dali_names(model: str, config: dict, spec: PipelineSpec) -> list[Problem]:
     config_inputs = [tensor["name"] for tensor in config.get("input", [])]
     sources = list(spec.input_names)
+    # The C++ texts: src/config_tools/config_tools.cc ValidateAgainstTooManyInputs, ValidateInputs.
     problems = [
         Problem(model, "input", name, "no external source of the pipeline has this name",
-                f"rename it to one of {', '.join(sources) or 'none'}")
+                f"rename it to one of {', '.join(sources) or 'none'}",
+                f"{CPP_INVALID_ARG}Configuration file contains config for {name} but such input is not "
+                "present in the pipeline.")
         for name in config_inputs if name not in sources
     ]
     problems += [
         Problem(model, "input", name, "the pipeline's external source has no config input",
-                f"add an input named {name!r} (config inputs: {', '.join(config_inputs) or 'none'})")
+                f"add an input named {name!r} (config inputs: {', '.join(config_inputs) or 'none'})",
+                f'{CPP_INVALID_ARG}Missing config for "{name}" input.')
         for name in sources if name not in config_inputs
     ]
     outputs = config.get("output", [])
@@ -105,7 +112,9 @@ def _dali_names(model: str, config: dict, spec: PipelineSpec) -> list[Problem]:
         problems.append(Problem(
             model, "output", ",".join(t["name"] for t in outputs),
             f"config has {len(outputs)} outputs, the pipeline has {len(spec.outputs)}",
-            "declare one config output per pipeline output, in order (outputs map by position)"))
+            "declare one config output per pipeline output, in order (outputs map by position)",
+            f"{CPP_INVALID_ARG}The number of outputs specified in the DALI pipeline and the configuration file "
+            f"do not match.\nModel config outputs: {len(outputs)}\nPipeline outputs: {len(spec.outputs)}"))
     return problems
 
 
@@ -115,13 +124,19 @@ def _dali_tensor(model: str, kind: str, tensor: dict, port: Port, source: str) -
         problems.append(Problem(model, f"{kind}.data_type", tensor["name"],
                                 f"data type mismatch: config says {tensor['data_type']}, "
                                 f"the pipeline's {source} gives {port.dtype}",
-                                f"set data_type: {port.dtype}"))
+                                f"set data_type: {port.dtype}",
+                                f'{CPP_INVALID_ARG}Mismatch of data_type config for "{tensor["name"]}".\n'
+                                f"Data type defined in config: {tensor['data_type']}\n"
+                                f"Data type defined in pipeline: {port.dtype}"))
     dims = dims_of(tensor)
     if port.ndim is not None and "dims" in tensor and len(dims) != port.ndim:
         problems.append(Problem(model, f"{kind}.dims", tensor["name"],
                                 f"rank mismatch: config dims {dims} (rank {len(dims)}), "
                                 f"the pipeline's {source} has ndim {port.ndim}",
-                                f"give dims {port.ndim} values (-1 where they vary)"))
+                                f"give dims {port.ndim} values (-1 where they vary)",
+                                f'{CPP_INVALID_ARG}Mismatch in number of dimensions for "{tensor["name"]}"\n'
+                                f"Number of dimensions defined in config: {len(dims)}\n"
+                                f"Number of dimensions defined in pipeline: {port.ndim}"))
     return problems
 
 
