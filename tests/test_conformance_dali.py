@@ -144,16 +144,23 @@ def test_several_inputs_and_outputs_renamed_by_position(repository, http):
 MISMATCHES = {
     # model name: (inputs, outputs, words the load error must contain)
     "wrong_input_type": ((Tensor("DALI_INPUT_0", "FP32", (-1,)),), (Tensor("OUT", "UINT8", (-1,)),),
-                         ["DALI_INPUT_0", "TYPE_FP32", "TYPE_UINT8", "data type"]),
+                         ["DALI_INPUT_0", "TYPE_FP32", "TYPE_UINT8", "data type",
+                          # src/config_tools/config_tools.cc ProcessDtypeConfig, as its QA compares it
+                          'Invalid argument: Mismatch of data_type config for "DALI_INPUT_0".\n'
+                          "Data type defined in config: TYPE_FP32\nData type defined in pipeline: TYPE_UINT8"]),
     "wrong_input_rank": ((Tensor("DALI_INPUT_0", "UINT8", (-1, -1)),), (Tensor("OUT", "UINT8", (-1,)),),
-                         ["DALI_INPUT_0", "rank", "ndim 1"]),
+                         ["DALI_INPUT_0", "rank", "ndim 1",
+                          'Invalid argument: Mismatch in number of dimensions for "DALI_INPUT_0"\n'
+                          "Number of dimensions defined in config: 2\nNumber of dimensions defined in pipeline: 1"]),
     "wrong_output_type": ((Tensor("DALI_INPUT_0", "UINT8", (-1,)),), (Tensor("OUT", "INT32", (-1,)),),
                           ["OUT", "TYPE_INT32", "TYPE_UINT8"]),
     "wrong_input_name": ((Tensor("IMAGE", "UINT8", (-1,)),), (Tensor("OUT", "UINT8", (-1,)),),
-                         ["IMAGE", "DALI_INPUT_0"]),
+                         ["IMAGE", "DALI_INPUT_0", "Configuration file contains config for IMAGE but such input "
+                          "is not present in the pipeline."]),
     "extra_output": ((Tensor("DALI_INPUT_0", "UINT8", (-1,)),),
                      (Tensor("OUT", "UINT8", (-1,)), Tensor("MORE", "UINT8", (-1,))),
-                     ["2 outputs", "the pipeline has 1"]),
+                     ["2 outputs", "the pipeline has 1", "The number of outputs specified in the DALI pipeline "
+                      "and the configuration file do not match.\nModel config outputs: 2\nPipeline outputs: 1"]),
 }
 
 
