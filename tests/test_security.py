@@ -144,3 +144,20 @@ def test_admin_writes_without_the_key_are_refused_and_change_nothing(server, wri
     regions = client.get_system_shared_memory_status(headers=server.admin_headers(protocol))
     names = [region["name"] for region in regions] if protocol == "http" else list(regions.regions)
     assert "not_allowed" not in names
+
+
+def test_a_model_file_name_that_would_reach_a_shell_is_refused_before_the_server_starts(tmp_path):
+    """Triton 2.51's Python backend starts a stub through bash with the model's file
+    path: `$(...)` in default_model_filename would run (seen: a file created). The
+    launcher refuses such a repository with the C++ dali backend's file-name rule."""
+    from tests import repo_factory as rf
+    from tritonstack.serve.launcher import TritonServer, UnservableRepository
+
+    witness = tmp_path / "ran"
+    name = rf.write_model(tmp_path / "repo", rf.identity_config("identity"),
+                          {"model.dali": rf.serialized(rf.identity_pipeline)},
+                          default_model_filename=f"model.dali$(touch${{IFS}}{witness})")
+    with pytest.raises(UnservableRepository) as refused:
+        TritonServer(tmp_path / "repo").start()
+    assert f"model '{name}'" in str(refused.value) and "invalid character: '$'" in str(refused.value)
+    assert not witness.exists()

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from tritonstack.contract import CONFIG_FILENAME, MODEL_FILES, version_dirs
+from tritonstack.rules.common import invalid_filename
 
 # --- a repository the build has not written yet ------------------------------------------
 
@@ -52,3 +53,31 @@ def unservable_reason(repository: Path) -> str | None:
         return f"{repository}: no such folder ({BUILD_FIX})"
     unbuilt = unbuilt_models(repository)
     return unbuilt_message(repository, unbuilt) if unbuilt else None
+
+
+# --- names that reach a shell ---------------------------------------------------------------
+
+# Triton 2.51's Python backend starts each stub with `bash -c "exec <stub> <model path> ..."`,
+# the model path being <repository>/<model folder>/<version>/<default_model_filename>:
+# a quote there stalls the load for good, and `$(...)` runs as a command (seen here).
+# Every model of ours is a Python-backend stub, so such names are refused before the
+# server starts, with the C++ dali backend's rule for file names.
+def shell_unsafe_reason(repository: Path) -> str | None:
+    """One line naming the first model folder or default_model_filename of a local
+    repository that would reach the stub launcher's shell, else None."""
+    for model_dir in sorted(Path(repository).iterdir()):
+        if not model_dir.is_dir():
+            continue
+        names = [("folder name", model_dir.name)]
+        config_path = model_dir / CONFIG_FILENAME
+        if config_path.is_file():
+            found = re.search(_TOP_LEVEL_FIELD.format("default_model_filename"),
+                              config_path.read_text(errors="replace"), re.MULTILINE)
+            names += [("default_model_filename", found.group(1))] if found else []
+        for what, name in names:
+            problem = invalid_filename(name)
+            if problem:
+                return (f"{repository}: model {model_dir.name!r}: its {what} {name!r} is refused: "
+                        f"{problem.splitlines()[0]} (allowed: a-z A-Z 0-9 _ . -); Triton's Python backend "
+                        "passes model paths through a shell when it starts a stub, so the server was not started")
+    return None

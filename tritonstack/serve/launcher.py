@@ -59,7 +59,7 @@ from tritonstack.contract import (
     backend_config,
 )
 from tritonstack.processes import process_tree
-from tritonstack.rules.repository import unservable_reason
+from tritonstack.rules.repository import shell_unsafe_reason, unservable_reason
 from tritonstack.serve import security
 from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.limits import MemoryLimits, limit_address_space
@@ -205,7 +205,7 @@ class TritonServer:
     def check_repository(self) -> None:
         if not isinstance(self.model_repository, Path):
             return  # object storage: Triton says what is wrong with it
-        reason = unservable_reason(self.model_repository)
+        reason = unservable_reason(self.model_repository) or shell_unsafe_reason(self.model_repository)
         if reason:
             raise UnservableRepository(reason)
 
