@@ -204,7 +204,8 @@ def _fill_tensor(model: str, kind: str, tensor: dict, port: Port, source: str) -
         else:
             problems.append(Problem(model, f"{kind}.data_type", tensor["name"],
                                     f"not in the config, and the pipeline's {source} declares no type",
-                                    "set data_type in the config (or output_dtype in pipeline_def)"))
+                                    "set data_type in the config (or output_dtype in pipeline_def)",
+                                    f'{CPP_INVALID_ARG}Missing data_type config for "{tensor["name"]}"'))
     if port.ndim is None:
         if not dims_of(tensor):
             problems.append(Problem(model, f"{kind}.dims", tensor["name"],
