@@ -46,7 +46,7 @@ def test_backoff_schedule_doubles_to_the_ceiling_with_jitter():
         assert min(column) < ceiling * 0.55 and max(column) > ceiling * 0.95, (attempt, min(column), max(column))
 
 
-@pytest.mark.parametrize("status", ["503", "StatusCode.UNAVAILABLE"])
+@pytest.mark.parametrize("status", ["503", "StatusCode.UNAVAILABLE", "StatusCode.CANCELLED"])
 def test_unavailable_is_retried_until_it_succeeds(status):
     failures = [InferenceServerException("Server is not ready", status=status)] * 2
     retried = []

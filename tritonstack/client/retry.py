@@ -1,7 +1,7 @@
 """When to call Triton again, and how long to wait first.
 
 Only a server that cannot answer right now is worth a second try: connection
-refused or reset (restart, crash) and UNAVAILABLE (HTTP 503, gRPC UNAVAILABLE).
+refused or reset (restart, crash) and UNAVAILABLE (HTTP 503, gRPC UNAVAILABLE; gRPC CANCELLED from a server shutting down).
 A request the server rejected (HTTP 4xx, gRPC INVALID_ARGUMENT, NOT_FOUND, or
 UNKNOWN from an undecodable image) fails the same way every time, and a timed-out
 request may still be running: neither is retried.
@@ -23,7 +23,10 @@ from tritonclient.utils import InferenceServerException
 T = TypeVar("T")
 
 # InferenceServerException.status(): "503" over HTTP, "StatusCode.UNAVAILABLE" over gRPC.
-_UNAVAILABLE = {"503", "StatusCode.UNAVAILABLE"}
+# CANCELLED too: a server shutting down cancels the gRPC calls it still holds (seen when a
+# restart's first server outlived its grace and was killed); this client never cancels its
+# own calls (its timeouts are DEADLINE_EXCEEDED), and classifying again is harmless.
+_UNAVAILABLE = {"503", "StatusCode.UNAVAILABLE", "StatusCode.CANCELLED"}
 _TIMED_OUT = {"StatusCode.DEADLINE_EXCEEDED"}
 # A known model with no version loaded right now: a server shutting down (it
 # unloads models first) or a model being reloaded. Triton says NOT_FOUND / 400,
