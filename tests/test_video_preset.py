@@ -8,30 +8,21 @@ import json
 
 import numpy as np
 import pytest
-from nvidia.dali import Pipeline
 
 from tests import clips
-from tests.test_build import build
+from tests.test_build import build, run_pipeline
 from tritonstack import dali_proto
 from tritonstack.build.__main__ import main as build_main
 from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import read_config
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.classify_command import main as classify_main
-from tritonstack.contract import DEFAULT_VIDEO_MODEL, PREPROCESS_INPUT, pad_batch
+from tritonstack.contract import DEFAULT_VIDEO_MODEL
 from tritonstack.samples import PHOTOS, SAMPLE_CLIP_LABELS, photo_bytes, sample_clip
 
 PRESET = "video_efficientnet_lite0"
 PREPROCESS = "preprocess_video_efficientnet_lite0"
 FRAMES = 8  # the build's default clip_frames
-
-
-def run_pipeline(serialized: bytes, clip: bytes) -> np.ndarray:
-    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=1, num_threads=1,
-                                    device_id=None, prefetch_queue_depth=1)
-    pipeline.build()
-    pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch([clip])))
-    return np.asarray(pipeline.run()[0].as_tensor())
 
 
 def test_frame_options_reach_the_config_and_the_pipeline(tmp_path, model_repository):

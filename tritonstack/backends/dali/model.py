@@ -123,12 +123,8 @@ class TritonPythonModel:
         for index, request in enumerate(requests):
             try:
                 feed, declared = self._samples_of(request)
-            except UndecodableError as error:
-                # The status the decoder's own failure has (as in the C++ backend).
-                responses[index] = _error_response(error)
-                continue
             except (InputError, BudgetError) as error:
-                responses[index] = _error_response(error, pb_utils.TritonError.INVALID_ARG)
+                responses[index] = _refusal(error)
                 continue
             runnable.append((index, feed))
             pixels.append(declared)
@@ -172,10 +168,8 @@ class TritonPythonModel:
                                  f"per request, got {clips}: send each clip in a request of its own")
             for outputs in self._runner.stream(feed):
                 sender.send(self._respond(outputs))
-        except UndecodableError as error:
-            sender.send(_error_response(error), flags=final)
         except (InputError, BudgetError) as error:
-            sender.send(_error_response(error, pb_utils.TritonError.INVALID_ARG), flags=final)
+            sender.send(_refusal(error), flags=final)
         except PipelineError as error:
             sender.send(_error_response(error), flags=final)
         else:
@@ -245,6 +239,14 @@ def raise_budget_problems(budget: DecodeBudget) -> None:
 def _int_parameter(parameters: dict, key: str) -> int | None:
     value = parameters.get(key, {}).get("string_value")
     return int(value) if value else None
+
+
+def _refusal(error: InputError | BudgetError):
+    """A request refused before the pipeline ran: an undecodable input has the status
+    the decoder's own failure has (as in the C++ backend), anything else is INVALID_ARG."""
+    if isinstance(error, UndecodableError):
+        return _error_response(error)
+    return _error_response(error, pb_utils.TritonError.INVALID_ARG)
 
 
 def _error_response(error: Exception, code=None):
