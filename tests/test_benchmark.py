@@ -38,6 +38,11 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     assert written["capacity_probes"] and all(probe["rate"] > 0 for probe in written["capacity_probes"])
     for suffix in ("", "_crops"):
         assert 0 <= written[f"int8_top1_agreement{suffix}"] <= 1 and 0 <= written[f"int8_top5_overlap{suffix}"] <= 5
+    costs = written["cpu_ms_per_image"]
+    assert set(costs) == {"dali", "pil", "fp32", "int8"} and all(cost > 0 for cost in costs.values())
+    # A ceiling is its parts' ratio: INT8 and FP32 share the DALI step.
+    assert written["int8_vs_fp32_ensemble_ceiling"] == pytest.approx(
+        (costs["dali"] + costs["fp32"]) / (costs["dali"] + costs["int8"]), rel=0.25)
     assert 100 < written["server_rss_mb"] < 24 * 1024
     assert {"tritonserver", "stub:preprocess_dali_efficientnet_lite0", "stub:efficientnet_lite0_int8"} <= set(
         written["server_rss_mb_by_process"])
@@ -70,3 +75,11 @@ def test_capacity_search_is_a_bounded_bisection():
     probed.clear()
     assert phases.highest_passing(below(2.0), 1.1, steps=4) == 1.1 and probed == [1.1]
     assert phases.highest_passing(below(-1.0), 1.1, steps=3) == 0.0
+
+
+def test_a_missed_ratio_names_the_ceiling_this_cpu_sets():
+    results = {key: None for key in result_keys.TARGETS}
+    results |= {"int8_vs_fp32_ensemble": 1.2, "int8_vs_fp32_ensemble_ceiling": 1.38, "dali_vs_pil_ensemble": 1.6,
+                "dali_vs_pil_ensemble_ceiling": 1.13}
+    assert result_keys.missed_targets(results) == [
+        "int8_vs_fp32_ensemble = 1.2 (target >= 1.5; this CPU's ceiling 1.38)"]

@@ -4,10 +4,11 @@ several sizes and the soak's bad inputs. After a burst of full batches and two r
 largest batch), identical rounds must stop raising the stub's RSS: one of the next
 three adds less than 2 MiB (issue 17), and the three together less than 16 MiB. A
 leak of 2 MiB a round fails the first, one that skips rounds the second; a one-off
-step to a new plateau fails neither (steps of +2.7 to +8.6 MiB were seen in one run
-of several, in round 2, 3 or 4, flat after it: docs/memory.md). Before docs/memory.md's fixes each round added several MiB: glibc's
-heaps kept the freed image buffers, and every bad input rebuilt the pipeline, whose
-image decoder leaves ~2.3 KB behind."""
+step to a new plateau fails neither (+1.7 to +8.6 MiB, in one run of several, in
+round 2, 3 or 4: first touches of pages DALI's pool already reserved, docs/memory.md).
+Before docs/memory.md's fixes each round added several MiB: glibc's heaps kept the
+freed image buffers, and every bad input rebuilt the pipeline, whose image decoder
+leaves ~2.3 KB behind."""
 
 from __future__ import annotations
 

@@ -8,7 +8,9 @@ dali_preprocess_images_per_s, pil_preprocess_images_per_s, dali_vs_pil_preproces
 dali_vs_pil_per_cpu_second, dali_vs_pil_ensemble, ensemble_overhead_ms_p50,
 p99_over_p50, http_vs_grpc, server_rss_mb, errors, versions, CPU model and cores;
 ensemble_overhead_share, capacity_at_slo, int8_vs_fp32_ensemble, int8_top1_agreement,
-int8_top5_overlap (and both `_crops`, on a wider corpus); on a server it started
+int8_top5_overlap (and both `_crops`, on a wider corpus), cpu_ms_per_image of each
+library alone and the ceilings it sets on int8_vs_fp32_ensemble and
+dali_vs_pil_ensemble (tritonstack.benchmark.cost); on a server it started
 itself, ensemble_trace_ms_p50 (where a single request's time goes, from Triton's
 trace: tritonstack.benchmark.trace).
 
@@ -40,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonstack import cli
+from tritonstack.benchmark.cost import write_cost_ceilings
 from tritonstack.benchmark.ideal_queue import ideal_capacity
 from tritonstack.benchmark.inprocess import inprocess_best_setting, inprocess_phase
 from tritonstack.benchmark.phases import (
@@ -101,6 +104,7 @@ def run(settings: Settings, repository: Path, log=print, server: TritonServer | 
         results["ensemble_trace_ms_p50"] = trace_medians(trace_file, client_times) if client_times else None
     log("INT8 vs FP32 classifier on the parity corpus (in process)...")
     _write_int8_agreement(results, repository)
+    write_cost_ceilings(results, repository, images, settings.repeats, log)
     return results
 
 

@@ -1,0 +1,100 @@
+"""What each library costs per image, alone in this process, and the ensemble ratios
+those costs allow: the ceiling a served ratio can reach on this CPU.
+
+A server whose cores are busy serves cores / (CPU seconds per image) images per
+second. The INT8 and FP32 ensembles share the DALI step, so INT8's served speed-up
+is at most (dali + fp32) / (dali + int8), reached only if serving cost nothing; the
+DALI and Pillow ensembles share the classifier, so DALI's is at most
+(pil + fp32) / (dali + fp32). Serving adds the same cost to both sides of each ratio
+(stubs, Triton, transport) and pulls the served ratio below its ceiling.
+
+Each library runs on one thread over batches of 8 of the benchmark's images, its
+CPU time read with time.process_time (every thread of this process), the four
+measures interleaved round by round.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from nvidia.dali import Pipeline
+
+from tritonstack.benchmark.phases import interleaved, ratios, write_median
+from tritonstack.benchmark.settings import DALI_PREPROCESS, DALI_PRESET, INT8_PRESET
+from tritonstack.build.pillow_model import preprocess
+from tritonstack.build.presets import preset_named
+from tritonstack.build.repository import VERSION
+from tritonstack.contract import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME, PREPROCESS_INPUT, pad_batch
+
+BATCH = 8
+IMAGES = 64  # 8 batches a measure: about 2 s of CPU for the four, per round
+PREPROCESSING = preset_named(DALI_PRESET).classifier.preprocessing
+
+
+class CpuCost:
+    """CPU milliseconds per image of one measure; `images` fixed, every call the same work."""
+
+    def __init__(self, run_batch: Callable[[list[bytes]], object], images: list[bytes]):
+        self._run_batch, self._batches = run_batch, [images[i:i + BATCH] for i in range(0, len(images), BATCH)]
+        self._run_batch(self._batches[0])  # warm-up: first-run allocations and kernel selection
+
+    def __call__(self) -> float:
+        started = time.process_time()
+        for batch in self._batches:
+            self._run_batch(batch)
+        return (time.process_time() - started) * 1000 / sum(len(batch) for batch in self._batches)
+
+
+def _dali(repository: Path) -> Callable[[list[bytes]], object]:
+    pipeline = Pipeline.deserialize(
+        serialized_pipeline=(repository / DALI_PREPROCESS / VERSION / DALI_MODEL_FILENAME).read_bytes(),
+        batch_size=BATCH, num_threads=1, device_id=None, prefetch_queue_depth=1)
+    pipeline.build()
+
+    def run_batch(batch: list[bytes]):
+        pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch(batch)))
+        return pipeline.run()
+    return run_batch
+
+
+def _pillow(batch: list[bytes]) -> np.ndarray:
+    """The Pillow preprocessing the python_* presets serve, with the DALI preset's parameters."""
+    p = PREPROCESSING
+    return np.stack([preprocess(data, p.resize_shorter, p.crop, p.mean, p.std) for data in batch])
+
+
+def _classifier(repository: Path, preset_name: str, tensors: np.ndarray) -> Callable[[list[bytes]], object]:
+    classifier = preset_named(preset_name).classifier
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the served models
+    session = ort.InferenceSession(str(repository / classifier.name / VERSION / ONNX_MODEL_FILENAME), options,
+                                   providers=["CPUExecutionProvider"])
+    return lambda batch: session.run(None, {classifier.input_name: tensors[:len(batch)]})
+
+
+def write_cost_ceilings(results: dict, repository: Path, images: list[bytes], repeats: int, log=print) -> None:
+    """`cpu_ms_per_image` (medians per library, `_spread` each) and the ceilings
+    `int8_vs_fp32_ensemble_ceiling` and `dali_vs_pil_ensemble_ceiling`."""
+    images = images[:IMAGES]
+    tensors = _pillow(images[:BATCH])  # a classifier's cost does not depend on its pixels
+    measures = {
+        "dali": CpuCost(_dali(repository), images),
+        "pil": CpuCost(_pillow, images),
+        "fp32": CpuCost(_classifier(repository, DALI_PRESET, tensors), images),
+        "int8": CpuCost(_classifier(repository, INT8_PRESET, tensors), images),
+    }
+    log("CPU per image of each library alone, one thread (in process)...")
+    rounds = interleaved(measures, repeats, log)
+    costs = {name: np.asarray(values) for name, values in rounds.items()}
+    results["cpu_ms_per_image"] = {name: round(float(np.median(values)), 3) for name, values in costs.items()}
+    results["cpu_ms_per_image_spread"] = {name: [round(float(values.min()), 3), round(float(values.max()), 3)]
+                                          for name, values in costs.items()}
+    write_median(results, "int8_vs_fp32_ensemble_ceiling",
+                 ratios(list(costs["dali"] + costs["fp32"]), list(costs["dali"] + costs["int8"])))
+    write_median(results, "dali_vs_pil_ensemble_ceiling",
+                 ratios(list(costs["pil"] + costs["fp32"]), list(costs["dali"] + costs["fp32"])))
