@@ -40,6 +40,7 @@ from tritonstack.contract import (
     DEFAULT_PRESET,
     MALLOC_TRIM_ENV,
     MEMORY_TRACE_ENV,
+    POOL_RESIDENCY_ENV,
     PREPROCESS_INPUT,
     PREPROCESS_OUTPUT,
     preprocessing_name,
@@ -65,6 +66,7 @@ MMAP_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
     "compact-memory": STUB_ENVIRONMENT,
+    "no-residency": {POOL_RESIDENCY_ENV: "0"},  # DALI's pool pages counted as batches reach them
     "glibc-default": BEFORE_POOL,
     "launcher": {**BEFORE_POOL, **STUB_ENVIRONMENT},
     "launcher-trim-every-8": {**BEFORE_POOL, **STUB_ENVIRONMENT, MALLOC_TRIM_ENV: "8"},

@@ -23,11 +23,13 @@ the other stubs' heaps and tritonserver's smaller, at that price.
 
 from __future__ import annotations
 
-from tritonstack.contract import MALLOC_TRIM_ENV
+from tritonstack.contract import MALLOC_TRIM_ENV, POOL_RESIDENCY_ENV
 
 # glibc's own starting value, fixed. An M_MMAP_THRESHOLD set by the environment
 # also fixes M_TRIM_THRESHOLD (no dynamic adjustment of either).
 MMAP_THRESHOLD_BYTES = 128 * 1024
 
-# ... and the dali backend calls malloc_trim(0) after every batch.
-STUB_ENVIRONMENT: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), MALLOC_TRIM_ENV: "1"}
+# ... the dali backend calls malloc_trim(0) after every batch, and leaves DALI's pool
+# pages uncounted until a batch writes them (smaller, at the price of late steps).
+STUB_ENVIRONMENT: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), MALLOC_TRIM_ENV: "1",
+                                    POOL_RESIDENCY_ENV: "0"}

@@ -14,6 +14,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes
 from tritonstack.backends.dali.requests import BudgetError, ClipInputs, InputError, UndecodableError, samples_of
+from tritonstack.backends.dali.residency import PoolResidency
 from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
 from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
 from tritonstack.backends.stub_memory import StubMemoryGauge
@@ -26,6 +27,7 @@ from tritonstack.contract import (
     MALLOC_TRIM_ENV,
     MAX_INPUT_BYTES_ENV,
     MEMORY_TRACE_ENV,
+    POOL_RESIDENCY_ENV,
     REPOSITORY_ENV,
     TRITON_TO_NUMPY,
     latest_version_dir,
@@ -103,6 +105,9 @@ class TritonPythonModel:
         # With DALI's host pool on, a rebuilt pipeline's buffers go back to the pool,
         # not to the system: releasing after large runs would only cost a rebuild.
         self._buffers_return = pool_threshold_bytes(os.environ[DALI_HOST_POOL_ENV]) == 0
+        # The pool's blocks counted in RSS when reserved, not when a late batch reaches them.
+        residency = not self._buffers_return and os.environ.get(POOL_RESIDENCY_ENV) != "0"
+        self._residency = PoolResidency() if residency else None
         self._memory_trace = None
         if os.environ.get(MEMORY_TRACE_ENV):  # the memory probe's switch: tracing slows every allocation
             from tritonstack.backends.dali.memory_trace import MemoryTrace
@@ -116,7 +121,7 @@ class TritonPythonModel:
         if self._streamed:  # a decoupled model: each request answered through its sender
             for request in requests:
                 self._stream(request)
-            self._memory_gauge.update()
+            self._after_batch()
             return None
         responses = [None] * len(requests)
         runnable, pixels = [], []
@@ -142,8 +147,13 @@ class TritonPythonModel:
             malloc_trim()
         if self._memory_trace is not None:
             self._memory_trace.after_batch()
-        self._memory_gauge.update()
+        self._after_batch()
         return responses
+
+    def _after_batch(self) -> None:
+        if self._residency is not None:
+            self._residency.after_batch()
+        self._memory_gauge.update()
 
     def _samples_of(self, request) -> tuple[dict[str, np.ndarray], int]:
         feed, pixels = samples_of(request, self._input_names, self._decoded_inputs, self._itemsizes,
