@@ -23,8 +23,8 @@ SHARED = ("tritonstack.contract", "tritonstack.dali_proto", "tritonstack.dali_er
           "tritonstack.decodable", "tritonstack.video_header", "tritonstack.rules", "tritonstack.rules.common",
           "tritonstack.rules.dali", "tritonstack.rules.onnxruntime", "tritonstack.rules.repository", "tritonstack.samples",
           "tritonstack.address", "tritonstack.cli", "tritonstack.backends", "tritonstack.processes", "tritonstack.corpus")
-# What both backends use and nothing else may (it imports the stub's pb_utils).
-BACKEND_SHARED = ("tritonstack.backends.stub_memory",)
+# What the backends use and nothing else may (stub_memory imports the stub's pb_utils).
+BACKEND_SHARED = ("tritonstack.backends.stub_memory", "tritonstack.backends.residency")
 # Tools that run the stack and measure it: they may use every room; no room, shared
 # module or other tool imports them.
 TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics", "tritonstack.demo")

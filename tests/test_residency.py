@@ -1,4 +1,4 @@
-"""The DALI stub's pool residency (tritonstack/backends/dali/residency.py): which
+"""The DALI stub's pool residency (tritonstack.backends.residency.py): which
 mappings it faults in, and that faulting in keeps their data, on this kernel."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ctypes
 import mmap
 from pathlib import Path
 
-from tritonstack.backends.dali.residency import (
+from tritonstack.backends.residency import (
     MISSING_BYTES,
     PoolResidency,
     missing_bytes,

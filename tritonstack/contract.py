@@ -69,7 +69,7 @@ DALI_HOST_POOL_THRESHOLD = "128k"
 # (default 0: never; --compact-memory: 1): it hands the heap's free pages back (docs/memory.md).
 MALLOC_TRIM_ENV = "TRITONSTACK_MALLOC_TRIM_EVERY"
 DEFAULT_MALLOC_TRIM_EVERY = 0  # off unless the launcher is asked for compact memory
-# "0" turns off the dali backend's pool residency (tritonstack/backends/dali/residency.py):
+# "0" turns off the dali backend's pool residency (tritonstack/backends/residency.py):
 # DALI's pool pages are then counted when a batch first writes them, not when reserved.
 POOL_RESIDENCY_ENV = "TRITONSTACK_POOL_RESIDENCY"
 # `tritonserver --backend-config=dali,plugin_libs=a.so:b.so` reaches NVIDIA's C++ dali

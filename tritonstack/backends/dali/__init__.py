@@ -36,8 +36,8 @@ Modules, as a request meets them: `model` (Triton's entry points: load, execute)
 `source` (where the pipeline comes from: model.dali or dali.py), `requests` (a
 request's samples, refused early when too large or undecodable), `runner` (the DALI
 pipeline: run, split per request, rebuild after a failure), `allocator` (glibc's
-heap), `residency` (DALI's pool counted when it grows), `memory_trace` (only for
-the memory probe, imported when switched on).
+heap), `memory_trace` (only for the memory probe, imported when switched on); and
+`tritonstack.backends.residency` (DALI's pool counted as it fills).
 """
 
 from __future__ import annotations

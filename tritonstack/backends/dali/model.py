@@ -14,9 +14,9 @@ import triton_python_backend_utils as pb_utils
 
 from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes
 from tritonstack.backends.dali.requests import BudgetError, ClipInputs, InputError, UndecodableError, samples_of
-from tritonstack.backends.dali.residency import PoolResidency
 from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
 from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
+from tritonstack.backends.residency import PoolResidency
 from tritonstack.backends.stub_memory import StubMemoryGauge
 from tritonstack.contract import (
     CONFIG_FILENAME,
