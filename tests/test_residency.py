@@ -12,6 +12,7 @@ from tritonstack.backends.residency import (
     PoolResidency,
     missing_bytes,
     private_anonymous_ranges,
+    statm_bytes,
     subtract,
 )
 
@@ -59,7 +60,7 @@ def test_a_nearly_written_mapping_becomes_resident_with_its_data_kept_and_a_fres
         block[: 12 << 20] = pattern
         block[nearly + page : nearly + page + (4 << 20)] = pattern[: 4 << 20]
         assert missing_bytes(start, start + nearly) == 4 << 20
-        residency.after_batch()
+        residency.after_batch(statm_bytes())
         assert missing_bytes(start, start + nearly) == 0
         assert missing_bytes(start + nearly + page, start + nearly + page + fresh) == 60 << 20 > MISSING_BYTES
         assert block[: 12 << 20] == pattern and block[12 << 20 : nearly] == bytes(4 << 20)

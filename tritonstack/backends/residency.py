@@ -72,11 +72,22 @@ def subtract(ranges: list[Range], taken: list[Range]) -> list[Range]:
     return left
 
 
-def anonymous_bytes() -> int:
-    """Resident memory not backed by a file or shared memory (statm: resident - shared)."""
+def statm_bytes() -> tuple[int, int]:
+    """This process's resident bytes, and of them those backed by a file or shared
+    memory (/proc/self/statm); the rest is its anonymous memory."""
     with open("/proc/self/statm") as statm:
         fields = statm.read().split()
-    return (int(fields[1]) - int(fields[2])) * _PAGE_BYTES
+    return int(fields[1]) * _PAGE_BYTES, int(fields[2]) * _PAGE_BYTES
+
+
+def _anonymous(statm: tuple[int, int]) -> int:
+    resident, shared = statm
+    return resident - shared
+
+
+def populate_supported() -> bool:
+    """A kernel before 5.14 answers EINVAL to MADV_POPULATE_WRITE, even for no range."""
+    return _LIBC.madvise(None, 0, _MADV_POPULATE_WRITE) == 0
 
 
 def missing_bytes(start: int, end: int) -> int:
@@ -100,23 +111,17 @@ class PoolResidency:
 
     def __init__(self):
         self._at_load = private_anonymous_ranges(_own_maps())
-        self._populated = anonymous_bytes()
-        self.enabled = self._populate([]) == 0  # a kernel before 5.14 answers EINVAL
+        self._populated = _anonymous(statm_bytes())
+        self.enabled = populate_supported()
 
-    def after_batch(self) -> None:
-        if not self.enabled or anonymous_bytes() - self._populated < _RISE_BYTES:
-            return
+    def after_batch(self, statm: tuple[int, int]) -> bool:
+        """`statm`: statm_bytes() after the batch. True when pages were faulted in."""
+        if not self.enabled or _anonymous(statm) - self._populated < _RISE_BYTES:
+            return False
         grown = subtract(private_anonymous_ranges(_own_maps()), self._at_load)
-        self._populate([(start, end) for start, end in grown if missing_bytes(start, end) <= MISSING_BYTES])
-        self._populated = anonymous_bytes()
-
-    @staticmethod
-    def _populate(ranges: list[Range]) -> int:
-        """Fault in each range; one unmapped since the maps were read (ENOMEM) is skipped.
-        The errno of the probe call with no range: EINVAL where the kernel lacks it."""
-        if not ranges:
-            probe = _LIBC.madvise(None, 0, _MADV_POPULATE_WRITE)
-            return ctypes.get_errno() if probe else 0
-        for start, end in ranges:
-            _LIBC.madvise(start, end - start, _MADV_POPULATE_WRITE)
-        return 0
+        for start, end in grown:
+            if missing_bytes(start, end) <= MISSING_BYTES:
+                # One unmapped since the maps were read answers ENOMEM: nothing to fill.
+                _LIBC.madvise(start, end - start, _MADV_POPULATE_WRITE)
+        self._populated = _anonymous(statm_bytes())
+        return True

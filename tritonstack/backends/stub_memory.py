@@ -5,17 +5,11 @@ the one process that grows when DALI keeps a burst's buffers (docs/memory.md).""
 
 from __future__ import annotations
 
-import os
-
 import triton_python_backend_utils as pb_utils
 
+from tritonstack.backends.residency import statm_bytes
+
 METRIC = "tritonstack_stub_rss_bytes"
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * _PAGE_BYTES
 
 
 class StubMemoryGauge:
@@ -26,5 +20,6 @@ class StubMemoryGauge:
         self._gauge = self._family.Metric(labels={"model": model, "instance": instance})
         self.update()
 
-    def update(self) -> None:
-        self._gauge.set(rss_bytes())
+    def update(self, resident: int | None = None) -> None:
+        """`resident`: the stub's resident bytes where the caller has just read them."""
+        self._gauge.set(statm_bytes()[0] if resident is None else resident)

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from nvidia.dali import Pipeline
 
+from tritonstack.benchmark.inprocess import dali_preprocessing
 from tritonstack.benchmark.phases import interleaved, ratios, write_median
-from tritonstack.benchmark.settings import DALI_PREPROCESS, DALI_PRESET, INT8_PRESET
+from tritonstack.benchmark.settings import DALI_PRESET, INT8_PRESET
 from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.presets import preset_named
 from tritonstack.build.repository import VERSION
-from tritonstack.contract import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME, PREPROCESS_INPUT, pad_batch
+from tritonstack.contract import ONNX_MODEL_FILENAME, PREPROCESS_INPUT, pad_batch
 
 BATCH = 8
 IMAGES = 64  # 8 batches a measure: about 2 s of CPU for the four, per round
@@ -50,10 +50,7 @@ class CpuCost:
 
 
 def _dali(repository: Path) -> Callable[[list[bytes]], object]:
-    pipeline = Pipeline.deserialize(
-        serialized_pipeline=(repository / DALI_PREPROCESS / VERSION / DALI_MODEL_FILENAME).read_bytes(),
-        batch_size=BATCH, num_threads=1, device_id=None, prefetch_queue_depth=1)
-    pipeline.build()
+    pipeline = dali_preprocessing(repository, BATCH, threads=1)
 
     def run_batch(batch: list[bytes]):
         pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch(batch)))

@@ -33,12 +33,18 @@ def inprocess_phase(repository: Path, images: list[bytes], setting: dict, settin
                           settings)
 
 
-def _inprocess_run(repository, images, batch, dali_threads, ort_threads, settings) -> Phase:
+def dali_preprocessing(repository: Path, batch: int, threads: int) -> Pipeline:
+    """The served DALI preprocessing model's pipeline, built here on the CPU."""
     pipeline = Pipeline.deserialize(
         serialized_pipeline=(repository / DALI_PREPROCESS / "1" / "model.dali").read_bytes(),
-        batch_size=batch, num_threads=dali_threads, device_id=None, prefetch_queue_depth=1,
+        batch_size=batch, num_threads=threads, device_id=None, prefetch_queue_depth=1,
     )
     pipeline.build()
+    return pipeline
+
+
+def _inprocess_run(repository, images, batch, dali_threads, ort_threads, settings) -> Phase:
+    pipeline = dali_preprocessing(repository, batch, dali_threads)
     options = ort.SessionOptions()
     options.intra_op_num_threads = ort_threads
     session = ort.InferenceSession(str(repository / CLASSIFIER / "1" / "model.onnx"), options,

@@ -16,7 +16,7 @@ from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_byte
 from tritonstack.backends.dali.requests import BudgetError, ClipInputs, InputError, UndecodableError, samples_of
 from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
 from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
-from tritonstack.backends.residency import PoolResidency
+from tritonstack.backends.residency import PoolResidency, statm_bytes
 from tritonstack.backends.stub_memory import StubMemoryGauge
 from tritonstack.contract import (
     CONFIG_FILENAME,
@@ -151,9 +151,10 @@ class TritonPythonModel:
         return responses
 
     def _after_batch(self) -> None:
-        if self._residency is not None:
-            self._residency.after_batch()
-        self._memory_gauge.update()
+        statm = statm_bytes()  # one read for both, every batch
+        if self._residency is not None and self._residency.after_batch(statm):
+            statm = statm_bytes()
+        self._memory_gauge.update(statm[0])
 
     def _samples_of(self, request) -> tuple[dict[str, np.ndarray], int]:
         feed, pixels = samples_of(request, self._input_names, self._decoded_inputs, self._itemsizes,
