@@ -10,11 +10,14 @@ one serves. Ordinary requests sent all along must all succeed."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 
 import numpy as np
+import psutil
 import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,6 +27,7 @@ from tritonstack.client.retry import NO_RETRY
 from tritonstack.processes import processes_by_role, tree_rss_mib
 from tritonstack.samples import photo_bytes
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.supervision import RecyclePolicy, StubMemory
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"
@@ -122,3 +126,23 @@ def test_each_stubs_memory_is_a_metric_next_to_tritons(server):
     stub = processes_by_role(server.process.pid)[f"stub:{PREPROCESS}"]
     assert abs(samples[PREPROCESS] - stub.memory_info().rss) < 0.2 * stub.memory_info().rss
     assert "nv_cpu_memory_used_bytes" in families
+
+
+def test_the_supervisor_tells_a_stub_working_flat_out_from_one_serving_a_trickle():
+    """Recycling waits while a stub decodes a burst (RecyclePolicy.busy_cores): the
+    reading is the CPU a process used between two readings, in cores."""
+    policy = RecyclePolicy()
+    spinning = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    sleeping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        readings = {process.pid: StubMemory() for process in (spinning, sleeping)}
+        for _ in range(2):
+            now = time.monotonic()
+            for pid, memory in readings.items():
+                memory.observe(psutil.Process(pid), now, policy.above_mib)
+            time.sleep(1.0)
+        assert readings[spinning.pid].cpu_cores >= policy.busy_cores > readings[sleeping.pid].cpu_cores
+    finally:
+        for process in (spinning, sleeping):
+            process.kill()
+            process.wait()

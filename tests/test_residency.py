@@ -3,13 +3,16 @@ mappings it faults in, and that faulting in keeps their data, on this kernel."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
+import os
 from pathlib import Path
 
 from tritonstack.backends.residency import (
     MISSING_BYTES,
     PoolResidency,
+    RegionResidency,
     missing_bytes,
     private_anonymous_ranges,
     statm_bytes,
@@ -42,28 +45,92 @@ def test_what_was_mapped_at_load_is_subtracted():
     assert subtract([(10, 20), (40, 50)], [(45, 60)]) == [(10, 20), (40, 45)]
 
 
-def test_a_nearly_written_mapping_becomes_resident_with_its_data_kept_and_a_fresh_one_does_not():
-    """One mapping of three parts, a read-only page between them so that the kernel
-    keeps them apart: 4 MiB missing of 16 (a pool block nearly filled), 60 of 64 (a
-    block a burst reserved)."""
+def test_pool_blocks_become_resident_with_their_data_kept_but_a_bursts_slack_does_not():
+    """Three mappings made after load, kept apart by read-only pages: 12 MiB written
+    of 16 and 4 of 64 by ordinary batches (pool blocks steady traffic will fill), 4 of
+    64 by a batch with a large decoder run (a burst's block: its slack stays out)."""
     residency = PoolResidency()
     kernel = Path("/proc/sys/kernel/osrelease").read_text().strip()
     assert residency.enabled, f"MADV_POPULATE_WRITE (Linux 5.14) keeps the DALI stub flat; this kernel is {kernel}"
-    nearly, fresh, page = 16 << 20, 64 << 20, mmap.PAGESIZE
-    block = mmap.mmap(-1, nearly + page + fresh, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    view = ctypes.c_char.from_buffer(block)
-    start = ctypes.addressof(view)
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.mprotect(ctypes.c_void_p(start + nearly), ctypes.c_size_t(page), mmap.PROT_READ) == 0
     pattern = bytes(range(256)) * ((12 << 20) // 256)
+    with mapped_blocks([16 << 20, 64 << 20]) as (nearly, fresh):
+        write(nearly, pattern)
+        write(fresh, pattern[: 4 << 20])
+        assert missing_bytes(*nearly) == 4 << 20 and missing_bytes(*fresh) == 60 << 20
+        assert residency.after_batch(statm_bytes())
+        assert missing_bytes(*nearly) == missing_bytes(*fresh) == 0
+        assert ctypes.string_at(nearly[0], 12 << 20) == pattern
+        assert ctypes.string_at(nearly[0] + (12 << 20), 4 << 20) == bytes(4 << 20)
+        with mapped_blocks([64 << 20]) as (burst,):
+            write(burst, pattern[: 4 << 20])
+            assert residency.after_batch(statm_bytes(), large_run=True)
+            assert missing_bytes(*burst) == 60 << 20 > MISSING_BYTES
+            assert missing_bytes(*fresh) == 0
+
+
+def test_the_newest_mapping_of_the_shared_region_is_resident_and_older_ones_give_their_pages_back(tmp_path):
+    """As the Python backend grows its region: the file mapped at 2 MiB, 1 MiB written
+    through that mapping, the file grown to 4 MiB and mapped again. Afterwards the new
+    mapping counts the whole file once, the old one nothing, and both read the data."""
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    path = shm / f"tritonstack-test-region-{os.getpid()}"
+    pattern = bytes(range(256)) * ((1 << 20) // 256)
+    with open(path, "w+b") as region:
+        try:
+            region.truncate(2 << 20)
+            old = mmap.mmap(region.fileno(), 2 << 20)
+            old[: 1 << 20] = pattern
+            region.truncate(4 << 20)
+            new = mmap.mmap(region.fileno(), 4 << 20)
+            residency = RegionResidency(str(path))
+            assert residency.enabled
+            assert resident_bytes(address_of(new)) == 4 << 20
+            assert resident_bytes(address_of(old)) == 0
+            assert old[: 1 << 20] == pattern == new[: 1 << 20]
+            assert not residency.after_batch()  # the file did not change: nothing read
+            old.close()
+            new.close()
+        finally:
+            path.unlink()
+
+
+def address_of(mapping: mmap.mmap) -> int:
+    view = ctypes.c_char.from_buffer(mapping)
     try:
-        block[: 12 << 20] = pattern
-        block[nearly + page : nearly + page + (4 << 20)] = pattern[: 4 << 20]
-        assert missing_bytes(start, start + nearly) == 4 << 20
-        residency.after_batch(statm_bytes())
-        assert missing_bytes(start, start + nearly) == 0
-        assert missing_bytes(start + nearly + page, start + nearly + page + fresh) == 60 << 20 > MISSING_BYTES
-        assert block[: 12 << 20] == pattern and block[12 << 20 : nearly] == bytes(4 << 20)
+        return ctypes.addressof(view)
     finally:
-        del view  # the buffer export, before the block can close
-        block.close()
+        del view
+
+
+def resident_bytes(start: int) -> int:
+    """The Rss of this process's mapping that starts at `start` (/proc/self/smaps)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for index, line in enumerate(lines):
+        if line.split("-", 1)[0] == f"{start:x}":
+            rss = next(row for row in lines[index + 1 :] if row.startswith("Rss:"))
+            return int(rss.split()[1]) << 10
+    raise AssertionError(f"no mapping at {start:x}")
+
+
+def write(block: tuple[int, int], data: bytes) -> None:
+    ctypes.memmove(block[0], data, len(data))
+
+
+@contextlib.contextmanager
+def mapped_blocks(sizes: list[int]):
+    """Anonymous private blocks of `sizes`, each followed by a read-only page so that
+    the kernel keeps them apart; yields their (start, end) ranges."""
+    page = mmap.PAGESIZE
+    total = sum(sizes) + page * len(sizes)
+    area = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    start = address_of(area)
+    libc = ctypes.CDLL(None, use_errno=True)
+    blocks, offset = [], start
+    for size in sizes:
+        blocks.append((offset, offset + size))
+        assert libc.mprotect(ctypes.c_void_p(offset + size), ctypes.c_size_t(page), mmap.PROT_READ) == 0
+        offset += size + page
+    try:
+        yield blocks
+    finally:
+        area.close()

@@ -72,6 +72,13 @@ DEFAULT_MALLOC_TRIM_EVERY = 0  # off unless the launcher is asked for compact me
 # "0" turns off the dali backend's pool residency (tritonstack/backends/residency.py):
 # DALI's pool pages are then counted when a batch first writes them, not when reserved.
 POOL_RESIDENCY_ENV = "TRITONSTACK_POOL_RESIDENCY"
+# Each stub's shared region with tritonserver (the Python backend's
+# shm-default-byte-size; its own default is 1 MiB, grown 1 MiB at a time, each growth a
+# new mapping of the whole file): sized for a full batch of 32 from the start (outputs
+# of 3x224x224 float32, 0.57 MiB each, and the encoded photos in), so that ordinary
+# traffic does not grow it. A file in /dev/shm: untouched pages cost nothing.
+STUB_REGION_SETTING = "shm-default-byte-size"
+STUB_REGION_BYTES = 32 << 20
 # `tritonserver --backend-config=dali,plugin_libs=a.so:b.so` reaches NVIDIA's C++ dali
 # backend (src/parameters.h: plugin_libs, release_after_unload); Triton hands a
 # Python-based backend only the python backend's settings, so the launcher passes

@@ -55,6 +55,8 @@ from tritonstack.contract import (
     DEFAULT_MAX_INPUT_BYTES,
     MAX_INPUT_BYTES_ENV,
     REPOSITORY_ENV,
+    STUB_REGION_BYTES,
+    STUB_REGION_SETTING,
     admin_headers,
     backend_config,
 )
@@ -199,8 +201,15 @@ class TritonServer:
             f"--exit-timeout-secs={int(self.stop_grace_s)}",
             *model_control,
             *self.security_args(),
+            *self.region_args(),
             *self.extra_args,
         ]
+
+    def region_args(self) -> list[str]:
+        """The stubs' shared region sized for a full batch, unless the caller sized it."""
+        if STUB_REGION_SETTING in backend_config(self.extra_args, "python"):
+            return []
+        return [f"--backend-config=python,{STUB_REGION_SETTING}={STUB_REGION_BYTES}"]
 
     def check_repository(self) -> None:
         if not isinstance(self.model_repository, Path):

@@ -16,7 +16,7 @@ from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_byte
 from tritonstack.backends.dali.requests import BudgetError, ClipInputs, InputError, UndecodableError, samples_of
 from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
 from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
-from tritonstack.backends.residency import PoolResidency, statm_bytes
+from tritonstack.backends.residency import PoolResidency, RegionResidency, statm_bytes
 from tritonstack.backends.stub_memory import StubMemoryGauge
 from tritonstack.contract import (
     CONFIG_FILENAME,
@@ -105,9 +105,11 @@ class TritonPythonModel:
         # With DALI's host pool on, a rebuilt pipeline's buffers go back to the pool,
         # not to the system: releasing after large runs would only cost a rebuild.
         self._buffers_return = pool_threshold_bytes(os.environ[DALI_HOST_POOL_ENV]) == 0
-        # The pool's blocks counted in RSS when reserved, not when a late batch reaches them.
+        # The pool's blocks and the Python backend's region counted in RSS when
+        # reserved, not when a late batch reaches them.
         residency = not self._buffers_return and os.environ.get(POOL_RESIDENCY_ENV) != "0"
         self._residency = PoolResidency() if residency else None
+        self._region = RegionResidency() if residency else None
         self._memory_trace = None
         if os.environ.get(MEMORY_TRACE_ENV):  # the memory probe's switch: tracing slows every allocation
             from tritonstack.backends.dali.memory_trace import MemoryTrace
@@ -124,7 +126,7 @@ class TritonPythonModel:
             self._after_batch()
             return None
         responses = [None] * len(requests)
-        runnable, pixels = [], []
+        runnable, pixels, large_run = [], [], False
         for index, request in enumerate(requests):
             try:
                 feed, declared = self._samples_of(request)
@@ -138,8 +140,10 @@ class TritonPythonModel:
             fed = [runnable[i] for i in part]
             for (index, _), response in zip(fed, self._execute_fed(fed)):
                 responses[index] = response
-            if self._buffers_return and sum(pixels[i] for i in part) > self._budget.release_above_pixels:
-                self._release_buffers()
+            if sum(pixels[i] for i in part) > self._budget.release_above_pixels:
+                large_run = True
+                if self._buffers_return:
+                    self._release_buffers()
         self._batches += 1
         if self._trim_every and self._batches % self._trim_every == 0:
             # Pages freed inside glibc's heaps (DALI's image buffers of varied sizes)
@@ -147,13 +151,15 @@ class TritonPythonModel:
             malloc_trim()
         if self._memory_trace is not None:
             self._memory_trace.after_batch()
-        self._after_batch()
+        self._after_batch(large_run)
         return responses
 
-    def _after_batch(self) -> None:
+    def _after_batch(self, large_run: bool = False) -> None:
         statm = statm_bytes()  # one read for both, every batch
-        if self._residency is not None and self._residency.after_batch(statm):
-            statm = statm_bytes()
+        if self._residency is not None:
+            populated = self._residency.after_batch(statm, large_run)
+            if self._region.after_batch() or populated:
+                statm = statm_bytes()
         self._memory_gauge.update(statm[0])
 
     def _samples_of(self, request) -> tuple[dict[str, np.ndarray], int]:
