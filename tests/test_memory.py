@@ -104,7 +104,7 @@ def test_round_3_adds_under_2_mib_on_a_fresh_default_server(model_repository):
     images, bad = round_images()
     with dali_only_server(model_repository, {}) as server:
         pid = stub_pid(server.pid, MODEL)
-        sender = RoundSender(server.http_url, workers=8, bad_images=bad)
+        sender = RoundSender(server.http_url, workers=4, bad_images=bad)
         rss, parts = [], []
         try:
             for _ in range(FRESH_ROUNDS):

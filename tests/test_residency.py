@@ -18,6 +18,7 @@ from tritonstack.backends.residency import (
     statm_bytes,
     subtract,
 )
+from tritonstack.contract import SHM_DIR
 
 MAPS = """\
 00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/python3
@@ -72,7 +73,7 @@ def test_the_newest_mapping_of_the_shared_region_is_resident_and_older_ones_give
     """As the Python backend grows its region: the file mapped at 2 MiB, 1 MiB written
     through that mapping, the file grown to 4 MiB and mapped again. Afterwards the new
     mapping counts the whole file once, the old one nothing, and both read the data."""
-    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    shm = SHM_DIR if SHM_DIR.is_dir() else tmp_path
     path = shm / f"tritonstack-test-region-{os.getpid()}"
     pattern = bytes(range(256)) * ((1 << 20) // 256)
     with open(path, "w+b") as region:

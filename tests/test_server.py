@@ -11,8 +11,9 @@ import psutil
 import pytest
 
 from tests.processes import assert_nothing_left, group_processes
+from tritonstack.contract import SHM_DIR
 from tritonstack.serve.launcher import ServerStartError, TritonServer
-from tritonstack.serve.shm_cleanup import REGION_GLOB, SHM_DIR, mapped_regions
+from tritonstack.serve.shm_cleanup import REGION_GLOB, mapped_regions
 
 STUB = "triton_python_backend_stub"
 

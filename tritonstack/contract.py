@@ -78,6 +78,9 @@ POOL_RESIDENCY_ENV = "TRITONSTACK_POOL_RESIDENCY"
 # of 3x224x224 float32, 0.57 MiB each, and the encoded photos in), so that ordinary
 # traffic does not grow it. A file in /dev/shm: untouched pages cost nothing.
 STUB_REGION_SETTING = "shm-default-byte-size"
+# Where shm_open puts the stubs' regions (the launcher cleans up after dead stubs there;
+# the dali backend finds its own there).
+SHM_DIR = Path("/dev/shm")
 STUB_REGION_BYTES = 32 << 20
 # `tritonserver --backend-config=dali,plugin_libs=a.so:b.so` reaches NVIDIA's C++ dali
 # backend (src/parameters.h: plugin_libs, release_after_unload); Triton hands a

@@ -32,6 +32,8 @@ import os
 
 import numpy as np
 
+from tritonstack.contract import SHM_DIR
+
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _LIBC.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
@@ -167,10 +169,10 @@ def shared_file_ranges(maps_text: str, path: str) -> list[Range]:
 
 def stub_region_path() -> str:
     """The Python backend's shared region of this stub: the stub's second argument
-    names it (python_backend src/pb_stub.cc, main), shm_open puts it in /dev/shm."""
+    names it (python_backend src/pb_stub.cc, main), shm_open puts it in SHM_DIR."""
     with open("/proc/self/cmdline", "rb") as cmdline:
         arguments = cmdline.read().split(b"\0")
-    return f"/dev/shm/{arguments[2].decode()}" if len(arguments) > 2 else ""
+    return str(SHM_DIR / arguments[2].decode()) if len(arguments) > 2 else ""
 
 
 class RegionResidency:

@@ -6,8 +6,9 @@ import logging
 import time
 from pathlib import Path
 
+from tritonstack.contract import SHM_DIR
+
 LOGGER = logging.getLogger("tritonstack.serve")
-SHM_DIR = Path("/dev/shm")
 
 
 REGION_GLOB = "triton_*_backend_shm_region_*"
