@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 from tests import repo_factory as rf
 from tests.processes import wait_for
 from tritonstack.build.model_config import DynamicBatching, Tensor
+from tritonstack.processes import rss_parts_mib
 from tritonstack.samples import photo_bytes, sample_jpeg
 
 
@@ -270,6 +271,35 @@ def test_num_threads_parameter_sets_dali_worker_threads(repository, http, triton
         http.load_model(config.name)
         threads[count] = stub_of(triton, config.name).num_threads()
     assert threads[6] - threads[1] >= 5, threads
+
+
+def test_host_pool_reserve_parameter_holds_dalis_pool_from_load(repository, http, triton):
+    """host_pool_reserve_bytes (ours; the C++ backend ignores the parameter): the stub
+    holds the block from load, and a 16 MiB batch that fits in it takes no new memory,
+    where the same batch makes a model without it reserve a block (docs/memory.md)."""
+    reserve = 256 << 20
+    anonymous = {}
+    for name, parameters in (("pool_as_needed", {}), ("pool_reserved", {"host_pool_reserve_bytes": str(reserve)})):
+        config = rf.identity_config(name, parameters=parameters)
+        http.load_model(rf.write_model(repository, config, {"model.dali": rf.serialized(rf.identity_pipeline)}))
+        rf.infer_http(http, name, {"DALI_INPUT_0": np.zeros((1, 64), np.uint8)}, ["DALI_OUTPUT_0"])  # warm
+        anonymous[name] = [anonymous_mib(stub_of(triton, name))]
+    try:
+        assert anonymous["pool_reserved"][0] - anonymous["pool_as_needed"][0] >= 0.9 * (reserve >> 20), anonymous
+        batch = np.ones((1, 16 << 20), np.uint8)
+        for name in anonymous:
+            result = rf.infer_http(http, name, {"DALI_INPUT_0": batch}, ["DALI_OUTPUT_0"])
+            assert result.as_numpy("DALI_OUTPUT_0").shape == batch.shape
+            anonymous[name].append(anonymous_mib(stub_of(triton, name)))
+        grown = {name: after - before for name, (before, after) in anonymous.items()}
+        assert grown["pool_reserved"] < 8 and grown["pool_as_needed"] >= 16, anonymous
+    finally:
+        for name in anonymous:
+            http.unload_model(name)
+
+
+def anonymous_mib(stub: psutil.Process) -> float:
+    return rss_parts_mib(stub.pid)["RssAnon"]
 
 
 def stub_of(triton, model: str) -> psutil.Process:

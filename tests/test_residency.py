@@ -69,6 +69,21 @@ def test_pool_blocks_become_resident_with_their_data_kept_but_a_bursts_slack_doe
             assert missing_bytes(*fresh) == 0
 
 
+def test_a_new_block_is_seen_when_its_batch_adds_little_memory():
+    """A batch reserves a 64 MiB block and writes 512 KiB of it, after a look that
+    counted an earlier batch's 8 MiB of transient buffers, since freed: the anonymous
+    memory fell, but the mapped size changed, so the block is found and faulted in."""
+    residency = PoolResidency()
+    with mapped_blocks([8 << 20]) as (transient,):
+        write(transient, bytes(8 << 20))
+        assert residency.after_batch(statm_bytes())
+    with mapped_blocks([64 << 20]) as (block,):
+        write(block, bytes(512 << 10))
+        assert residency.after_batch(statm_bytes())
+        assert missing_bytes(*block) == 0
+        assert not residency.after_batch(statm_bytes())  # nothing changed since: no look
+
+
 def test_the_newest_mapping_of_the_shared_region_is_resident_and_older_ones_give_their_pages_back(tmp_path):
     """As the Python backend grows its region: the file mapped at 2 MiB, 1 MiB written
     through that mapping, the file grown to 4 MiB and mapped again. Afterwards the new

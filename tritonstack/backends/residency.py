@@ -7,8 +7,8 @@ counts a block's pages only once something writes them. A batch placed on pages 
 block that no earlier batch reached raised the stub's RSS long after warm-up: +1.7 to
 +8.6 MiB once in a run of several at 4 clients; at 16 to 32 clients, whose batches
 reserve blocks of 64 to 192 MiB, +2 to +31 MiB a round for six rounds
-(docs/memory.md). After a batch that raised the stub's memory, each mapping made
-since the model loaded is faulted in whole (MADV_POPULATE_WRITE, Linux 5.14: the
+(docs/memory.md). After a batch that mapped a new block or raised the stub's memory,
+each mapping made since the model loaded is faulted in whole (MADV_POPULATE_WRITE, Linux 5.14: the
 kernel reads and writes none of the data, so it is safe beside the threads using
 it): steady traffic would reach its pages anyway. Except the mappings a batch with a
 large decoder run made (above the model's release_above_pixels: a burst of huge
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,17 +87,24 @@ def subtract(ranges: list[Range], taken: list[Range]) -> list[Range]:
     return left
 
 
-def statm_bytes() -> tuple[int, int]:
-    """This process's resident bytes, and of them those backed by a file or shared
-    memory (/proc/self/statm); the rest is its anonymous memory."""
+class Statm(NamedTuple):
+    """/proc/self/statm in bytes: the address space mapped, the resident bytes, and of
+    them those backed by a file or shared memory; the rest is anonymous memory."""
+
+    size: int
+    resident: int
+    shared: int
+
+
+def statm_bytes() -> Statm:
+    """This process's memory now, read once (/proc/self/statm)."""
     with open("/proc/self/statm") as statm:
         fields = statm.read().split()
-    return int(fields[1]) * _PAGE_BYTES, int(fields[2]) * _PAGE_BYTES
+    return Statm(*(int(field) * _PAGE_BYTES for field in fields[:3]))
 
 
-def _anonymous(statm: tuple[int, int]) -> int:
-    resident, shared = statm
-    return resident - shared
+def _anonymous(statm: Statm) -> int:
+    return statm.resident - statm.shared
 
 
 def populate_supported() -> bool:
@@ -127,14 +135,14 @@ class PoolResidency:
         self._at_load = private_anonymous_ranges(_own_maps())
         self._last_seen = self._at_load
         self._burst: list[Range] = []  # made by batches with a large decoder run
-        self._populated = _anonymous(statm_bytes())
+        self._looked_at = statm_bytes()
         self.enabled = populate_supported()
 
-    def after_batch(self, statm: tuple[int, int], large_run: bool = False) -> bool:
+    def after_batch(self, statm: Statm, large_run: bool = False) -> bool:
         """`statm`: statm_bytes() after the batch; `large_run`: one of its decoder
-        runs was above the model's release_above_pixels. True when pages were
-        faulted in."""
-        if not self.enabled or _anonymous(statm) - self._populated < _RISE_BYTES:
+        runs was above the model's release_above_pixels. True when the mappings
+        were looked at (and pages faulted in)."""
+        if not self.enabled or not self._changed(statm):
             return False
         mapped = private_anonymous_ranges(_own_maps())
         if large_run:  # made since the last look: by this batch, which raised the memory
@@ -147,8 +155,16 @@ class PoolResidency:
         for start, end in subtract(grown, ordinary):  # a burst's
             if missing_bytes(start, end) <= MISSING_BYTES:
                 _populate(start, end)
-        self._populated = _anonymous(statm_bytes())
+        self._looked_at = statm_bytes()
         return True
+
+    def _changed(self, statm: Statm) -> bool:
+        """A mapping was made or dropped since the last look (a new pool block is
+        one), or the anonymous memory rose: pages of a burst's block reached. The
+        rise alone missed new blocks: the last look may have counted a batch's
+        transient buffers, up to 22 MiB at 12 clients, which later batches free."""
+        return (statm.size != self._looked_at.size
+                or _anonymous(statm) - _anonymous(self._looked_at) >= _RISE_BYTES)
 
 
 def _populate(start: int, end: int) -> None:

@@ -22,4 +22,4 @@ class StubMemoryGauge:
 
     def update(self, resident: int | None = None) -> None:
         """`resident`: the stub's resident bytes where the caller has just read them."""
-        self._gauge.set(statm_bytes()[0] if resident is None else resident)
+        self._gauge.set(statm_bytes().resident if resident is None else resident)

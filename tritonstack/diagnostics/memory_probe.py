@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shutil
 import sys
 import tempfile
 import threading
@@ -31,11 +32,14 @@ from pathlib import Path
 import numpy as np
 import psutil
 import tritonclient.http as httpclient
+from google.protobuf import text_format
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from tritonstack import processes
+from tritonstack.build.model_config import read_config
 from tritonstack.contract import (
+    CONFIG_FILENAME,
     DALI_HOST_POOL_ENV,
     DEFAULT_PRESET,
     MALLOC_TRIM_ENV,
@@ -85,6 +89,13 @@ VARIANTS: dict[str, dict[str, str]] = {
     "traced-glibc-default": BEFORE_POOL,
     "traced-launcher": {**BEFORE_POOL, **STUB_ENVIRONMENT},
 }
+
+
+# Variant name -> the model config parameters its copy of the model gets.
+VARIANT_PARAMETERS: dict[str, dict[str, str]] = {
+    "reserve-128m": {"host_pool_reserve_bytes": str(128 << 20)},  # DALI's pool reserved at load
+}
+VARIANTS.update({name: {} for name in VARIANT_PARAMETERS})
 
 
 def sized_photos(sizes=SIZES, photos=tuple(PHOTOS), image_format: str = "JPEG") -> list[bytes]:
@@ -196,9 +207,25 @@ def bad_inputs() -> list[bytes]:
     return [sample.data for sample in bad_samples()]
 
 
+def with_parameters(repository: Path, parameters: dict[str, str], workdir: Path) -> Path:
+    """A repository in workdir holding a copy of the model under study whose config
+    has `parameters` added."""
+    copy = workdir / "repository"
+    shutil.copytree(repository / MODEL, copy / MODEL)
+    config = read_config(copy / MODEL)
+    for key, value in parameters.items():
+        config.parameters[key].string_value = value
+    (copy / MODEL / CONFIG_FILENAME).write_text(text_format.MessageToString(config))
+    return copy
+
+
 def start_variant(stack: ExitStack, name: str, repository: Path, workdir: Path, workers: int,
                   bad_images: frozenset[bytes] = frozenset()) -> VariantRun:
     environment = dict(VARIANTS[name])
+    if name in VARIANT_PARAMETERS:
+        variant_dir = workdir / name
+        variant_dir.mkdir()
+        repository = with_parameters(repository, VARIANT_PARAMETERS[name], variant_dir)
     trace_path = None
     if name.startswith("traced"):
         trace_path = workdir / f"{name}.json"
@@ -252,8 +279,9 @@ def trace_line(row: dict) -> str:
 
 def summary(report: dict) -> str:
     """One line per variant: RSS after each round, and each round's increase."""
+    inputs = "/".join(map(str, report["sizes"])) + " px" if report["inputs"] in ("photos", "mixed") else report["inputs"]
     lines = [f"{report['requests_per_round']} requests per round over {report['images']} images "
-             f"({'/'.join(map(str, report['sizes']))} px), stub RSS in MiB after each round (round 0: idle):"]
+             f"({inputs}), {report['workers']} clients; stub RSS in MiB after each round (round 0: idle):"]
     for name, variant in report["variants"].items():
         rss = [row["stub_rss_mib"] for row in variant["rounds"]]
         steps = " ".join(f"{b - a:+6.2f}" for a, b in zip(rss[1:], rss[2:]))

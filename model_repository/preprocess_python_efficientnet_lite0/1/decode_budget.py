@@ -88,7 +88,7 @@ class DecodeBudget:
         """From a model config's `parameters` ({key: {"string_value": ...}});
         absent keys from the memory share."""
         default = cls.from_memory(share_bytes if share_bytes is not None else memory_share_bytes())
-        values = {key: _int_parameter(parameters, key) for key in PARAMETERS}
+        values = {key: int_parameter(parameters, key) for key in PARAMETERS}
         return cls(**{key: value if value is not None else getattr(default, key) for key, value in values.items()})
 
     def problems(self) -> list[str]:
@@ -150,6 +150,7 @@ def plan_parts(request_pixels: Sequence[int], max_batch_pixels: int) -> list[lis
     return parts
 
 
-def _int_parameter(parameters: dict, key: str) -> int | None:
+def int_parameter(parameters: dict, key: str) -> int | None:
+    """A model config parameter's integer (its string_value), None when it is absent."""
     value = parameters.get(key, {}).get("string_value")
     return int(value) if value else None

@@ -28,15 +28,16 @@ decoder allocates anything (tritonstack.decode_budget: pixels per image, per
 request, per decoder run; a merged batch above the per-run budget runs in parts,
 and, with DALI's host pool off, after a run above `release_above_pixels` the
 decoder's buffers are returned);
-and an input tensor larger than `max_input_bytes` (parameter, else
+an input tensor larger than `max_input_bytes` (parameter, else
 $TRITONSTACK_MAX_INPUT_BYTES from the launcher, else 64 MiB) is refused before its
-data is read.
+data is read; and `host_pool_reserve_bytes` (parameter) reserves that much of
+DALI's host pool at load (docs/memory.md).
 
 Modules, as a request meets them: `model` (Triton's entry points: load, execute),
 `source` (where the pipeline comes from: model.dali or dali.py), `requests` (a
 request's samples, refused early when too large or undecodable), `runner` (the DALI
 pipeline: run, split per request, rebuild after a failure), `allocator` (glibc's
-heap), `memory_trace` (only for the memory probe, imported when switched on); and
+heap, DALI's pool), `memory_trace` (only for the memory probe, imported when switched on); and
 `tritonstack.backends.residency` (DALI's pool counted as it fills).
 """
 

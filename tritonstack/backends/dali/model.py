@@ -12,7 +12,7 @@ import numpy as np
 import nvidia.dali.backend
 import triton_python_backend_utils as pb_utils
 
-from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes
+from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes, reserve_host_pool
 from tritonstack.backends.dali.requests import BudgetError, ClipInputs, InputError, UndecodableError, samples_of
 from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
 from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
@@ -35,7 +35,7 @@ from tritonstack.contract import (
 
 # The one reader of model.dali and the one set of load rules, shared with `tritonstack check`.
 from tritonstack.dali_proto import parse_pipeline
-from tritonstack.decode_budget import DecodeBudget, plan_parts
+from tritonstack.decode_budget import DecodeBudget, int_parameter, plan_parts
 from tritonstack.rules.common import raise_problems, stated_max_batch_size
 from tritonstack.rules.dali import dali_autocomplete, dali_problems, split_flags
 
@@ -81,7 +81,7 @@ class TritonPythonModel:
         batch_size = int(config.get("max_batch_size", 0)) or spec.max_batch_size or 1
         self._budget = DecodeBudget.from_parameters(parameters)
         raise_budget_problems(self._budget)
-        self._max_input_bytes = (_int_parameter(parameters, "max_input_bytes")
+        self._max_input_bytes = (int_parameter(parameters, "max_input_bytes")
                                  or int(os.environ.get(MAX_INPUT_BYTES_ENV) or DEFAULT_MAX_INPUT_BYTES))
         # A TYPE_STRING input's size is its data's, not its shape's: bounded after it is read.
         self._itemsizes = {tensor["name"]: np.dtype(TRITON_TO_NUMPY.get(tensor["data_type"], np.uint8)).itemsize
@@ -100,7 +100,7 @@ class TritonPythonModel:
             (tensor["name"], TRITON_TO_NUMPY[tensor["data_type"]])
             for tensor in config["output"]
         ]
-        self._runner = PipelineRunner(self._serialized, batch_size, device_id, _int_parameter(parameters, "num_threads"),
+        self._runner = PipelineRunner(self._serialized, batch_size, device_id, int_parameter(parameters, "num_threads"),
                                       self._input_names, split_flags(spec, config))
         # With DALI's host pool on, a rebuilt pipeline's buffers go back to the pool,
         # not to the system: releasing after large runs would only cost a rebuild.
@@ -108,6 +108,9 @@ class TritonPythonModel:
         # The pool's blocks and the Python backend's region counted in RSS when
         # reserved, not when a late batch reaches them.
         residency = not self._buffers_return and os.environ.get(POOL_RESIDENCY_ENV) != "0"
+        reserve = int_parameter(parameters, "host_pool_reserve_bytes")
+        if reserve and not self._buffers_return:  # with the pool off, malloc would hand it back
+            reserve_host_pool(reserve)
         self._residency = PoolResidency() if residency else None
         self._region = RegionResidency() if residency else None
         self._memory_trace = None
@@ -160,7 +163,7 @@ class TritonPythonModel:
             populated = self._residency.after_batch(statm, large_run)
             if self._region.after_batch() or populated:
                 statm = statm_bytes()
-        self._memory_gauge.update(statm[0])
+        self._memory_gauge.update(statm.resident)
 
     def _samples_of(self, request) -> tuple[dict[str, np.ndarray], int]:
         feed, pixels = samples_of(request, self._input_names, self._decoded_inputs, self._itemsizes,
@@ -251,11 +254,6 @@ def raise_budget_problems(budget: DecodeBudget) -> None:
     problems = budget.problems()
     if problems:
         raise ValueError("decode budget: " + "; ".join(problems))
-
-
-def _int_parameter(parameters: dict, key: str) -> int | None:
-    value = parameters.get(key, {}).get("string_value")
-    return int(value) if value else None
 
 
 def _refusal(error: InputError | BudgetError):
