@@ -208,8 +208,8 @@ def bad_inputs() -> list[bytes]:
 
 
 def with_parameters(repository: Path, parameters: dict[str, str], workdir: Path) -> Path:
-    """A repository in workdir holding a copy of the model under study whose config
-    has `parameters` added."""
+    """A repository in workdir (made here) holding a copy of the model under study
+    whose config has `parameters` added."""
     copy = workdir / "repository"
     shutil.copytree(repository / MODEL, copy / MODEL)
     config = read_config(copy / MODEL)
@@ -223,9 +223,7 @@ def start_variant(stack: ExitStack, name: str, repository: Path, workdir: Path, 
                   bad_images: frozenset[bytes] = frozenset()) -> VariantRun:
     environment = dict(VARIANTS[name])
     if name in VARIANT_PARAMETERS:
-        variant_dir = workdir / name
-        variant_dir.mkdir()
-        repository = with_parameters(repository, VARIANT_PARAMETERS[name], variant_dir)
+        repository = with_parameters(repository, VARIANT_PARAMETERS[name], workdir / name)
     trace_path = None
     if name.startswith("traced"):
         trace_path = workdir / f"{name}.json"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+import nvidia.dali.tensors as dali_tensors
 
 _LIBC = ctypes.CDLL(None)  # the C library this process runs on
 # glibc only (None elsewhere: nothing to trim).
@@ -31,6 +32,4 @@ def reserve_host_pool(n_bytes: int) -> None:
     late round. A block reserved at load serves every run that fits in it.
     A TensorList built from host arrays copies them into a buffer DALI allocates
     (from the pool, above DALI_MALLOC_POOL_THRESHOLD); freed, the block stays."""
-    import nvidia.dali.tensors as dali_tensors
-
     dali_tensors.TensorListCPU([np.zeros(n_bytes, dtype=np.uint8)])

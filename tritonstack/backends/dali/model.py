@@ -105,12 +105,12 @@ class TritonPythonModel:
         # With DALI's host pool on, a rebuilt pipeline's buffers go back to the pool,
         # not to the system: releasing after large runs would only cost a rebuild.
         self._buffers_return = pool_threshold_bytes(os.environ[DALI_HOST_POOL_ENV]) == 0
-        # The pool's blocks and the Python backend's region counted in RSS when
-        # reserved, not when a late batch reaches them.
-        residency = not self._buffers_return and os.environ.get(POOL_RESIDENCY_ENV) != "0"
         reserve = int_parameter(parameters, "host_pool_reserve_bytes")
         if reserve and not self._buffers_return:  # with the pool off, malloc would hand it back
             reserve_host_pool(reserve)
+        # The pool's blocks and the Python backend's region counted in RSS when
+        # reserved, not when a late batch reaches them.
+        residency = not self._buffers_return and os.environ.get(POOL_RESIDENCY_ENV) != "0"
         self._residency = PoolResidency() if residency else None
         self._region = RegionResidency() if residency else None
         self._memory_trace = None
