@@ -92,7 +92,7 @@ def test_folder_run_survives_a_server_restart(model_repository, many_images, tmp
     stderr_path = tmp_path / "stderr.txt"
     process = subprocess.Popen(
         [sys.executable, str(CLASSIFY), str(many_images), "--url", url, "--protocol", protocol,
-         "--format", "jsonl", "--top-k", "1", "--retries", "12", "--admin-key", first.admin_key, *options],
+         "--format", "jsonl", "--top-k", "1", "--retries", "12", f"--admin-key={first.admin_key}", *options],
         stdout=subprocess.PIPE, stderr=stderr_path.open("w"), text=True,
     )
     try:

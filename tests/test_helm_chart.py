@@ -353,7 +353,7 @@ def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_
     tritonserver (the release of the chart's NGC image) as the pod would run it
     (tests/chart.py), the built repository at the claim's mount path."""
     container = triton_container(render("local", *free_server_ports()))
-    key = secrets.token_urlsafe(16)
+    key = secrets.token_hex(16)
     ref = next(e for e in container["env"] if e["name"] == ADMIN_KEY_ENV)["valueFrom"]["secretKeyRef"]
     admin = (ref["name"], ref["key"])
     with serve_rendered(container, {admin: key}, tmp_path, repository=str(model_repository)) as served:

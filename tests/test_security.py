@@ -5,6 +5,7 @@ by the `dali` backend on both protocols and the server keeps serving."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 import pytest
@@ -13,9 +14,11 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tritonstack.client.classifier import ClassifierClient
+from tritonstack.client.options import add_server_options
 from tritonstack.client.retry import is_retryable
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, DEFAULT_MODEL
 from tritonstack.samples import photo_bytes
+from tritonstack.serve import security
 from tritonstack.serve.launcher import ServerStartError, TritonServer
 from tritonstack.serve.network import is_loopback
 
@@ -68,6 +71,17 @@ def test_admin_key_comes_from_the_environment(model_repository, monkeypatch):
     assert configured.admin_headers("grpc") == {f"triton-grpc-protocol-{ADMIN_HEADER}": "key-from-env"}
     monkeypatch.delenv(ADMIN_KEY_ENV)
     assert TritonServer(model_repository).admin_key != TritonServer(model_repository).admin_key  # random each
+
+
+def test_a_random_key_never_reads_as_an_option():
+    # One urlsafe token in 64 starts with "-", and `classify.py --admin-key KEY` then fails.
+    assert not any(security.admin_key().startswith("-") for _ in range(2000))
+
+
+def test_the_clients_take_a_key_that_starts_with_a_dash():
+    parser = argparse.ArgumentParser()
+    add_server_options(parser)
+    assert parser.parse_args(["--admin-key=-k3y"]).admin_key == "-k3y"
 
 
 def test_a_key_triton_would_misparse_is_refused(model_repository):

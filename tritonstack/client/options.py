@@ -18,7 +18,7 @@ def add_server_options(parser: argparse.ArgumentParser,
     parser.add_argument("--protocol", choices=PROTOCOLS, help="default: the --url's scheme, else http")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-request timeout in seconds")
-    parser.add_argument("--admin-key", help="key of the server's restricted APIs, needed with --shm system "
-                        "(default: $TRITONSTACK_ADMIN_KEY)")
+    parser.add_argument("--admin-key", metavar="KEY", help="key of the server's restricted APIs, needed with --shm "
+                        "system (default: $TRITONSTACK_ADMIN_KEY; write --admin-key=KEY if it starts with -)")
     parser.add_argument("--retries", type=cli.non_negative_int, default=3, metavar="N",
                         help="retries when the server is unreachable or unavailable (backoff with jitter)")

@@ -22,7 +22,9 @@ _KEY = re.compile(r"[A-Za-z0-9._~-]+")
 def admin_key(given: str | None = None) -> str:
     """The key given, else $TRITONSTACK_ADMIN_KEY, else a random one; refused if
     Triton would misparse it."""
-    key = given or os.environ.get(ADMIN_KEY_ENV) or secrets.token_urlsafe(24)
+    # Hex, not token_urlsafe: one urlsafe key in 64 starts with "-", which argparse
+    # then takes for an option in `classify.py --admin-key KEY`.
+    key = given or os.environ.get(ADMIN_KEY_ENV) or secrets.token_hex(24)
     if not _KEY.fullmatch(key):
         # Triton parses the flag as <apis>:<header>=<key>.
         raise ValueError(f"the admin key (${ADMIN_KEY_ENV}) may hold only letters, digits and . _ ~ -")
