@@ -10,7 +10,6 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
-from google.protobuf import text_format
 from nvidia.dali import Pipeline
 from tritonclient.grpc import model_config_pb2 as pb
 
@@ -21,7 +20,7 @@ from tritonstack import dali_proto
 from tritonstack.build import pipelines
 from tritonstack.build.__main__ import main
 from tritonstack.build.check import check_repository
-from tritonstack.build.model_config import read_config
+from tritonstack.build.model_config import read_config, write_config
 from tritonstack.build.presets import PRESETS
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import PREPROCESS_INPUT, PREPROCESS_OUTPUT, pad_batch
@@ -115,7 +114,7 @@ def test_cpu_backend_loads_a_classifier_that_asks_for_tensorrt(tmp_path, model_r
     config.instance_group[0].kind = pb.ModelInstanceGroup.KIND_CPU
     repository = tmp_path / "served"
     shutil.copytree(MODEL_REPOSITORY / LITE0, repository / LITE0)
-    (repository / LITE0 / "config.pbtxt").write_text(text_format.MessageToString(config))
+    write_config(repository / LITE0, config)
     with TritonServer(repository) as server:
         client = httpclient.InferenceServerClient(server.http_url)
         served = client.get_model_config(LITE0)

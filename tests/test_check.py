@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-from google.protobuf import text_format
 from nvidia.dali import fn, pipeline_def, types
 from tritonclient.grpc import model_config_pb2 as pb
 
@@ -15,7 +14,7 @@ from tests import repo_factory as rf
 from tests.conftest import PROJECT_ROOT
 from tests.test_build import build
 from tritonstack.build.check import check_repository
-from tritonstack.build.model_config import ModelConfig, Tensor, read_config
+from tritonstack.build.model_config import ModelConfig, Tensor, read_config, write_config
 from tritonstack.contract import CONFIG_FILENAME
 from tritonstack.dali_proto import parse_pipeline
 from tritonstack.rules import dali as dali_rules
@@ -42,7 +41,7 @@ def repo(pristine, tmp_path):
 def edit(repo, model, change):
     config = read_config(repo / model)
     change(config)
-    (repo / model / CONFIG_FILENAME).write_text(text_format.MessageToString(config))
+    write_config(repo / model, config)
 
 
 def only_problem(repo):

@@ -16,13 +16,17 @@ from loadtests import run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 RENDER_TIMEOUT_S = 90
+# The page is a local file: Chromium's own traffic (component updates, sync, first-run
+# pings, QUIC) stays off, so the test talks to nothing beyond this machine.
+NO_NETWORK = ("--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--disable-quic", "--no-first-run", "--disable-default-apps")
 
 
 def chromium(tmp_path, *options: str) -> str:
     """Run headless Chromium (its own profile, its own process group, killed at
     the end whatever happens); returns its stdout."""
     process = subprocess.Popen(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *NO_NETWORK,
          f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", *options],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
     )

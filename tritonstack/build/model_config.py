@@ -213,6 +213,12 @@ def read_config(model_dir: Path) -> pb.ModelConfig:
     return parse_config((Path(model_dir) / CONFIG_FILENAME).read_text())
 
 
+def write_config(model_dir: Path, config: pb.ModelConfig) -> None:
+    """Write a ModelConfig (one read_config gave, then edited) back as the folder's
+    config.pbtxt. Protobuf text leaves fields at zero out, as the parser read them."""
+    (Path(model_dir) / CONFIG_FILENAME).write_text(text_format.MessageToString(config))
+
+
 def config_dict(config: pb.ModelConfig) -> dict:
     """Triton's JSON form of a config, as a backend receives it (fields left at
     their default are absent, as when a config.pbtxt does not state them)."""

@@ -32,14 +32,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 import tritonclient.http as httpclient
-from google.protobuf import text_format
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from tritonstack import processes
-from tritonstack.build.model_config import read_config
+from tritonstack.build.model_config import read_config, write_config
 from tritonstack.contract import (
-    CONFIG_FILENAME,
     DALI_HOST_POOL_ENV,
     DEFAULT_PRESET,
     MALLOC_TRIM_ENV,
@@ -215,7 +213,7 @@ def with_parameters(repository: Path, parameters: dict[str, str], workdir: Path)
     config = read_config(copy / MODEL)
     for key, value in parameters.items():
         config.parameters[key].string_value = value
-    (copy / MODEL / CONFIG_FILENAME).write_text(text_format.MessageToString(config))
+    write_config(copy / MODEL, config)
     return copy
 
 
