@@ -3,12 +3,11 @@ ports and a deadline-bounded wait for a condition (never a bare sleep)."""
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from typing import Callable, TypeVar
 
-import psutil
+from tritonstack.processes import group_processes
 
 T = TypeVar("T")
 
@@ -24,18 +23,6 @@ def wait_for(condition: Callable[[], T], timeout_s: float = 30.0, interval_s: fl
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what} not reached within {timeout_s:.0f} s (last value: {value!r})")
         time.sleep(interval_s)
-
-
-def group_processes(pgid: int) -> list[psutil.Process]:
-    """Live (non-zombie) processes of a process group."""
-    found = []
-    for process in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except (psutil.NoSuchProcess, ProcessLookupError):
-            continue
-    return found
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -10,10 +10,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.processes import assert_nothing_left, group_processes
-from tritonstack.contract import SHM_DIR
+from tests.processes import assert_nothing_left, wait_for
+from tritonstack.processes import group_processes
 from tritonstack.serve.launcher import ServerStartError, TritonServer
-from tritonstack.serve.shm_cleanup import REGION_GLOB, mapped_regions
+from tritonstack.serve.shm_cleanup import REGION_GLOB, held_regions, stub_regions
 
 STUB = "triton_python_backend_stub"
 
@@ -76,16 +76,12 @@ def test_failed_start_shows_the_server_log(tmp_path):
 
 
 def mapped_stub_regions(pgid) -> set[str]:
-    return {region for region in mapped_regions(process.pid for process in group_processes(pgid))
+    return {region for region in held_regions(process.pid for process in group_processes(pgid))
             if Path(region).match(REGION_GLOB)}
 
 
-def shm_regions() -> set[Path]:
-    return set(SHM_DIR.glob(REGION_GLOB))
-
-
 def test_stop_after_a_crash_removes_the_stubs_shared_memory(model_repository):
-    before = shm_regions()
+    before = stub_regions()
     server = TritonServer(model_repository).start()
     try:
         regions = mapped_stub_regions(server.process.pid)
@@ -93,15 +89,41 @@ def test_stop_after_a_crash_removes_the_stubs_shared_memory(model_repository):
         crashed = group_processes(server.process.pid)
         os.killpg(server.process.pid, signal.SIGKILL)  # a crash: nobody unlinks them
         server.process.wait()
-        # Until the last stub is gone it may still write to its region (a write
-        # makes the region young again), and a mapped region is kept.
+        # Until the last stub is gone it maps its region, and a mapped region is kept.
         _, alive = psutil.wait_procs(crashed, timeout=30)
         assert alive == [], alive
-        for region in regions:  # the launcher leaves young regions alone; age these
-            os.utime(region, (time.time() - 60, time.time() - 60))
     finally:
         server.stop()
+    # Young as they are (a region of another server's may be young too), the
+    # launcher saw its own server hold these: they are removed.
     assert [region for region in regions if os.path.exists(region)] == []
-    # Nor those of the server the launcher started again after the crash, however young.
-    assert shm_regions() - before == set()
+    # Nor those of the server the launcher started again after the crash.
+    assert stub_regions() - before == set()
     assert_nothing_left(server.process.pid, ports_of(server))
+
+
+def test_stop_while_a_restart_loads_leaves_no_shared_memory(lite0_repository):
+    """Stopped while the server started again after a crash is still starting its
+    stubs: the regions it had just created are removed too."""
+    before = stub_regions()
+    server = TritonServer(lite0_repository).start()
+    try:
+        crashed = server.process
+        os.killpg(crashed.pid, signal.SIGKILL)
+        crashed.wait()
+        wait_for(lambda: server.process is not crashed and STUB in names_in_group(server.process.pid),
+                 timeout_s=60, interval_s=0.02, what="the restarted server's first stub")
+    finally:
+        server.stop()
+    assert stub_regions() - before == set()
+    assert_nothing_left(server.process.pid, ports_of(server))
+
+
+def names_in_group(pgid: int) -> list[str]:
+    names = []
+    for process in group_processes(pgid):
+        try:
+            names.append(process.name())
+        except psutil.NoSuchProcess:
+            continue
+    return names

@@ -5,6 +5,7 @@ soak and the memory probe all ask here."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psutil
@@ -19,6 +20,19 @@ def process_tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+def group_processes(pgid: int) -> list[psutil.Process]:
+    """Live (non-zombie) processes of a process group: a server started in a
+    session of its own and every stub it forked, even one whose parent has died."""
+    found = []
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            continue
+    return found
 
 
 def server_stubs(server_pid: int) -> tuple[dict[int, str], set[int]]:

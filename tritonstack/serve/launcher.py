@@ -60,7 +60,7 @@ from tritonstack.contract import (
     admin_headers,
     backend_config,
 )
-from tritonstack.processes import process_tree
+from tritonstack.processes import group_processes
 from tritonstack.rules.repository import shell_unsafe_reason, unservable_reason
 from tritonstack.serve import security
 from tritonstack.serve.install import TritonInstall
@@ -68,7 +68,7 @@ from tritonstack.serve.limits import MemoryLimits, limit_address_space
 from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
 from tritonstack.serve.restart import ServerRestarter
 from tritonstack.serve.security import RESTRICTED_APIS
-from tritonstack.serve.shm_cleanup import mapped_regions, remove_orphaned_stub_regions
+from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions, stub_regions
 from tritonstack.serve.supervision import RecyclePolicy, StubSupervisor, reload_model
 
 LOGGER = logging.getLogger("tritonstack.serve")
@@ -144,6 +144,7 @@ class TritonServer:
         self._backends: Path | None = None
         self._stopping = threading.Event()
         self._bytecode_before: set[Path] = set()
+        self._regions_before: set[Path] = set()  # the stubs' /dev/shm regions before start
 
     @property
     def http_url(self) -> str:
@@ -228,6 +229,7 @@ class TritonServer:
         self._backends = self.install.assemble_backends(self._workdir / "backends")
         if isinstance(self.model_repository, Path):
             self._bytecode_before = _bytecode_folders(self.model_repository)
+        self._regions_before = stub_regions()
         self._stopping.clear()
         if self.supervise and _supervise_stubs not in self.on_ready:
             self.on_ready.append(_supervise_stubs)
@@ -273,9 +275,8 @@ class TritonServer:
     def relaunch(self) -> None:
         """Clear what a dead server left (its stubs, their shared memory), then
         launch again on the same ports."""
-        _kill_group(self.process.pid)
-        self.process.wait()
-        remove_orphaned_stub_regions()
+        _kill_group(self.process)
+        remove_orphaned_stub_regions(owned=self._new_regions())
         self.launch()
 
     def wait_ready(self) -> None:
@@ -325,10 +326,6 @@ class TritonServer:
         the whole process group. Returns the server's exit code."""
         if self.process is None:
             return None
-        # This server and its stubs, before any signal: their regions in /dev/shm
-        # are ours to remove at the end, however young.
-        processes = process_tree(self.process.pid)
-        owned = mapped_regions(process.pid for process in processes)
         self._stopping.set()
         if self.restarter is not None:
             # Told now (a death now is no fault to repair), joined only after the
@@ -344,24 +341,24 @@ class TritonServer:
                 self.process.wait(timeout=self.stop_grace_s + 5)
             except subprocess.TimeoutExpired:
                 LOGGER.warning("tritonserver ignored SIGINT; killing it")
-        _kill_group(self.process.pid)
-        self.process.wait()
+        _kill_group(self.process)
         if self.restarter is not None:
             self.restarter.stop(timeout=self.stop_grace_s + 10)
             if self.process.poll() is None:  # a relaunch was under way
-                relaunched = process_tree(self.process.pid)
-                owned |= mapped_regions(process.pid for process in relaunched)
-                processes += relaunched
-                _kill_group(self.process.pid)
-                self.process.wait()
-        # A killed stub maps (and may still write) its region until it is gone.
-        psutil.wait_procs(processes, timeout=STUBS_EXIT_TIMEOUT_S)
-        remove_orphaned_stub_regions(owned=frozenset(owned))
+                _kill_group(self.process)
+        remove_orphaned_stub_regions(owned=self._new_regions())
         if isinstance(self.model_repository, Path):
             _remove_new_bytecode(self.model_repository, self._bytecode_before)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
         return self.process.returncode
+
+    def _new_regions(self) -> frozenset[Path]:
+        """The stubs' regions that appeared since this server started. Once no
+        process holds one, it is an orphan of ours (or of a server that crashed
+        meanwhile), to remove however young: a server killed while it loads models
+        leaves regions it created a moment before."""
+        return frozenset(stub_regions() - self._regions_before)
 
     def __enter__(self) -> "TritonServer":
         return self.start()
@@ -417,10 +414,14 @@ def _remove_new_bytecode(repository: Path, before: set[Path]) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _kill_group(pgid: int) -> None:
+def _kill_group(server: subprocess.Popen) -> None:
+    """SIGKILL a server's process group; return once the server is reaped and its
+    stubs are gone (bounded): a killed stub maps its region until it is."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(server.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    server.wait()  # before the group's wait, which would reap it and lose its exit code
+    psutil.wait_procs(group_processes(server.pid), timeout=STUBS_EXIT_TIMEOUT_S)
 
 

@@ -14,40 +14,58 @@ LOGGER = logging.getLogger("tritonstack.serve")
 REGION_GLOB = "triton_*_backend_shm_region_*"
 
 
-def mapped_regions(pids) -> set[str]:
-    """The paths under /dev/shm that the processes `pids` map (those still alive)."""
-    mapped = set()
+def stub_regions() -> set[Path]:
+    """The Python backend stubs' regions in /dev/shm now, whoever made them."""
+    return set(SHM_DIR.glob(REGION_GLOB))
+
+
+def held_regions(pids) -> set[str]:
+    """The paths under /dev/shm that the processes `pids` (those still alive) map
+    or hold open (a region's creator holds it open before it maps it)."""
+    held = set()
     for pid in pids:
         try:
-            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+            opened = _open_paths(pid)
         except OSError:  # the process ended meanwhile, or is not ours to read
             continue
-        mapped.update(line.split()[-1] for line in lines if str(SHM_DIR) in line)
-    return mapped
+        held.update(line.split()[-1] for line in maps if str(SHM_DIR) in line)
+        held.update(path for path in opened if path.startswith(f"{SHM_DIR}/"))
+    return held
 
 
-def remove_orphaned_stub_regions(min_age_s: float = 10.0, owned: frozenset[str] = frozenset()) -> list[Path]:
-    """Delete the Python backend's shared-memory regions that no process maps.
+def _open_paths(pid: int) -> set[str]:
+    paths = set()
+    for descriptor in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            paths.add(str(descriptor.readlink()))
+        except OSError:  # closed meanwhile
+            continue
+    return paths
+
+
+def remove_orphaned_stub_regions(min_age_s: float = 10.0, owned: frozenset[Path] = frozenset()) -> list[Path]:
+    """Delete the Python backend's shared-memory regions that no process holds.
 
     Each stub's region (`/dev/shm/triton_<backend>_backend_shm_region_<uuid>`) is
     unlinked by a clean shutdown, but a stub or server that was killed leaves it
-    behind, and /dev/shm is memory. A region still mapped by any live process
+    behind, and /dev/shm is memory. A region still held by any live process
     (another server on this machine) is kept, and so is a very young one (a server
-    starting right now may not have mapped it yet) unless it is in `owned`: the
-    regions our own server's processes mapped, whatever their age."""
-    regions = list(SHM_DIR.glob(REGION_GLOB))
+    starting right now may be creating it, or a process we may not read holds it)
+    unless it is in `owned`: the regions that appeared while our own server ran."""
+    regions = stub_regions()
     if not regions:
         return []
-    mapped = mapped_regions(int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+    held = held_regions(int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
     removed = []
     for region in regions:
         try:
-            if str(region) in mapped:
+            if str(region) in held:
                 continue
-            if str(region) in owned or time.time() - region.stat().st_mtime > min_age_s:
+            if region in owned or time.time() - region.stat().st_mtime > min_age_s:
                 region.unlink()
                 removed.append(region)
-        except FileNotFoundError:
+        except (FileNotFoundError, PermissionError):  # gone meanwhile, or another user's
             continue
     if removed:
         LOGGER.info("removed %d orphaned backend shared-memory region(s)", len(removed))
