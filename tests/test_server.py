@@ -75,16 +75,16 @@ def test_failed_start_shows_the_server_log(tmp_path):
     assert "empty_model" in str(failure.value)
 
 
-def mapped_stub_regions(pgid) -> set[str]:
+def held_stub_regions(pgid) -> set[Path]:
     return {region for region in held_regions(process.pid for process in group_processes(pgid))
-            if Path(region).match(REGION_GLOB)}
+            if region.match(REGION_GLOB)}
 
 
 def test_stop_after_a_crash_removes_the_stubs_shared_memory(model_repository):
     before = stub_regions()
     server = TritonServer(model_repository).start()
     try:
-        regions = mapped_stub_regions(server.process.pid)
+        regions = held_stub_regions(server.process.pid)
         assert regions, "the Python backend maps one /dev/shm region per stub"
         crashed = group_processes(server.process.pid)
         os.killpg(server.process.pid, signal.SIGKILL)  # a crash: nobody unlinks them

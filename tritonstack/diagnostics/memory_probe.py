@@ -86,6 +86,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "traced": {},  # + MEMORY_TRACE_ENV, set per run
     "traced-glibc-default": BEFORE_POOL,
     "traced-launcher": {**BEFORE_POOL, **STUB_ENVIRONMENT},
+    "reserve-128m": {},  # + model parameters (VARIANT_PARAMETERS)
 }
 
 
@@ -93,7 +94,6 @@ VARIANTS: dict[str, dict[str, str]] = {
 VARIANT_PARAMETERS: dict[str, dict[str, str]] = {
     "reserve-128m": {"host_pool_reserve_bytes": str(128 << 20)},  # DALI's pool reserved at load
 }
-VARIANTS.update({name: {} for name in VARIANT_PARAMETERS})
 
 
 def sized_photos(sizes=SIZES, photos=tuple(PHOTOS), image_format: str = "JPEG") -> list[bytes]:

@@ -276,7 +276,7 @@ class TritonServer:
         """Clear what a dead server left (its stubs, their shared memory), then
         launch again on the same ports."""
         _kill_group(self.process)
-        remove_orphaned_stub_regions(owned=self._new_regions())
+        remove_orphaned_stub_regions(existing_before=self._regions_before)
         self.launch()
 
     def wait_ready(self) -> None:
@@ -346,19 +346,12 @@ class TritonServer:
             self.restarter.stop(timeout=self.stop_grace_s + 10)
             if self.process.poll() is None:  # a relaunch was under way
                 _kill_group(self.process)
-        remove_orphaned_stub_regions(owned=self._new_regions())
+        remove_orphaned_stub_regions(existing_before=self._regions_before)
         if isinstance(self.model_repository, Path):
             _remove_new_bytecode(self.model_repository, self._bytecode_before)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
         return self.process.returncode
-
-    def _new_regions(self) -> frozenset[Path]:
-        """The stubs' regions that appeared since this server started. Once no
-        process holds one, it is an orphan of ours (or of a server that crashed
-        meanwhile), to remove however young: a server killed while it loads models
-        leaves regions it created a moment before."""
-        return frozenset(stub_regions() - self._regions_before)
 
     def __enter__(self) -> "TritonServer":
         return self.start()

@@ -19,7 +19,7 @@ def stub_regions() -> set[Path]:
     return set(SHM_DIR.glob(REGION_GLOB))
 
 
-def held_regions(pids) -> set[str]:
+def held_regions(pids) -> set[Path]:
     """The paths under /dev/shm that the processes `pids` (those still alive) map
     or hold open (a region's creator holds it open before it maps it)."""
     held = set()
@@ -29,8 +29,8 @@ def held_regions(pids) -> set[str]:
             opened = _open_paths(pid)
         except OSError:  # the process ended meanwhile, or is not ours to read
             continue
-        held.update(line.split()[-1] for line in maps if str(SHM_DIR) in line)
-        held.update(path for path in opened if path.startswith(f"{SHM_DIR}/"))
+        held.update(Path(line.split()[-1]) for line in maps if str(SHM_DIR) in line)
+        held.update(Path(path) for path in opened if path.startswith(f"{SHM_DIR}/"))
     return held
 
 
@@ -44,7 +44,7 @@ def _open_paths(pid: int) -> set[str]:
     return paths
 
 
-def remove_orphaned_stub_regions(min_age_s: float = 10.0, owned: frozenset[Path] = frozenset()) -> list[Path]:
+def remove_orphaned_stub_regions(min_age_s: float = 10.0, existing_before: set[Path] | None = None) -> list[Path]:
     """Delete the Python backend's shared-memory regions that no process holds.
 
     Each stub's region (`/dev/shm/triton_<backend>_backend_shm_region_<uuid>`) is
@@ -52,7 +52,10 @@ def remove_orphaned_stub_regions(min_age_s: float = 10.0, owned: frozenset[Path]
     behind, and /dev/shm is memory. A region still held by any live process
     (another server on this machine) is kept, and so is a very young one (a server
     starting right now may be creating it, or a process we may not read holds it)
-    unless it is in `owned`: the regions that appeared while our own server ran."""
+    unless it was not among `existing_before`, the regions there when our own
+    server started: one that appeared since and that nobody holds is an orphan of
+    ours (or of a server that crashed meanwhile), however young; a server killed
+    while it loads models leaves regions it created a moment before."""
     regions = stub_regions()
     if not regions:
         return []
@@ -60,9 +63,10 @@ def remove_orphaned_stub_regions(min_age_s: float = 10.0, owned: frozenset[Path]
     removed = []
     for region in regions:
         try:
-            if str(region) in held:
+            if region in held:
                 continue
-            if region in owned or time.time() - region.stat().st_mtime > min_age_s:
+            new_since_start = existing_before is not None and region not in existing_before
+            if new_since_start or time.time() - region.stat().st_mtime > min_age_s:
                 region.unlink()
                 removed.append(region)
         except (FileNotFoundError, PermissionError):  # gone meanwhile, or another user's
