@@ -4,7 +4,7 @@ from a checkout (see `python build_pipelines.py --help`)."""
 
 import sys
 
-from tritonstack.build.__main__ import main
+from tritonstack.commands.build import main
 
 if __name__ == "__main__":
     sys.exit(main())

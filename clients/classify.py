@@ -3,7 +3,7 @@
 
 import sys
 
-from tritonstack.client.classify_command import main
+from tritonstack.commands.classify import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,7 @@
 
 import sys
 
-from tritonstack.demo import main
+from tritonstack.commands.demo import main
 
 if __name__ == "__main__":
     sys.exit(main())

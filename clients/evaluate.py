@@ -3,7 +3,7 @@
 
 import sys
 
-from tritonstack.client.evaluate_command import main
+from tritonstack.commands.evaluate import main
 
 if __name__ == "__main__":
     sys.exit(main())

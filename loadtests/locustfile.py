@@ -4,7 +4,7 @@ themselves are in loadtests/users.py (GrpcUser, HttpUser).
     python -m locust -f loadtests/locustfile.py --headless -u 4 -t 30s \
         --host http://127.0.0.1:8000 --grpc-url 127.0.0.1:8001 --model ensemble_dali_efficientnet_lite0
 
-(`python -m loadtests.run` / `make loadtest` start a server, run this and write a report.)
+(`tritonstack loadtest` / `make loadtest` start a server, run this and write a report.)
 
 Hooks: `--max-requests` bounds the run across workers; a line of live figures goes
 to stderr every `--live-seconds`; the final stats table is written at quit; the

@@ -20,6 +20,7 @@ from tests.conftest import MODEL_REPOSITORY
 from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor
 from tritonstack.build.repository import write_model_folder
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.server_config import ServerConfig
 
 VERSION = "1"
 CPU = (InstanceGroup(count=1, kind="KIND_CPU"),)
@@ -28,8 +29,9 @@ EXPLICIT = ("--model-control-mode=explicit",)
 
 def explicit_server(repository: Path, **options) -> TritonServer:
     """A server (not yet started) of `repository` in explicit model-control mode with
-    every API open: a suite loads its models one by one and reads their statistics."""
-    return TritonServer(repository, extra_args=EXPLICIT, restricted_apis=(), **options)
+    every API open: a suite loads its models one by one and reads their statistics.
+    `options`: ServerConfig's fields."""
+    return TritonServer(ServerConfig(repository, extra_args=EXPLICIT, restricted_apis=(), **options))
 
 
 def seed_lite0_export(out: Path) -> None:

@@ -21,6 +21,7 @@ from tests import repo_factory as rf
 from tests.test_decodable import corrupt_png_with_valid_crcs
 from tritonstack.build.model_config import DynamicBatching, ModelConfig, Tensor
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.server_config import ServerConfig
 
 N = 5
 # Long enough that N requests sent together always meet in the queue, even on a
@@ -47,7 +48,7 @@ def repository(tmp_path_factory):
 @pytest.fixture(scope="module")
 def http(repository):
     # Default model control: every model of the repository loads at start.
-    with TritonServer(repository, restricted_apis=()) as running:
+    with TritonServer(ServerConfig(repository, restricted_apis=())) as running:
         client = httpclient.InferenceServerClient(running.http_url, concurrency=N)
         try:
             yield client

@@ -18,11 +18,11 @@ from tests import repo_factory as rf
 from tests.conftest import MODEL_REPOSITORY, PROJECT_ROOT
 from tritonstack import dali_proto
 from tritonstack.build import pipelines
-from tritonstack.build.__main__ import main
 from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import read_config, write_config
 from tritonstack.build.presets import PRESETS
 from tritonstack.client.classifier import ClassifierClient
+from tritonstack.commands.build import main
 from tritonstack.contract import PREPROCESS_INPUT, PREPROCESS_OUTPUT, pad_batch
 from tritonstack.samples import photo_bytes, sample_jpeg
 from tritonstack.serve.launcher import TritonServer

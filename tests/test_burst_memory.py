@@ -27,6 +27,7 @@ from tritonstack.client.retry import NO_RETRY
 from tritonstack.processes import processes_by_role, tree_rss_mib
 from tritonstack.samples import photo_bytes
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.supervision import RecyclePolicy, StubMemory
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
@@ -45,7 +46,7 @@ def huge_png() -> bytes:
 
 @pytest.fixture(scope="module")
 def server(model_repository):
-    with TritonServer(model_repository, stop_grace_s=5) as running:
+    with TritonServer(ServerConfig(model_repository, stop_grace_s=5)) as running:
         yield running
 
 

@@ -143,20 +143,20 @@ def test_build_tool_mistakes():
 
 
 def test_launcher_refuses_a_port_in_use_and_a_missing_repository(server, model_repository):
-    one_line_error(run("-m", "tritonstack.serve", "--model-repository", model_repository,
+    one_line_error(run("-m", "tritonstack", "serve", "--model-repository", model_repository,
                        "--http-port", server.http_url.rsplit(":", 1)[1]),
                    "is in use", "--http-port")
-    one_line_error(run("-m", "tritonstack.serve", "--model-repository", "/nonexistent"),
+    one_line_error(run("-m", "tritonstack", "serve", "--model-repository", "/nonexistent"),
                    "/nonexistent: no such folder", "make build")
 
 
 def test_benchmark_and_soak_mistakes(tmp_path):
-    one_line_error(run("-m", "tritonstack.benchmark", "--out", tmp_path / "b.json", "--url", "grpc://127.0.0.1:1"),
+    one_line_error(run("-m", "tritonstack", "benchmark", "--out", tmp_path / "b.json", "--url", "grpc://127.0.0.1:1"),
                    "--url grpc://127.0.0.1:1 names a grpc endpoint")
     url = f"127.0.0.1:{free_port()}"
-    one_line_error(run("-m", "tritonstack.benchmark", "--out", tmp_path / "b.json", "--url", url),
+    one_line_error(run("-m", "tritonstack", "benchmark", "--out", tmp_path / "b.json", "--url", url),
                    f"no Triton server at {url}")
-    one_line_error(run("-m", "tritonstack.diagnostics.soak", "--model-repository", "/nonexistent"), "/nonexistent: no such folder")
+    one_line_error(run("-m", "tritonstack.commands.soak", "--model-repository", "/nonexistent"), "/nonexistent: no such folder")
     assert not (tmp_path / "b.json").exists()
 
 

@@ -21,6 +21,7 @@ from tritonstack.contract import DEFAULT_MODEL
 from tritonstack.samples import photo_path
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.network import free_port
+from tritonstack.serve.server_config import ServerConfig
 
 CLASSIFY = Path(__file__).resolve().parent.parent / "clients" / "classify.py"
 IMAGES = 400
@@ -86,7 +87,7 @@ def successful_inferences(server: TritonServer) -> int:
 )
 def test_folder_run_survives_a_server_restart(model_repository, many_images, tmp_path, protocol, options):
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
-    first = TritonServer(model_repository, stop_grace_s=FIRST_SERVER_GRACE_S, **ports).start()
+    first = TritonServer(ServerConfig(model_repository, stop_grace_s=FIRST_SERVER_GRACE_S, **ports)).start()
     second = None
     url = first.http_url if protocol == "http" else first.grpc_url
     stderr_path = tmp_path / "stderr.txt"
@@ -99,7 +100,7 @@ def test_folder_run_survives_a_server_restart(model_repository, many_images, tmp
         reader = LineReader(process.stdout)
         reader.wait_for(LINES_BEFORE_STOP, timeout_s=60)
         first.stop()
-        second = TritonServer(model_repository, stop_grace_s=STOP_GRACE_S, admin_key=first.admin_key, **ports).start()
+        second = TritonServer(ServerConfig(model_repository, stop_grace_s=STOP_GRACE_S, admin_key=first.admin_key, **ports)).start()
         process.wait(timeout=120)
         reader.join()
         served_by_second = successful_inferences(second)

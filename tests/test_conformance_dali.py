@@ -410,13 +410,14 @@ def test_backend_config_reaches_the_dali_stubs(tmp_path):
     """--backend-config=dali,plugin_libs=...: a plugin that cannot be loaded is logged
     with the C++ backend's words and the model still serves (src/dali_backend.cc
     TRITONBACKEND_Initialize); release_after_unload=true lets the model unload
-    (docs/config.md). The launcher hands both to the stubs (tritonstack.contract)."""
+    (docs/config.md). The launcher hands both to the stubs (tritonstack.backend_settings)."""
     from tritonstack.serve.launcher import TritonServer
+    from tritonstack.serve.server_config import ServerConfig
 
     name = rf.write_model(tmp_path, rf.identity_config("identity"), {"model.dali": rf.serialized(rf.identity_pipeline)})
     flags = ("--backend-config=dali,plugin_libs=/nonexistent/libnot_a_plugin.so",
              "--backend-config", "dali,release_after_unload=true")
-    with TritonServer(tmp_path, extra_args=(*rf.EXPLICIT, *flags), restricted_apis=()) as server, \
+    with TritonServer(ServerConfig(tmp_path, extra_args=(*rf.EXPLICIT, *flags), restricted_apis=())) as server, \
             httpclient.InferenceServerClient(server.http_url) as client:
         client.load_model(name)
         data = np.arange(8, dtype=np.uint8).reshape(2, 4)

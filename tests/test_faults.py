@@ -20,6 +20,7 @@ from tritonstack.diagnostics.soak import MixedLoad
 from tritonstack.processes import server_stubs
 from tritonstack.samples import photo_bytes
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.server_config import ServerConfig
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"
@@ -39,7 +40,7 @@ def fault_repository(model_repository, tmp_path_factory):
 def triton(fault_repository):
     # A short grace: after a dead stub's model is reloaded, Triton 2.51 never
     # finishes unloading the dead instance, and its shutdown waits the whole grace.
-    with TritonServer(fault_repository, stop_grace_s=5) as running:
+    with TritonServer(ServerConfig(fault_repository, stop_grace_s=5)) as running:
         yield running
 
 

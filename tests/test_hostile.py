@@ -39,6 +39,8 @@ from tritonstack.processes import server_stubs
 from tritonstack.samples import photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.limits import MemoryLimits
+from tritonstack.serve.server_config import ServerConfig
+from tritonstack.serve.supervision import Supervision
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"
@@ -79,7 +81,7 @@ def add_parameters(model_dir, parameters: dict) -> None:
 def triton(hostile_repository):
     # No recycling: these tests watch one DALI stub's memory across bursts
     # (recycling after a burst: tests/test_burst_memory.py).
-    with TritonServer(hostile_repository, stop_grace_s=5, memory_limits=LIMITS, recycle=None) as running:
+    with TritonServer(ServerConfig(hostile_repository, stop_grace_s=5), Supervision(recycle=None, memory_limits=LIMITS)) as running:
         yield running
 
 
@@ -285,7 +287,7 @@ def binary_input(shape, size: int, datatype: str = "UINT8") -> dict:
 def raw_http(server: TritonServer, request: bytes):
     """Send bytes as they are; (status, text) or ("closed", "") when the
     connection ends with no answer."""
-    with socket.create_connection((server.host, server.http_port), timeout=ANSWER_S) as connection:
+    with socket.create_connection((server.config.host, server.config.http_port), timeout=ANSWER_S) as connection:
         connection.sendall(request)
         answer = b""
         try:
@@ -391,7 +393,7 @@ def case_slow_client(server):
     meanwhile, and it is answered at the end. (Its request line is sent whole: sent
     a byte at a time too, Triton 2.51 answered 404.)"""
     headers = b"Host: a\r\nX-Slow: " + b"x" * 20 + b"\r\n\r\n"
-    with socket.create_connection((server.host, server.http_port), timeout=ANSWER_S) as slow:
+    with socket.create_connection((server.config.host, server.config.http_port), timeout=ANSWER_S) as slow:
         slow.sendall(b"GET /v2/health/ready HTTP/1.1\r\n")
         for index, byte in enumerate(headers):
             slow.send(bytes([byte]))
@@ -409,7 +411,7 @@ def case_1000_idle_connections(server):
     idle = []
     try:
         for _ in range(1000):
-            idle.append(socket.create_connection((server.host, server.http_port), timeout=ANSWER_S))
+            idle.append(socket.create_connection((server.config.host, server.config.http_port), timeout=ANSWER_S))
         assert classify_coffee(server) == "espresso"
         return 200, "served with 1000 idle connections open"
     finally:
@@ -465,7 +467,7 @@ def test_restarts_are_bounded_and_the_cause_logged(tmp_path, caplog):
     dead) is retried a bounded number of times, then given up on, causes logged."""
     repository = tmp_path / "repository"
     repository.mkdir()
-    server = TritonServer(repository, stop_grace_s=5).start()  # no models: starts in seconds
+    server = TritonServer(ServerConfig(repository, stop_grace_s=5)).start()  # no models: starts in seconds
     try:
         server.restarter.attempts, server.restarter.first_wait_s = 2, 0.1
         repository.rmdir()

@@ -20,8 +20,8 @@ from tests.conftest import PROJECT_ROOT
 from tests.test_launcher_cli import server_groups, wait_ready
 from tests.test_layout import wheelhouse
 from tritonstack.samples import photo_path
-from tritonstack.serve.launcher import die_with_launcher
 from tritonstack.serve.network import free_port
+from tritonstack.serve.process import die_with_launcher
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.processes import assert_nothing_left
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV
-from tritonstack.serve.network import free_port
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.samples import photo_bytes
+from tritonstack.serve.network import free_port, port_in_use
 
 
 def wait_ready(cli: subprocess.Popen, client: httpclient.InferenceServerClient, timeout_s: float = 180) -> None:
@@ -44,13 +46,18 @@ def server_groups(cli: subprocess.Popen) -> set[int]:
         return set()
 
 
+def start_cli(model_repository: Path, ports: list[int], log_path: Path, env: dict | None = None) -> subprocess.Popen:
+    """`tritonstack serve` on (HTTP, gRPC, metrics) ports, its output appended to log_path."""
+    command = [sys.executable, "-m", "tritonstack", "serve", "--model-repository", str(model_repository),
+               "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    with open(log_path, "a") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
 def test_cli_serves_locked_down_and_stops_on_sigterm(model_repository, tmp_path):
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    command = [sys.executable, "-m", "tritonstack.serve", "--model-repository", str(model_repository),
-               "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)]
     env = dict(os.environ, **{ADMIN_KEY_ENV: "cli-test-key"})
-    with open(tmp_path / "cli.log", "w") as log:
-        cli = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    cli = start_cli(model_repository, [http_port, grpc_port, metrics_port], tmp_path / "cli.log", env)
     client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
     groups: set[int] = set()
     try:
@@ -103,10 +110,7 @@ def test_sigkilled_cli_leaves_no_server_stub_or_port(model_repository, tmp_path)
     """SIGKILL (the OOM killer, a CI timeout) gives the launcher no chance to stop
     anything: the server dies by PR_SET_PDEATHSIG, and its stubs with it."""
     ports = [free_port(), free_port(), free_port()]
-    command = [sys.executable, "-m", "tritonstack.serve", "--model-repository", str(model_repository),
-               "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
-    with open(tmp_path / "cli.log", "w") as log:
-        cli = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    cli = start_cli(model_repository, ports, tmp_path / "cli.log")
     client = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
     recorded: list[psutil.Process] = []
     try:
@@ -132,6 +136,59 @@ def test_sigkilled_cli_leaves_no_server_stub_or_port(model_repository, tmp_path)
                 process.kill()
 
 
+def time_wait_ports(ports: list[int]) -> set[int]:
+    """Which of `ports` hold a TIME_WAIT socket on their own (server) side."""
+    return {conn.laddr.port for conn in psutil.net_connections(kind="tcp")
+            if conn.status == psutil.CONN_TIME_WAIT and conn.laddr and conn.laddr.port in ports}
+
+
+def test_port_probe_counts_a_listener_not_time_wait():
+    """A stopped server's TIME_WAIT connections (about a minute) do not make its port
+    "in use": tritonserver binds with SO_REUSEADDR and would get it. A listener does."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        assert port_in_use("127.0.0.1", port)
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server's side closes first: its port enters TIME_WAIT
+            client.recv(1)
+    assert port in time_wait_ports([port])
+    assert not port_in_use("127.0.0.1", port)
+
+
+def test_a_stopped_server_starts_again_at_once_on_its_ports(model_repository, tmp_path):
+    """Stop `tritonstack serve` right after it answered clients over HTTP and gRPC,
+    then start it again on the same ports: it serves, with no wait for TIME_WAIT."""
+    ports = [free_port(), free_port(), free_port()]
+    log_path = tmp_path / "cli.log"
+    groups: set[int] = set()
+    clis = []
+    try:
+        for run in (1, 2):
+            clis.append(cli := start_cli(model_repository, ports, log_path))
+            http = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
+            wait_ready(cli, http, timeout_s=180)
+            groups |= server_groups(cli)
+            with (ClassifierClient(f"127.0.0.1:{ports[0]}", "http") as over_http,
+                  ClassifierClient(f"127.0.0.1:{ports[1]}", "grpc") as over_grpc):
+                for client in (over_http, over_grpc):
+                    for _ in range(3):
+                        assert client.classify([photo_bytes("coffee.png")], top_k=1)[0][0].label == "espresso"
+                cli.send_signal(signal.SIGTERM)  # while the clients' connections are open
+                assert cli.wait(timeout=60) == 0, f"run {run}: " + log_path.read_text()[-2000:]
+            http.close()
+            if run == 1:  # the case the probe must not mistake for a listener
+                assert time_wait_ports(ports), "stopping left no TIME_WAIT: the test shows nothing"
+    finally:
+        for cli in clis:
+            if cli.poll() is None:
+                cli.kill()
+            cli.wait()
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
 def fresh_clone_repository(model_repository: Path, destination: Path) -> Path:
     """The repository as git checks it out: no build outputs, no empty folders."""
     shutil.copytree(model_repository, destination, ignore=shutil.ignore_patterns("model.onnx", ".*.fingerprint"))
@@ -143,7 +200,7 @@ def fresh_clone_repository(model_repository: Path, destination: Path) -> Path:
 
 def test_cli_refuses_an_unbuilt_repository_in_one_line(model_repository, tmp_path):
     unbuilt = fresh_clone_repository(model_repository, tmp_path / "clone")
-    command = [sys.executable, "-m", "tritonstack.serve", "--model-repository", str(unbuilt),
+    command = [sys.executable, "-m", "tritonstack", "serve", "--model-repository", str(unbuilt),
                "--http-port", str(free_port()), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2

@@ -19,7 +19,8 @@ from tritonstack.samples import photo_path
 
 PACKAGE = PROJECT_ROOT / "tritonstack"
 ROOMS = ("tritonstack.build", "tritonstack.serve", "tritonstack.client")
-SHARED = ("tritonstack.contract", "tritonstack.dali_proto", "tritonstack.dali_errors", "tritonstack.decode_budget",
+SHARED = ("tritonstack.contract", "tritonstack.backend_settings", "tritonstack.repository_files",
+          "tritonstack.dali_proto", "tritonstack.dali_errors", "tritonstack.decode_budget",
           "tritonstack.decodable", "tritonstack.video_header", "tritonstack.rules", "tritonstack.rules.common",
           "tritonstack.rules.dali", "tritonstack.rules.onnxruntime", "tritonstack.rules.repository", "tritonstack.samples",
           "tritonstack.address", "tritonstack.cli", "tritonstack.backends", "tritonstack.processes", "tritonstack.corpus")
@@ -27,9 +28,14 @@ SHARED = ("tritonstack.contract", "tritonstack.dali_proto", "tritonstack.dali_er
 BACKEND_SHARED = ("tritonstack.backends.stub_memory", "tritonstack.backends.residency")
 # Tools that run the stack and measure it: they may use every room; no room, shared
 # module or other tool imports them.
-TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics", "tritonstack.demo")
+TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics")
+# One module per sub-command (its parser and main): they may use every room and tool;
+# only the `tritonstack` entry point imports them.
+COMMANDS = "tritonstack.commands"
+ENTRY_POINT = "tritonstack.__main__"
 # What a client user must not have to install (or pay for at import).
 SERVER_STACK = ("nvidia.dali", "pytriton", "psutil", "torch", "onnxruntime", "onnx", "tritonstack.serve",
+                "tritonstack.backend_settings",
                 "tritonstack.build", "skimage")
 
 
@@ -76,8 +82,29 @@ def tool_of(module: str) -> str | None:
 
 def test_nothing_imports_a_tool_but_the_tool_itself():
     wrong = [f"{module} imports {target}" for module, targets in import_graph().items() for target in targets
-             if tool_of(target) and tool_of(target) != tool_of(module) and module != "tritonstack.__main__"]
+             if tool_of(target) and tool_of(target) != tool_of(module) and not is_command(module)]
     assert wrong == []
+
+
+def is_command(module: str) -> bool:
+    return module == ENTRY_POINT or module.startswith(COMMANDS + ".")
+
+
+def test_only_the_entry_point_imports_a_command():
+    wrong = [f"{module} imports {target}" for module, targets in import_graph().items() for target in targets
+             if target.startswith(COMMANDS + ".") and module != ENTRY_POINT]
+    assert wrong == []
+
+
+def test_every_command_is_a_module_of_its_name():
+    """`tritonstack NAME` runs tritonstack/commands/NAME.py (build's siblings list,
+    check and parity share build.py), each with main(argv)."""
+    from tritonstack.__main__ import COMMANDS as TABLE
+
+    for name, (module, _, _) in TABLE.items():
+        own = "build" if name in ("list", "check", "parity") else name
+        assert module == f"{COMMANDS}.{own}", (name, module)
+        assert (PACKAGE / "commands" / f"{own}.py").is_file()
 
 
 def test_no_sys_path_edits_outside_tests():
@@ -167,12 +194,51 @@ def test_importing_the_client_loads_no_server_stack():
     code = ("import json, sys\n"
             "import tritonstack.client, tritonstack.client.classifier, tritonstack.client.aio\n"
             "import tritonstack.client.runner, tritonstack.client.shm, tritonstack.client.images\n"
+            "import tritonstack.commands.classify, tritonstack.commands.evaluate\n"
             "print(json.dumps(sorted(sys.modules)))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                                        text=True, cwd=PROJECT_ROOT).stdout)
     heavy = [name for name in loaded if any(name == m or name.startswith(m + ".") for m in SERVER_STACK)]
     assert heavy == []
     assert "tritonstack.client.classifier" in loaded  # the probe did import the client
+
+
+def reachable(graph: dict[str, set[str]], starts: set[str]) -> set[str]:
+    """Every module that `starts` import, directly or through others."""
+    seen, todo = set(), list(starts)
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, ()))
+    return seen
+
+
+# The client's commands: what `pip install "tritonstack[client]"` runs.
+CLIENT_COMMANDS = ("tritonstack.commands.classify", "tritonstack.commands.evaluate")
+
+
+def test_the_client_path_imports_none_of_the_launchers_settings():
+    """What the launcher tells the backends (tritonstack.backend_settings: memory
+    tuning, the repository's location) is no client's business: nothing the client
+    room, its commands or the wire contract import, at any depth, reaches it."""
+    graph = import_graph()
+    client = {module for module in graph if room_of(module) == "tritonstack.client"}
+    reached = reachable(graph, client | set(CLIENT_COMMANDS) | {"tritonstack.contract"})
+    assert "tritonstack.client.classifier" in reached and "tritonstack.contract" in reached
+    assert {"tritonstack.backend_settings", "tritonstack.serve"} & reached == set()
+    assert not [module for module in reached if room_of(module) in ("tritonstack.serve", "tritonstack.build")]
+
+
+def test_the_wire_contract_names_no_environment_but_the_admin_key():
+    """contract.py is what both ends of the wire agree on; environment variables the
+    launcher sets for the backends live in backend_settings.py."""
+    import tritonstack.backend_settings as settings
+    import tritonstack.contract as contract
+
+    env_names = {name for name in vars(contract) if name.endswith("_ENV")}
+    assert env_names == {"ADMIN_KEY_ENV"}
+    assert {"REPOSITORY_ENV", "MAX_INPUT_BYTES_ENV", "DALI_HOST_POOL_ENV", "POOL_RESIDENCY_ENV"} <= set(vars(settings))
 
 
 def wheelhouse() -> Path:

@@ -80,7 +80,7 @@ def test_step_shape_stops_within_the_run_time(server, tmp_path, capfd):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loadtests.run", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tritonstack.commands.loadtest", *args], capture_output=True, text=True,
                           timeout=120, cwd=PROJECT_ROOT)
 
 

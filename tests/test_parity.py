@@ -4,9 +4,9 @@ tolerance and the same classes, in process and through the served ensembles."""
 import pytest
 import tritonclient.http as httpclient
 
-from tritonstack.build.__main__ import main
 from tritonstack.build.parity import compare, parity_images
 from tritonstack.client.classifier import ClassifierClient
+from tritonstack.commands.build import main
 from tritonstack.samples import PHOTOS, photo_bytes
 
 

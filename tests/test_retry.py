@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 from tests import repo_factory as rf
 from tritonstack.client.retry import RetryPolicy, is_retryable, is_timeout
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.server_config import ServerConfig
 
 MODEL = "retry_identity"
 QUICK = RetryPolicy(retries=4, base_delay_s=0.01, max_delay_s=0.05)
@@ -25,7 +26,7 @@ QUICK = RetryPolicy(retries=4, base_delay_s=0.01, max_delay_s=0.05)
 def triton(tmp_path_factory):
     repository = tmp_path_factory.mktemp("retry")
     rf.write_model(repository, rf.identity_config(MODEL), {"model.dali": rf.serialized(rf.identity_pipeline)})
-    with TritonServer(repository, restricted_apis=()) as running:
+    with TritonServer(ServerConfig(repository, restricted_apis=())) as running:
         yield running
 
 

@@ -20,6 +20,7 @@ from tritonstack.contract import DEFAULT_MODEL, DEFAULT_PRESET, preprocessing_na
 from tritonstack.samples import PHOTOS, photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.network import LOOPBACK, free_port
+from tritonstack.serve.server_config import ServerConfig
 
 BUCKET = "models"
 PREFIX = "image-classifier/v1"
@@ -85,7 +86,7 @@ def test_served_from_s3_classifies_as_from_the_local_folder(uploaded, server):
         expected = local.classify(images, top_k=5)
 
     load = [f"--load-model={name}" for name in MODELS]
-    with TritonServer(uploaded.url, extra_args=("--model-control-mode=explicit", *load),
+    with TritonServer(ServerConfig(uploaded.url, extra_args=("--model-control-mode=explicit", *load)),
                       startup_timeout_s=120) as from_s3:
         with ClassifierClient(from_s3.grpc_url, "grpc") as remote:
             served = remote.classify(images, top_k=5)

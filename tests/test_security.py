@@ -21,6 +21,7 @@ from tritonstack.samples import photo_bytes
 from tritonstack.serve import security
 from tritonstack.serve.launcher import ServerStartError, TritonServer
 from tritonstack.serve.network import is_loopback
+from tritonstack.serve.server_config import ServerConfig
 
 # One read-only client call per restricted API (same names in both tritonclients).
 RESTRICTED_CALLS = {
@@ -86,11 +87,11 @@ def test_the_clients_take_a_key_that_starts_with_a_dash():
 
 def test_a_key_triton_would_misparse_is_refused(model_repository):
     with pytest.raises(ValueError, match=ADMIN_KEY_ENV):
-        TritonServer(model_repository, admin_key="a:b=c")
+        TritonServer(ServerConfig(model_repository, admin_key="a:b=c"))
 
 
 def test_restrictions_can_be_lifted(model_repository):
-    command = " ".join(TritonServer(model_repository, restricted_apis=()).command(model_repository))
+    command = " ".join(TritonServer(ServerConfig(model_repository, restricted_apis=())).command(model_repository))
     assert "restricted" not in command
 
 
@@ -106,7 +107,7 @@ def test_binding_all_interfaces_is_warned_about(tmp_path, caplog):
     (tmp_path / "empty_model").mkdir()
     with caplog.at_level(logging.WARNING, logger="tritonstack.serve"):
         with pytest.raises(ServerStartError):
-            TritonServer(tmp_path, host="0.0.0.0", startup_timeout_s=60).start()
+            TritonServer(ServerConfig(tmp_path, host="0.0.0.0"), startup_timeout_s=60).start()
     assert "reachable from other machines" in caplog.text
 
 
@@ -117,7 +118,7 @@ SIZE_LIMIT = 1024 * 1024  # bytes: every sample photo fits, a padded one does no
 def size_limited_server(model_repository):
     """Only the DALI ensemble and its two models, with a small request size limit."""
     only_the_ensemble = ("--model-control-mode=explicit", f"--load-model={DEFAULT_MODEL}")
-    with TritonServer(model_repository, max_input_bytes=SIZE_LIMIT, extra_args=only_the_ensemble) as running:
+    with TritonServer(ServerConfig(model_repository, max_input_bytes=SIZE_LIMIT, extra_args=only_the_ensemble)) as running:
         yield running
 
 

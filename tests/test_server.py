@@ -13,13 +13,14 @@ import pytest
 from tests.processes import assert_nothing_left, wait_for
 from tritonstack.processes import group_processes
 from tritonstack.serve.launcher import ServerStartError, TritonServer
+from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.shm_cleanup import REGION_GLOB, held_regions, stub_regions
 
 STUB = "triton_python_backend_stub"
 
 
 def ports_of(server):
-    return (server.http_port, server.grpc_port, server.metrics_port)
+    return (server.config.http_port, server.config.grpc_port, server.config.metrics_port)
 
 
 def test_stop_leaves_no_process_stub_or_port_behind(model_repository):
@@ -39,7 +40,7 @@ def test_stop_leaves_no_process_stub_or_port_behind(model_repository):
 def test_stop_kills_a_server_that_ignores_sigint(model_repository):
     """A frozen server (SIGSTOP: SIGINT stays pending) is killed, group and all,
     after the grace period."""
-    server = TritonServer(model_repository, stop_grace_s=1).start()
+    server = TritonServer(ServerConfig(model_repository, stop_grace_s=1)).start()
     try:
         pgid = server.process.pid
         assert any(process.name() == STUB for process in group_processes(pgid))
@@ -60,7 +61,7 @@ def test_binds_loopback_by_default(server):
         for conn in psutil.Process(server.process.pid).net_connections(kind="tcp")
         if conn.status == psutil.CONN_LISTEN
     }
-    for port in (server.http_port, server.grpc_port, server.metrics_port):
+    for port in (server.config.http_port, server.config.grpc_port, server.config.metrics_port):
         address = ipaddress.ip_address(listening[port])
         # gRPC listens on the IPv4-mapped IPv6 form of 127.0.0.1: still loopback only.
         assert (getattr(address, "ipv4_mapped", None) or address) == ipaddress.ip_address("127.0.0.1")
@@ -70,7 +71,7 @@ def test_failed_start_shows_the_server_log(tmp_path):
     broken = tmp_path / "repository"
     (broken / "empty_model").mkdir(parents=True)  # a model folder without a config
     with pytest.raises(ServerStartError) as failure:
-        TritonServer(broken, startup_timeout_s=60).start()
+        TritonServer(ServerConfig(broken), startup_timeout_s=60).start()
     assert "tritonserver exited" in str(failure.value)
     assert "empty_model" in str(failure.value)
 

@@ -5,13 +5,14 @@ writes when it stops. The parts of each request add up to the client's latency."
 from tritonstack.benchmark import settings, single
 from tritonstack.benchmark.trace import PARTS, covered, read_traces, request_hops, trace_args
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.server_config import ServerConfig
 
 COUNT = 12
 
 
 def test_a_traced_phase_splits_each_request(lite0_repository, tmp_path):
     trace_file = tmp_path / "trace.json"
-    with TritonServer(lite0_repository, extra_args=trace_args(trace_file)) as server:
+    with TritonServer(ServerConfig(lite0_repository, extra_args=trace_args(trace_file))) as server:
         client_times = single.traced_single_requests(server, COUNT)
     traces = read_traces(trace_file)
     # Only the traced phase: the untraced first request and readiness calls left no trace.

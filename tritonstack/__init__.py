@@ -5,7 +5,7 @@ The package is sorted by when its code runs:
 - `build/`: write and check model repositories (presets, classifiers, DALI
   pipelines, typed configs, the repository writer, the offline checker, parity);
 - `serve/`: run tritonserver on a repository (the launcher, the backend
-  directory, stub supervision, shared-memory cleanup); `python -m tritonstack.serve`;
+  directory, stub supervision, shared-memory cleanup); `tritonstack serve`;
 - `client/`: classify images against a running server (sync and asyncio clients
   over one protocol module, retry, shared memory, the folder runner).
 

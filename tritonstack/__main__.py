@@ -18,19 +18,19 @@ import sys
 
 # name -> (module with main(argv), leading arguments, one-line help)
 COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "build": ("tritonstack.build.__main__", ("build",), "write a model repository (presets or your own ONNX)"),
-    "list": ("tritonstack.build.__main__", ("list",), "list the presets"),
-    "check": ("tritonstack.build.__main__", ("check",), "validate a repository offline, as the backends will"),
-    "parity": ("tritonstack.build.__main__", ("parity",), "DALI vs Pillow preprocessing on real photos"),
-    "serve": ("tritonstack.serve.__main__", (), "run tritonserver on a model repository until Ctrl-C"),
-    "demo": ("tritonstack.demo", (), "start a server, classify real photos over HTTP and gRPC, stop it"),
-    "classify": ("tritonstack.client.classify_command", (), "classify image files and folders with a server"),
-    "evaluate": ("tritonstack.client.evaluate_command", (), "accuracy on a labelled folder of images"),
-    "loadtest": ("loadtests.run", (), "Locust load test (bounded, loopback) with a report folder"),
-    "benchmark": ("tritonstack.benchmark.run", (), "the serving stack's figures, as ratios measured side by side"),
-    "compare": ("tritonstack.benchmark.compare", (), "before/after: two servers, interleaved rounds"),
-    "plan": ("tritonstack.benchmark.plan", (), "replicas and autoscaling target from a benchmark's figures"),
-    "soak": ("tritonstack.diagnostics.soak", (), "mixed good and bad load for a duration; memory growth judged"),
+    "build": ("tritonstack.commands.build", ("build",), "write a model repository (presets or your own ONNX)"),
+    "list": ("tritonstack.commands.build", ("list",), "list the presets"),
+    "check": ("tritonstack.commands.build", ("check",), "validate a repository offline, as the backends will"),
+    "parity": ("tritonstack.commands.build", ("parity",), "DALI vs Pillow preprocessing on real photos"),
+    "serve": ("tritonstack.commands.serve", (), "run tritonserver on a model repository until Ctrl-C"),
+    "demo": ("tritonstack.commands.demo", (), "start a server, classify real photos over HTTP and gRPC, stop it"),
+    "classify": ("tritonstack.commands.classify", (), "classify image files and folders with a server"),
+    "evaluate": ("tritonstack.commands.evaluate", (), "accuracy on a labelled folder of images"),
+    "loadtest": ("tritonstack.commands.loadtest", (), "Locust load test (bounded, loopback) with a report folder"),
+    "benchmark": ("tritonstack.commands.benchmark", (), "the serving stack's figures, as ratios measured side by side"),
+    "compare": ("tritonstack.commands.compare", (), "before/after: two servers, interleaved rounds"),
+    "plan": ("tritonstack.commands.plan", (), "replicas and autoscaling target from a benchmark's figures"),
+    "soak": ("tritonstack.commands.soak", (), "mixed good and bad load for a duration; memory growth judged"),
 }
 
 

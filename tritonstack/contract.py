@@ -1,106 +1,18 @@
-"""What both sides of Triton agree on, in one place.
+"""What clients and servers agree on over the wire, in one place.
 
-The build writes model repositories, the launcher starts tritonserver, our
-Python-based backends serve the models, and clients call them: each side imports
-the names, file names, headers and type maps below instead of spelling them
-again. Imports only the standard library and NumPy: the backends load it in every
-stub process and the client installs without the server stack.
+Tensor and model names, the wire format of a batch of images, the admin header and
+the type maps: the build writes them into model repositories, our backends serve
+them and clients send them. Imports only the standard library and NumPy: a client
+installs without the server stack. What the launcher tells the backends lives in
+tritonstack.backend_settings; the repository's file names in
+tritonstack.repository_files.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
-
-# --- the model repository's files ---------------------------------------------------
-
-CONFIG_FILENAME = "config.pbtxt"
-LABELS_FILENAME = "labels.txt"
-DALI_MODEL_FILENAME = "model.dali"  # a serialized DALI pipeline
-DALI_SCRIPT_FILENAME = "dali.py"  # a pipeline's source, serialized by the backend at load
-# Written next to model.dali by the build: the DALI version that serialized it.
-DALI_VERSION_FILENAME = "model.dali.version"
-ONNX_MODEL_FILENAME = "model.onnx"
-PYTHON_MODEL_FILENAME = "model.py"
-WARMUP_DIR = "warmup"
-# The model files each backend looks for in a version folder, in order.
-MODEL_FILES = {
-    "dali": (DALI_MODEL_FILENAME, DALI_SCRIPT_FILENAME),
-    "onnxruntime": (ONNX_MODEL_FILENAME,),
-    "python": (PYTHON_MODEL_FILENAME,),
-}
-# A folder named `<name>.dali` with no config.pbtxt is a DALI model (the C++
-# backend's convention).
-DALI_FOLDER_SUFFIX = ".dali"
-
-
-def version_dirs(model_dir: Path) -> list[Path]:
-    """The numeric version folders, lowest first."""
-    return sorted((p for p in Path(model_dir).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
-
-
-def latest_version_dir(model_dir: Path) -> Path:
-    """The highest numeric version folder: what auto-complete inspects."""
-    versions = version_dirs(model_dir)
-    if not versions:
-        raise FileNotFoundError(f"{model_dir} has no numeric version folder")
-    return versions[-1]
-
-
-# --- what the launcher tells the backends ---------------------------------------------
-
-# Triton does not give a Python backend's auto-complete the model's location, and
-# Triton 2.51 has no request-size flag: the launcher exports both.
-REPOSITORY_ENV = "TRITONSTACK_MODEL_REPOSITORY"
-# Largest input tensor a backend accepts, in bytes; the default is Triton's own
-# --http-max-input-size default in the releases that have that flag.
-MAX_INPUT_BYTES_ENV = "TRITONSTACK_MAX_INPUT_BYTES"
-DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024
-# Diagnostics for tritonstack/diagnostics/memory_probe.py: a file path; the dali backend then
-# traces Python allocations and writes its memory figures there after every batch.
-MEMORY_TRACE_ENV = "TRITONSTACK_MEMORY_TRACE"
-# DALI's threshold between malloc and its own host memory pool (docs/memory.md): the
-# dali backend's default, which the stub's environment may override.
-DALI_HOST_POOL_ENV = "DALI_MALLOC_POOL_THRESHOLD"
-DALI_HOST_POOL_THRESHOLD = "128k"
-# The dali backend calls glibc's malloc_trim(0) after every N batches, N from here
-# (default 0: never; --compact-memory: 1): it hands the heap's free pages back (docs/memory.md).
-MALLOC_TRIM_ENV = "TRITONSTACK_MALLOC_TRIM_EVERY"
-DEFAULT_MALLOC_TRIM_EVERY = 0  # off unless the launcher is asked for compact memory
-# "0" turns off the dali backend's pool residency (tritonstack/backends/residency.py):
-# DALI's pool pages are then counted when a batch first writes them, not when reserved.
-POOL_RESIDENCY_ENV = "TRITONSTACK_POOL_RESIDENCY"
-# Each stub's shared region with tritonserver (the Python backend's
-# shm-default-byte-size; its own default is 1 MiB, grown 1 MiB at a time, each growth a
-# new mapping of the whole file): sized for a full batch of 32 from the start (outputs
-# of 3x224x224 float32, 0.57 MiB each, and the encoded photos in), so that ordinary
-# traffic does not grow it. A file in /dev/shm: untouched pages cost nothing.
-STUB_REGION_SETTING = "shm-default-byte-size"
-# Where shm_open puts the stubs' regions (the launcher cleans up after dead stubs there;
-# the dali backend finds its own there).
-SHM_DIR = Path("/dev/shm")
-STUB_REGION_BYTES = 32 << 20
-# `tritonserver --backend-config=dali,plugin_libs=a.so:b.so` reaches NVIDIA's C++ dali
-# backend (src/parameters.h: plugin_libs, release_after_unload); Triton hands a
-# Python-based backend only the python backend's settings, so the launcher passes
-# the dali entries of its tritonserver flags to the stubs here, as JSON.
-DALI_BACKEND_CONFIG_ENV = "TRITONSTACK_DALI_BACKEND_CONFIG"
-
-
-def backend_config(args: list[str] | tuple[str, ...], backend: str) -> dict[str, str]:
-    """`backend`'s settings among tritonserver flags: --backend-config=<backend>,<key>=<value>
-    (or the value as the next argument), the last of a key winning, as in tritonserver."""
-    values = [arg.split("=", 1)[1] for arg in args if arg.startswith("--backend-config=")]
-    values += [value for flag, value in zip(args, args[1:]) if flag == "--backend-config"]
-    settings = {}
-    for value in values:
-        name, _, setting = value.partition(",")
-        key, equals, setting_value = setting.partition("=")
-        if name == backend and equals:
-            settings[key] = setting_value
-    return settings
 
 # --- the restricted (admin) APIs --------------------------------------------------------
 

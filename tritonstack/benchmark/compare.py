@@ -1,7 +1,7 @@
 """Before and after in one run: two servers side by side, measured in interleaved rounds.
 
-    python -m tritonstack.benchmark.compare --b-repository /tmp/candidate --out reports/compare.json
-    python -m tritonstack.benchmark.compare --b-env DALI_MALLOC_POOL_THRESHOLD=0 --out reports/compare.json
+    tritonstack compare --b-repository /tmp/candidate --out reports/compare.json
+    tritonstack compare --b-env DALI_MALLOC_POOL_THRESHOLD=0 --out reports/compare.json
 
 A serves --a-repository (default: model_repository) with --a-env added to its
 environment, B serves --b-repository (default: A's) with --b-env. Both run for the
@@ -20,7 +20,7 @@ latency counted from each request's scheduled send, the same arrival times for A
 and B within a round (a new draw each round). That compares tails at a given load,
 where a closed loop compares throughput:
 
-    python -m tritonstack.benchmark.compare --b-repository /tmp/candidate --rate 65 --seconds 12 --out reports/tail.json
+    tritonstack compare --b-repository /tmp/candidate --rate 65 --seconds 12 --out reports/tail.json
 """
 
 from __future__ import annotations
@@ -28,12 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import sys
-import time
-from pathlib import Path
 
-from tritonstack import cli
 from tritonstack.benchmark.phases import (
     Phase,
     closed_loop,
@@ -43,10 +38,8 @@ from tritonstack.benchmark.phases import (
     weighted_images,
     write_median,
 )
-from tritonstack.benchmark.settings import DALI_ENSEMBLE, INT8_ENSEMBLE
-from tritonstack.rules.repository import unservable_reason
 from tritonstack.serve.launcher import TritonServer
-from tritonstack.serve.supervision import RecyclePolicy
+from tritonstack.serve.supervision import RecyclePolicy, Supervision
 
 SIDES = ("a", "b")
 
@@ -105,8 +98,8 @@ def compare(args: argparse.Namespace, log=print) -> dict:
     environments = {"a": dict(args.a_env), "b": dict(args.b_env)}
     recycles = {"a": recycle_policy(args.a_recycle_above_mib), "b": recycle_policy(args.b_recycle_above_mib)}
     with contextlib.ExitStack() as stack:
-        servers = {side: stack.enter_context(TritonServer(repositories[side], environment=environments[side],
-                                                          recycle=recycles[side]))
+        servers = {side: stack.enter_context(TritonServer(repositories[side], Supervision(recycle=recycles[side]),
+                                                          environment=environments[side]))
                    for side in SIDES}
 
         def measure(side: str, model: str, round_index: int) -> Phase:
@@ -143,48 +136,3 @@ def table(results: dict) -> str:
     memory = results["server_rss_mb"]
     lines.append(f"\nserver RSS after the rounds: A {memory['a']:.0f} MB, B {memory['b']:.0f} MB")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    return cli.run(_main, argv)
-
-
-def _main(argv: list[str] | None) -> int:
-    parser = cli.parser(__doc__)
-    parser.add_argument("--a-repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--b-repository", type=Path, help="default: A's")
-    parser.add_argument("--a-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--b-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")
-    for side in SIDES:
-        parser.add_argument(f"--{side}-recycle-above-mib", type=float, metavar="MIB",
-                            help=f"{side.upper()}'s stub recycling bound (0: off; default: the launcher's, "
-                                 f"{RecyclePolicy.above_mib:g})")
-    parser.add_argument("--model", action="append", help=f"default: {DALI_ENSEMBLE} and {INT8_ENSEMBLE}")
-    parser.add_argument("--rounds", type=cli.positive_int, default=5, help="at least 3: a median and a spread")
-    parser.add_argument("--seconds", type=float, default=8.0, help="measured per side, model and round")
-    parser.add_argument("--warmup-s", type=float, default=1.0)
-    parser.add_argument("--concurrency", type=cli.positive_int, default=24, help="single-image requests in flight")
-    parser.add_argument("--rate", type=cli.positive_float, help="an open loop instead: Poisson arrivals, requests/s")
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    args = parser.parse_args(argv)
-    args.model = args.model or [DALI_ENSEMBLE, INT8_ENSEMBLE]
-    if (args.b_repository is None and not args.a_env and not args.b_env
-            and args.a_recycle_above_mib == args.b_recycle_above_mib):
-        raise cli.UsageError("A and B would be the same: give --b-repository, an --a-env/--b-env "
-                             "or different --a/--b-recycle-above-mib")
-    for repository in filter(None, (args.a_repository, args.b_repository)):
-        reason = unservable_reason(repository)
-        if reason:
-            raise cli.UsageError(reason)
-    started = time.monotonic()
-    results = compare(args, log=lambda text: print(text, flush=True))
-    results["seconds"] = time.monotonic() - started
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(table(results))
-    errors = sum(figures[f"{side}_errors"] for figures in results["models"].values() for side in SIDES)
-    return 0 if errors == 0 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,7 +28,8 @@ from tritonstack.benchmark.settings import DALI_PRESET, INT8_PRESET
 from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.presets import preset_named
 from tritonstack.build.repository import VERSION
-from tritonstack.contract import ONNX_MODEL_FILENAME, PREPROCESS_INPUT, pad_batch
+from tritonstack.contract import PREPROCESS_INPUT, pad_batch
+from tritonstack.repository_files import ONNX_MODEL_FILENAME
 
 BATCH = 8
 IMAGES = 64  # 8 batches a measure: about 2 s of CPU for the four, per round

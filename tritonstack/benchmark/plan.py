@@ -1,7 +1,7 @@
 """Capacity plan from a benchmark: how many replicas a target load needs, and the
 queue time to give the autoscaler (the chart's autoscaling.targetQueueTimeUs).
 
-    python -m tritonstack.benchmark.plan reports/benchmark.json --target-rps 400 --p99-ms 150
+    tritonstack plan reports/benchmark.json --target-rps 400 --p99-ms 150
 
 Reads what tritonstack/benchmark measured on one server (one replica):
 - its saturation throughput (`server_images_per_s`, one image per request),
@@ -22,11 +22,8 @@ errs low: the autoscaler adds replicas a little early, not late.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 # What the plan reads from a benchmark JSON (tritonstack/benchmark writes them).
 PLAN_KEYS = ("server_images_per_s", "latency_ms_p50_concurrency_1", "open_loop_rate",
@@ -106,22 +103,3 @@ def plan(results: dict, target_rps: float, p99_budget_ms: float) -> Plan:
     queue_ms = max(p50 - unloaded, 0.0) * waiting_factor(utilization) / waiting_factor(measured_u)
     return Plan(target_rps, p99_budget_ms, saturation, unloaded, measured_u, p50, p99,
                 utilization, model_u, replicas, max(1, round(queue_ms * 1000)))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("benchmark", type=Path, help="JSON written by tritonstack/benchmark --out")
-    parser.add_argument("--target-rps", type=float, required=True, help="requests per second to serve")
-    parser.add_argument("--p99-ms", type=float, required=True, help="p99 latency budget, ms")
-    args = parser.parse_args(argv)
-    try:
-        result = plan(json.loads(args.benchmark.read_text()), args.target_rps, args.p99_ms)
-    except InfeasiblePlan as error:
-        print(f"infeasible: {error}")
-        return 1
-    print(result.explain())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """One benchmark of the serving stack, as ratios measured side by side in one run.
 
-    python -m tritonstack.benchmark --quick --out reports/benchmark.json
+    tritonstack benchmark --quick --out reports/benchmark.json
 
 It starts its own tritonserver on loopback and writes (see README, "Performance"):
 inprocess_images_per_s, server_images_per_s, serving_efficiency,
@@ -33,15 +33,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from tritonstack import cli
 from tritonstack.benchmark.cost import write_cost_ceilings
 from tritonstack.benchmark.ideal_queue import ideal_capacity
 from tritonstack.benchmark.inprocess import inprocess_best_setting, inprocess_phase
@@ -60,14 +57,13 @@ from tritonstack.benchmark.phases import (
     weighted_images,
     write_median,
 )
-from tritonstack.benchmark.results import cpu_flags, cpu_model, versions, write_results
+from tritonstack.benchmark.results import cpu_flags, cpu_model, versions
 from tritonstack.benchmark.settings import (
     CAPACITY_MAX_FRACTION,
     CLASSIFIER,
     DALI_ENSEMBLE,
     DALI_PREPROCESS,
     DALI_PRESET,
-    FULL,
     INT8_ENSEMBLE,
     INT8_PRESET,
     OPEN_LOOP_LOAD,
@@ -75,18 +71,13 @@ from tritonstack.benchmark.settings import (
     PIL_PREPROCESS,
     QUICK,
     SLO_P50_MULTIPLE,
-    SMOKE,
     Settings,
 )
 from tritonstack.benchmark.single import grpc_round_trip_ms, single_requests, trace_medians, traced_single_requests
 from tritonstack.benchmark.trace import trace_args
 from tritonstack.build.parity import compare_classifiers, crop_images
-from tritonstack.client.preflight import check_model
-from tritonstack.client.retry import RetryPolicy
-from tritonstack.contract import admin_headers
-from tritonstack.rules.repository import unservable_reason
 from tritonstack.serve.launcher import TritonServer
-from tritonstack.serve.target import GivenServer, given_endpoints, target_server
+from tritonstack.serve.target import GivenServer, target_server
 
 
 def run(settings: Settings, repository: Path, log=print, server: TritonServer | GivenServer | None = None) -> dict:
@@ -260,42 +251,3 @@ def _write_int8_agreement(results: dict, repository: Path) -> None:
         results[f"int8_top1_agreement{suffix}"] = report.top1_agreement if report else None
         results[f"int8_top5_overlap{suffix}"] = report.mean_top5_overlap if report else None
         results[f"int8_top1_agreement_clear{suffix}"] = report.clear_top1_agreement() if report else None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The exit code; one-line errors (tritonstack.cli)."""
-    return cli.run(benchmark, argv)
-
-
-def benchmark(argv: list[str] | None) -> int:
-    parser = cli.parser(__doc__)
-    parser.add_argument("--quick", action="store_true", help="short phases: at most 4 minutes on 2 cores")
-    parser.add_argument("--smoke", action="store_true", help="shortest phases (tests): every key, rough figures")
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"),
-                        help="what the server serves; model.dali and model.onnx for the in-process reference")
-    running = parser.add_argument_group("a running server instead of starting one (e.g. the NGC container)")
-    running.add_argument("--url", help="HTTP host:port (or http://host:port)")
-    running.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port; default: --url's host:port)")
-    running.add_argument("--metrics-url", help="host:port or http://host:port/metrics")
-    running.add_argument("--server-pid", type=int, help="tritonserver's process id on this host, for CPU and memory")
-    args = parser.parse_args(argv)
-    settings = SMOKE if args.smoke else QUICK if args.quick else FULL
-    reason = unservable_reason(args.model_repository)
-    if reason:
-        raise cli.UsageError(reason)
-    # A given server is used as it is (once it answers); else run() starts one after the in-process reference.
-    http_url, grpc_url, metrics_url = given_endpoints(args.url, args.grpc_url, args.metrics_url)
-    server = GivenServer(http_url, grpc_url or http_url, metrics_url, args.server_pid) if http_url else None
-    if server:
-        for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
-            check_model(url, protocol, DALI_ENSEMBLE, admin_headers(protocol), RetryPolicy(retries=1))
-    started = time.monotonic()
-    results = run(settings, args.model_repository.resolve(), log=lambda text: print(text, flush=True), server=server)
-    results["benchmark_seconds"] = time.monotonic() - started
-    print(write_results(results, args.out))
-    return 0 if results["errors"] == 0 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,20 +28,18 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from tritonstack import dali_proto, video_header
 from tritonstack.build.model_config import ConfigError, config_dict, read_config
-from tritonstack.contract import (
+from tritonstack.contract import DALI_TO_TRITON, TRITON_TO_NUMPY, onnx_type
+from tritonstack.dali_errors import meaningful_lines
+from tritonstack.decode_budget import BudgetError, DecodeBudget
+from tritonstack.repository_files import (
     CONFIG_FILENAME,
     DALI_FOLDER_SUFFIX,
     DALI_MODEL_FILENAME,
-    DALI_TO_TRITON,
     MODEL_FILES,
     ONNX_MODEL_FILENAME,
-    TRITON_TO_NUMPY,
     WARMUP_DIR,
-    onnx_type,
     version_dirs,
 )
-from tritonstack.dali_errors import meaningful_lines
-from tritonstack.decode_budget import BudgetError, DecodeBudget
 from tritonstack.rules import dali as dali_rules
 from tritonstack.rules import onnxruntime as onnx_rules
 from tritonstack.rules.common import Problem, invalid_filename, stated_max_batch_size

@@ -17,7 +17,7 @@ from pathlib import Path
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from tritonstack.contract import CONFIG_FILENAME
+from tritonstack.repository_files import CONFIG_FILENAME
 
 
 @dataclass(frozen=True)

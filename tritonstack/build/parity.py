@@ -26,7 +26,7 @@ from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.pipelines import run_pipeline
 from tritonstack.build.presets import preset_named
 from tritonstack.build.repository import VERSION
-from tritonstack.contract import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME
+from tritonstack.repository_files import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME
 from tritonstack.samples import PHOTOS, photo_bytes
 
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from tritonstack import contract
 from tritonstack.build import classifiers
 from tritonstack.build.classifiers import Classifier
+from tritonstack.repository_files import DALI_MODEL_FILENAME, DALI_SCRIPT_FILENAME
 
 DEVICES = ("cpu", "gpu")
-FORMATS = (contract.DALI_MODEL_FILENAME, contract.DALI_SCRIPT_FILENAME)
+FORMATS = (DALI_MODEL_FILENAME, DALI_SCRIPT_FILENAME)
 PREPROCESSORS = ("dali", "python", contract.VIDEO_PREPROCESSOR)
 
 

@@ -36,17 +36,14 @@ from tritonstack.build.model_config import (
     WarmupInput,
 )
 from tritonstack.build.presets import PRESETS, BuildOptions, Preset
-from tritonstack.contract import (
+from tritonstack.contract import ENSEMBLE_INPUT, ENSEMBLE_OUTPUT, PREPROCESS_INPUT, PREPROCESS_OUTPUT
+from tritonstack.repository_files import (
     CONFIG_FILENAME,
     DALI_MODEL_FILENAME,
     DALI_SCRIPT_FILENAME,
     DALI_VERSION_FILENAME,
-    ENSEMBLE_INPUT,
-    ENSEMBLE_OUTPUT,
     LABELS_FILENAME,
     ONNX_MODEL_FILENAME,
-    PREPROCESS_INPUT,
-    PREPROCESS_OUTPUT,
     PYTHON_MODEL_FILENAME,
     WARMUP_DIR,
 )

@@ -36,20 +36,18 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from tritonstack import processes
-from tritonstack.build.model_config import read_config, write_config
-from tritonstack.contract import (
+from tritonstack.backend_settings import (
     DALI_HOST_POOL_ENV,
-    DEFAULT_PRESET,
     MALLOC_TRIM_ENV,
     MEMORY_TRACE_ENV,
     POOL_RESIDENCY_ENV,
-    PREPROCESS_INPUT,
-    PREPROCESS_OUTPUT,
-    preprocessing_name,
 )
+from tritonstack.build.model_config import read_config, write_config
+from tritonstack.contract import DEFAULT_PRESET, PREPROCESS_INPUT, PREPROCESS_OUTPUT, preprocessing_name
 from tritonstack.processes import rss_parts_mib, server_stubs
 from tritonstack.samples import PHOTOS, bad_samples, good_samples, photo_path
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
 
 MODEL = preprocessing_name(DEFAULT_PRESET)
@@ -196,8 +194,8 @@ class VariantRun:
 def dali_only_server(repository: Path, environment: dict[str, str]) -> TritonServer:
     """A server (not yet started) with only the model under study loaded: one stub,
     a quicker start, no other process's noise."""
-    return TritonServer(repository, environment=environment,
-                        extra_args=("--model-control-mode=explicit", f"--load-model={MODEL}"))
+    config = ServerConfig(repository, extra_args=("--model-control-mode=explicit", f"--load-model={MODEL}"))
+    return TritonServer(config, environment=environment)
 
 
 def bad_inputs() -> list[bytes]:

@@ -1,7 +1,7 @@
 """Soak: mixed good and bad images over HTTP and gRPC for a while, watching the
 server's memory and file descriptors.
 
-    python -m tritonstack.diagnostics.soak --duration 1800 --out reports/soak.json   # make soak
+    tritonstack soak --duration 1800 --out reports/soak.json   # make soak
 
 Plain threads, one tritonclient per worker (no gevent: NOTES.md), batch-1
 requests so that good and bad images share the server's dynamic batches. Every
@@ -27,26 +27,21 @@ the noise, and the memory is reported as not judged. `make soak` runs 30 minutes
 
 from __future__ import annotations
 
-import json
 import random
-import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import psutil
 from tritonclient.utils import InferenceServerException
 
-from tritonstack import cli
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.protocol import PROTOCOLS
 from tritonstack.client.retry import NO_RETRY, describe_error
 from tritonstack.contract import DEFAULT_MODEL
 from tritonstack.processes import processes_by_role, rss_parts_mib
-from tritonstack.rules.repository import unservable_reason
 from tritonstack.samples import Sample, bad_samples, good_samples
 from tritonstack.serve.launcher import TritonServer
 
@@ -306,40 +301,3 @@ def summary(report: dict) -> str:
                      f"below {MIN_JUDGED_WINDOW_S:.0f} s")
     lines.append("  PASSED" if report["passed"] else "  FAILED")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The exit code; one-line errors (tritonstack.cli)."""
-    return cli.run(soak, argv)
-
-
-def soak(argv: list[str] | None) -> int:
-    parser = cli.parser(__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=1800, help="seconds of load")
-    parser.add_argument("--warmup", type=float, default=None, help="seconds left out of the slope (default: a quarter)")
-    parser.add_argument("--workers", type=cli.positive_int, default=2, help="threads per protocol")
-    parser.add_argument("--bad-ratio", type=float, default=0.25, help="share of broken images sent")
-    parser.add_argument("--max-requests", type=cli.positive_int, default=1_000_000, help="stop after this many")
-    parser.add_argument("--period", type=float, default=1.0, help="seconds between memory samples")
-    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"),
-                        help="served by a server of the soak's own, on free loopback ports")
-    parser.add_argument("--out", type=Path, default=Path("reports/soak.json"), help="JSON report")
-    args = parser.parse_args(argv)
-    reason = unservable_reason(args.model_repository)
-    if reason:
-        raise cli.UsageError(reason)
-    if args.duration <= 0 or not 0 <= args.bad_ratio <= 1:
-        parser.error("--duration must be above 0 and --bad-ratio between 0 and 1")
-    with TritonServer(args.model_repository) as server:
-        report = run_soak(server, args.duration, args.warmup, args.workers, args.bad_ratio,
-                          args.period, args.max_requests)
-        report["supervisor_reloads"] = [model for _, model in server.supervisor.reloads]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(summary(report))
-    print(f"report: {args.out}")
-    return 0 if report["passed"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

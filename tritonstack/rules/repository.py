@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tritonstack.contract import CONFIG_FILENAME, MODEL_FILES, version_dirs
+from tritonstack.repository_files import CONFIG_FILENAME, MODEL_FILES, version_dirs
 from tritonstack.rules.common import invalid_filename
 
 # --- a repository the build has not written yet ------------------------------------------

@@ -3,82 +3,51 @@
     with TritonServer("model_repository") as server:
         print(server.http_url, server.grpc_url)
 
-The server binds 127.0.0.1 unless told otherwise, runs in its own process group
-(tritonserver and the Python backend stubs it spawns), and is stopped with SIGINT
-then, after a grace period, SIGKILL of the whole group: no orphan is left behind.
-A launcher that is itself killed (SIGKILL, the OOM killer, a CI timeout) cannot do
-that: the kernel does it instead, since tritonserver is started with
-PR_SET_PDEATHSIG=SIGKILL (`die_with_launcher`), and the Python backend stubs leave
-when their server is gone (tests/test_launcher_cli.py shows both). The signal follows the
-*thread* that started the server: start it from a thread that outlives it (the
-main thread, as every caller here does).
+    config = ServerConfig("model_repository", http_port=8000, stop_grace_s=5)
+    with TritonServer(config, Supervision(recycle=None)) as server: ...
 
-The restricted APIs need the admin key (tritonstack.serve.security;
-`server.admin_headers(protocol)`); `restricted_apis=()` opens everything.
+What tritonserver is told is a ServerConfig (tritonstack.serve.server_config, rendered
+to its flags); what the launcher does beyond starting it is a Supervision
+(tritonstack.serve.supervision); running the process is tritonstack.serve.process.
+This module puts them together: it checks the repository, lays out the backends,
+starts the process with the backends' environment, and on every start that became
+ready calls the `on_ready` callbacks. The stub supervisor and the restarter
+register that way: Triton 2.51 never restarts a dead stub by itself, and a
+tritonserver that dies while it should run is started again on the same ports.
 
-Models load in explicit model-control mode (all of them, `--load-model=*`) so that
-the stub supervisor (tritonstack.serve.supervision) can reload a model whose Python
-backend stub died: Triton 2.51 never restarts such a stub by itself. When
-tritonserver itself dies while it should run, the restarter
-(tritonstack.serve.restart) starts it again on the same ports. Both register as
-`on_ready` callbacks, called after every start.
+The server binds 127.0.0.1 unless told otherwise and is stopped with SIGINT then,
+after a grace period, SIGKILL of its whole process group: no orphan is left behind.
+The restricted APIs need the admin key (`server.admin_headers(protocol)`);
+`ServerConfig(..., restricted_apis=())` opens everything.
 
-The command line is `python -m tritonstack.serve` (tritonstack/serve/__main__.py).
+The command line is `tritonstack serve` (tritonstack/commands/serve.py).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
-import json
 import logging
 import os
-import re
 import shutil
-import signal
-import subprocess
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
-from tritonstack.address import METRICS_PATH
-from tritonstack.contract import (
-    DALI_BACKEND_CONFIG_ENV,
-    DEFAULT_MAX_INPUT_BYTES,
-    MAX_INPUT_BYTES_ENV,
-    REPOSITORY_ENV,
-    STUB_REGION_BYTES,
-    STUB_REGION_SETTING,
-    admin_headers,
-    backend_config,
-)
-from tritonstack.processes import group_processes
+from tritonstack.backend_settings import stub_defaults
 from tritonstack.rules.repository import shell_unsafe_reason, unservable_reason
-from tritonstack.serve import security
+from tritonstack.serve import process, server_log
 from tritonstack.serve.install import TritonInstall
-from tritonstack.serve.limits import MemoryLimits, limit_address_space
-from tritonstack.serve.network import LOOPBACK, free_port, is_loopback
+from tritonstack.serve.limits import limit_address_space
+from tritonstack.serve.network import is_loopback
 from tritonstack.serve.restart import ServerRestarter
-from tritonstack.serve.security import RESTRICTED_APIS
+from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions, stub_regions
-from tritonstack.serve.supervision import RecyclePolicy, StubSupervisor, reload_model
+from tritonstack.serve.supervision import StubSupervisor, Supervision, reload_model
 
 LOGGER = logging.getLogger("tritonstack.serve")
-_ERROR_LINE = re.compile(r"E\d{4} |error: ")
-# Logged on every machine without a GPU; not the reason for a failure.
-_HARMLESS = ("CudaDriverHelper has not been initialized",)
-# The object stores Triton reads a model repository from (its own support).
-REMOTE_REPOSITORY_SCHEMES = ("s3://", "gs://", "as://")
-# How long stop() waits for killed stubs to be gone before removing their regions.
-STUBS_EXIT_TIMEOUT_S = 10.0
 
 
 class ServerStartError(RuntimeError):
@@ -92,71 +61,52 @@ class UnservableRepository(ServerStartError):
 class TritonServer:
     def __init__(
         self,
-        model_repository: str | os.PathLike,
-        host: str = LOOPBACK,
-        http_port: int | None = None,
-        grpc_port: int | None = None,
-        metrics_port: int | None = None,
-        extra_args: tuple[str, ...] = (),
-        startup_timeout_s: float = 180.0,
-        stop_grace_s: float = 30.0,
-        install: TritonInstall | None = None,
-        restricted_apis: tuple[str, ...] = RESTRICTED_APIS,
-        admin_key: str | None = None,
-        max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
-        supervise: bool = True,
-        restart: bool = True,
+        config: ServerConfig | str | os.PathLike,
+        supervision: Supervision | None = None,
         environment: dict[str, str] | None = None,
-        memory_limits: MemoryLimits | None = None,
-        limit_memory: bool = True,
-        recycle: RecyclePolicy | None = RecyclePolicy(),
+        install: TritonInstall | None = None,
+        startup_timeout_s: float = 180.0,
     ):
-        # Object storage (s3://, gs://, as://) is fetched by Triton itself.
-        self.model_repository = (str(model_repository) if is_remote_repository(model_repository)
-                                 else Path(model_repository).resolve())
-        self.host = host
-        self.http_port = http_port or free_port(host)
-        self.grpc_port = grpc_port or free_port(host)
-        self.metrics_port = metrics_port or free_port(host)
-        self.extra_args = tuple(extra_args)
-        self.startup_timeout_s = startup_timeout_s
-        self.stop_grace_s = stop_grace_s
-        self.install = install or TritonInstall.from_pytriton()
-        self.restricted_apis = tuple(restricted_apis)
-        self.admin_key = security.admin_key(admin_key)
-        self.max_input_bytes = max_input_bytes
-        self.supervise = supervise
-        self.restart = restart
+        # A repository's path alone is ServerConfig(path): free loopback ports, a random admin key.
+        self.config = config if isinstance(config, ServerConfig) else ServerConfig(config)
+        self.supervision = supervision or Supervision()
         # Added to the server's (and its stubs') environment, e.g. STUB_ENVIRONMENT
-        # (tritonstack/serve/stub_environment.py: a flatter heap for 20 % throughput).
+        # (tritonstack/serve/stub_environment.py).
         self.environment = dict(environment or {})
-        # Address-space ceilings (tritonstack.serve.limits); None: the defaults.
-        self.memory_limits = (memory_limits or MemoryLimits.default()) if limit_memory else None
-        # A stub that idles far above its settled size after a burst is replaced
-        # (tritonstack.serve.supervision); None: never.
-        self.recycle = recycle
-        self.process: subprocess.Popen | None = None
+        self.install = install or TritonInstall.from_pytriton()
+        self.startup_timeout_s = startup_timeout_s
+        self.process = None
         self.supervisor: StubSupervisor | None = None
         self.restarter: ServerRestarter | None = None
         # Called with the server after every start that became ready, restarts included.
-        self.on_ready: list[Callable[["TritonServer"], None]] = []
+        self.on_ready: list[Callable[[TritonServer], None]] = []
         self._workdir: Path | None = None
         self._backends: Path | None = None
         self._stopping = threading.Event()
         self._bytecode_before: set[Path] = set()
         self._regions_before: set[Path] = set()  # the stubs' /dev/shm regions before start
 
+    # --- what callers read: the config's addresses, the process, its log ---
+
     @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.http_port}"
+        return self.config.http_url
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
+        return self.config.grpc_url
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}{METRICS_PATH}"
+        return self.config.metrics_url
+
+    @property
+    def admin_key(self) -> str:
+        return self.config.admin_key
+
+    def admin_headers(self, protocol: str = "http") -> dict[str, str]:
+        """Headers that open the restricted APIs, for tritonclient's `headers=`."""
+        return self.config.admin_headers(protocol)
 
     @property
     def pid(self) -> int | None:
@@ -164,162 +114,92 @@ class TritonServer:
         return self.process.pid if self.process is not None else None
 
     @property
-    def log_path(self) -> Path:
-        return self._workdir / "tritonserver.log"
+    def log_path(self) -> Path | None:
+        return self._workdir / "tritonserver.log" if self._workdir else None
 
-    def admin_headers(self, protocol: str = "http") -> dict[str, str]:
-        """Headers that open the restricted APIs, for tritonclient's `headers=`."""
-        return admin_headers(protocol, self.admin_key)
+    def log_tail(self, lines: int = 40) -> str:
+        return server_log.tail(self.log_path, lines)
 
-    @property
-    def explicit_model_control(self) -> bool:
-        """Models can be (re)loaded through the API: the supervisor needs it."""
-        return self._owns_model_control or "--model-control-mode=explicit" in self.extra_args
-
-    @property
-    def _owns_model_control(self) -> bool:
-        """The caller chose no model-control mode: the launcher picks explicit."""
-        return not any(arg.startswith("--model-control-mode") for arg in self.extra_args)
-
-    def security_args(self) -> list[str]:
-        args = security.restriction_flags(self.restricted_apis, self.admin_key)
-        if self.install.supports("--http-max-input-size"):
-            args.append(f"--http-max-input-size={self.max_input_bytes}")
-        return args
+    def log_errors(self) -> str:
+        return server_log.errors(self.log_path)
 
     def command(self, backend_directory: Path) -> list[str]:
-        model_control = ["--model-control-mode=explicit", "--load-model=*"] if self._owns_model_control else []
-        return [
-            str(self.install.binary),
-            f"--model-repository={self.model_repository}",
-            f"--backend-directory={backend_directory}",
-            f"--http-address={self.host}",
-            f"--http-port={self.http_port}",
-            f"--grpc-address={self.host}",
-            f"--grpc-port={self.grpc_port}",
-            f"--metrics-address={self.host}",
-            f"--metrics-port={self.metrics_port}",
-            f"--exit-timeout-secs={int(self.stop_grace_s)}",
-            *model_control,
-            *self.security_args(),
-            *self.region_args(),
-            *self.extra_args,
-        ]
+        return [str(self.install.binary), *self.config.args(backend_directory, self.install.supports)]
 
-    def region_args(self) -> list[str]:
-        """The stubs' shared region sized for a full batch, unless the caller sized it."""
-        if STUB_REGION_SETTING in backend_config(self.extra_args, "python"):
-            return []
-        return [f"--backend-config=python,{STUB_REGION_SETTING}={STUB_REGION_BYTES}"]
+    # --- start and stop ---
 
     def check_repository(self) -> None:
-        if not isinstance(self.model_repository, Path):
+        repository = self.config.local_repository
+        if repository is None:
             return  # object storage: Triton says what is wrong with it
-        reason = unservable_reason(self.model_repository) or shell_unsafe_reason(self.model_repository)
+        reason = unservable_reason(repository) or shell_unsafe_reason(repository)
         if reason:
             raise UnservableRepository(reason)
 
-    def start(self) -> "TritonServer":
+    def start(self) -> TritonServer:
         self.check_repository()
-        if not is_loopback(self.host):
-            LOGGER.warning("tritonserver binds %s: reachable from other machines", self.host)
-        if not self.restricted_apis:
+        if not is_loopback(self.config.host):
+            LOGGER.warning("tritonserver binds %s: reachable from other machines", self.config.host)
+        if not self.config.restricted_apis:
             LOGGER.warning("model control, shared memory and statistics APIs are open to any client")
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonstack-"))
         self._backends = self.install.assemble_backends(self._workdir / "backends")
-        if isinstance(self.model_repository, Path):
-            self._bytecode_before = _bytecode_folders(self.model_repository)
+        if self.config.local_repository is not None:
+            self._bytecode_before = _bytecode_folders(self.config.local_repository)
         self._regions_before = stub_regions()
         self._stopping.clear()
-        if self.supervise and _supervise_stubs not in self.on_ready:
+        if self.supervision.stubs and _supervise_stubs not in self.on_ready:
             self.on_ready.append(_supervise_stubs)
         try:
             self.launch()
         except BaseException:
             self.stop()
             raise
-        if self.restart:
+        if self.supervision.restart:
             self.restarter = ServerRestarter(self, self.relaunch)
             self.restarter.start()
         return self
 
+    def server_environment(self) -> dict[str, str]:
+        """tritonserver's environment, which its stubs inherit: the install's, our
+        backends' defaults unless already set, what the config tells the backends,
+        the caller's additions and the stubs' memory share."""
+        env = self.install.environment()
+        for name, value in stub_defaults().items():
+            env.setdefault(name, value)
+        env.update(self.config.backend_environment())
+        env.update(self.environment)
+        limits = self.supervision.memory_limits
+        env.update(limits.environment() if limits else {})
+        return env
+
     def launch(self) -> None:
         """Spawn tritonserver (its log appended to), wait until it is ready, then
         call the on_ready callbacks."""
-        env = self.install.environment()
-        if isinstance(self.model_repository, Path):
-            # Auto-complete reads model files here; Triton's copy of a remote
-            # repository is a temporary folder nobody is told of.
-            env[REPOSITORY_ENV] = str(self.model_repository)
-        env[MAX_INPUT_BYTES_ENV] = str(self.max_input_bytes)
-        dali_settings = backend_config(self.extra_args, "dali")
-        if dali_settings:
-            env[DALI_BACKEND_CONFIG_ENV] = json.dumps(dali_settings)
-        env.update(self.environment)
-        env.update(self.memory_limits.environment() if self.memory_limits else {})
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                self.command(self._backends),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # its own process group, stubs included
-                preexec_fn=die_with_launcher(os.getpid()),
-            )
-        if self.memory_limits:  # before it loads models: the stubs inherit it
-            limit_address_space(self.process.pid, self.memory_limits.server_bytes)
-        self.wait_ready()
+        self.process = process.spawn(self.command(self._backends), self.server_environment(), self.log_path)
+        limits = self.supervision.memory_limits
+        if limits:  # before it loads models: the stubs inherit it
+            limit_address_space(self.process.pid, limits.server_bytes)
+        try:
+            process.wait_ready(self.process, self.is_ready, self.startup_timeout_s, self._stopping.is_set)
+        except process.NotReady as error:
+            raise ServerStartError(f"{error}:\n{self.log_errors()}") from None
         for callback in self.on_ready:
             callback(self)
 
     def relaunch(self) -> None:
         """Clear what a dead server left (its stubs, their shared memory), then
         launch again on the same ports."""
-        _kill_group(self.process)
+        process.kill_group(self.process)
         remove_orphaned_stub_regions(existing_before=self._regions_before)
         self.launch()
 
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self._stopping.is_set():
-                raise ServerStartError("stopped while starting")
-            if self.process.poll() is not None:
-                raise ServerStartError(
-                    f"tritonserver exited with code {self.process.returncode} during start-up:\n"
-                    + self.log_errors()
-                )
-            if self.is_ready():
-                return
-            time.sleep(0.2)
-        raise ServerStartError(
-            f"tritonserver not ready after {self.startup_timeout_s:.0f} s:\n" + self.log_errors()
-        )
-
     def is_ready(self) -> bool:
         try:
-            url = f"http://{self.http_url}/v2/health/ready"
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
-
-    def log_tail(self, lines: int = 40) -> str:
-        if self._workdir is None or not self.log_path.exists():
-            return "(no log)"
-        with open(self.log_path, errors="replace") as log:
-            return "".join(deque(log, maxlen=lines))
-
-    def log_errors(self) -> str:
-        """The log's error lines (model load failures among them) and its end."""
-        if self._workdir is None or not self.log_path.exists():
-            return "(no log)"
-        errors = [
-            line
-            for line in self.log_path.read_text(errors="replace").splitlines(keepends=True)
-            if (_ERROR_LINE.match(line) or "UNAVAILABLE" in line) and not any(h in line for h in _HARMLESS)
-        ]
-        return "".join(errors) + "...\n" + self.log_tail(lines=5)
 
     def stop(self) -> int | None:
         """SIGINT, wait for in-flight requests up to the grace period, then SIGKILL
@@ -335,47 +215,25 @@ class TritonServer:
             self.restarter.stop(timeout=0)
         if self.supervisor is not None:
             self.supervisor.stop()  # stubs exiting now are no fault to repair
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=self.stop_grace_s + 5)
-            except subprocess.TimeoutExpired:
-                LOGGER.warning("tritonserver ignored SIGINT; killing it")
-        _kill_group(self.process)
+        if not process.interrupt(self.process, self.config.stop_grace_s + 5):
+            LOGGER.warning("tritonserver ignored SIGINT; killing it")
+        process.kill_group(self.process)
         if self.restarter is not None:
-            self.restarter.stop(timeout=self.stop_grace_s + 10)
+            self.restarter.stop(timeout=self.config.stop_grace_s + 10)
             if self.process.poll() is None:  # a relaunch was under way
-                _kill_group(self.process)
+                process.kill_group(self.process)
         remove_orphaned_stub_regions(existing_before=self._regions_before)
-        if isinstance(self.model_repository, Path):
-            _remove_new_bytecode(self.model_repository, self._bytecode_before)
+        if self.config.local_repository is not None:
+            _remove_new_bytecode(self.config.local_repository, self._bytecode_before)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
         return self.process.returncode
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
-
-
-# prctl(2) option numbers from <linux/prctl.h>; libc is loaded here, before any
-# fork, so that the child only calls into it.
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def die_with_launcher(launcher_pid: int):
-    """A preexec_fn: the child gets SIGKILL when the launcher (the thread that
-    forked it) dies. If the launcher died already, between fork and prctl, the
-    child exits at once instead of serving unowned."""
-
-    def set_parent_death_signal() -> None:
-        if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != launcher_pid:
-            os._exit(70)
-
-    return set_parent_death_signal
 
 
 def _supervise_stubs(server: TritonServer) -> None:
@@ -383,16 +241,13 @@ def _supervise_stubs(server: TritonServer) -> None:
     if server.supervisor is not None:
         server.supervisor.stop()
     reload = functools.partial(reload_model, server.http_url, server.admin_headers("http"))
-    limit = (functools.partial(limit_address_space, limit_bytes=server.memory_limits.stub_bytes)
-             if server.memory_limits else None)
-    server.supervisor = StubSupervisor(server.process.pid, reload if server.explicit_model_control else None,
-                                       on_new_stub=limit, recycle=server.recycle)
+    limits = server.supervision.memory_limits
+    limit = functools.partial(limit_address_space, limit_bytes=limits.stub_bytes) if limits else None
+    server.supervisor = StubSupervisor(server.process.pid, reload if server.config.explicit_model_control else None,
+                                       on_new_stub=limit, recycle=server.supervision.recycle)
     server.supervisor.start()
 
 
-def is_remote_repository(location: str | os.PathLike) -> bool:
-    """A repository Triton fetches from object storage rather than a local folder."""
-    return str(location).startswith(REMOTE_REPOSITORY_SCHEMES)
 def _bytecode_folders(repository: Path) -> set[Path]:
     return set(repository.glob("*/*/**/__pycache__"))
 
@@ -405,16 +260,3 @@ def _remove_new_bytecode(repository: Path, before: set[Path]) -> None:
     launcher cannot; our dali backend writes none)."""
     for folder in _bytecode_folders(repository) - before:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _kill_group(server: subprocess.Popen) -> None:
-    """SIGKILL a server's process group; return once the server is reaped and its
-    stubs are gone (bounded): a killed stub maps its region until it is."""
-    try:
-        os.killpg(server.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    server.wait()  # before the group's wait, which would reap it and lose its exit code
-    psutil.wait_procs(group_processes(server.pid), timeout=STUBS_EXIT_TIMEOUT_S)
-
-

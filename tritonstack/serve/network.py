@@ -26,8 +26,11 @@ def is_loopback(host: str) -> bool:
 
 def port_in_use(host: str, port: int) -> bool:
     """Whether something already listens on (host, port): tritonserver would fail
-    to bind it, after loading every model."""
+    to bind it, after loading every model. The probe binds as tritonserver does, with
+    SO_REUSEADDR: the TIME_WAIT connections a stopped server leaves for about a
+    minute do not count, a listener does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:

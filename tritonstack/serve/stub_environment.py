@@ -12,7 +12,7 @@ round of the same requests while its live allocations stayed flat. Setting the
 threshold explicitly turns the adjustment off: image buffers are mmapped and
 returned whole, and RSS stays flat.
 
-Opt-in (`python -m tritonstack.serve --compact-memory`), not the default: measured
+Opt-in (`tritonstack serve --compact-memory`), not the default: measured
 side by side on a quiet 2-core machine (`benchmark.py --quick`), these settings cost
 20 % of the ensemble's throughput (144-150 against 182 images/s), a third of the DALI
 model's and two thirds of the Pillow model's (every image-sized buffer is mapped,
@@ -23,7 +23,7 @@ the other stubs' heaps and tritonserver's smaller, at that price.
 
 from __future__ import annotations
 
-from tritonstack.contract import MALLOC_TRIM_ENV, POOL_RESIDENCY_ENV
+from tritonstack.backend_settings import MALLOC_TRIM_ENV, POOL_RESIDENCY_ENV
 
 # glibc's own starting value, fixed. An M_MMAP_THRESHOLD set by the environment
 # also fixes M_TRIM_THRESHOLD (no dynamic adjustment of either).

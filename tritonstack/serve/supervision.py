@@ -32,13 +32,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tritonstack.processes import server_stubs
+from tritonstack.serve.limits import MemoryLimits
 
 LOGGER = logging.getLogger("tritonstack.serve")
 
@@ -72,6 +73,22 @@ class RecyclePolicy:
     # decoding. A new stub would take the burst's queued requests while the old one
     # holds its buffers, and the tree's peak doubled (+2.4 GB against +1.7).
     busy_cores: float = 0.5
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """What the launcher does for a server beyond starting it: policies of its own,
+    not tritonserver's flags (those are tritonstack.serve.server_config.ServerConfig)."""
+
+    # Reload a model whose stub died (needs explicit model control, the launcher's default).
+    stubs: bool = True
+    # Start tritonserver again on the same ports when it dies while it should run
+    # (tritonstack.serve.restart).
+    restart: bool = True
+    # Replace a stub that idles far above its settled size after a burst; None: never.
+    recycle: RecyclePolicy | None = RecyclePolicy()
+    # Address-space ceilings for the server and each stub (tritonstack.serve.limits); None: none.
+    memory_limits: MemoryLimits | None = field(default_factory=MemoryLimits.default)
 
 
 @dataclass

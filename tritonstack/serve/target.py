@@ -17,6 +17,7 @@ from tritonstack import cli
 from tritonstack.address import parse_address, parse_metrics_url
 from tritonstack.contract import admin_headers
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.server_config import ServerConfig
 
 
 @dataclass(frozen=True)
@@ -57,5 +58,5 @@ def target_server(repository: Path | str, http_url: str | None = None, grpc_url:
     if http_url:
         yield GivenServer(http_url, grpc_url or http_url, metrics_url, pid)
         return
-    with TritonServer(repository, extra_args=extra_args) as server:
+    with TritonServer(ServerConfig(repository, extra_args=extra_args)) as server:
         yield server

@@ -42,17 +42,3 @@ heap, DALI's pool), `memory_trace` (only for the memory probe, imported when swi
 """
 
 from __future__ import annotations
-
-import os
-
-# DALI's own pool for its host buffers of DALI_HOST_POOL_THRESHOLD and more (decoded
-# images, resized and normalized batches): kept and reused from batch to batch and
-# across pipeline rebuilds rather than taken from malloc, whose heaps fragment under
-# images of varied sizes (the stub's RSS crept by ~0.2 MiB every 1 200 requests,
-# docs/memory.md). The pool keeps the largest run's buffers (DALI 2.4 never hands
-# them back), which the decode budget's max_batch_pixels bounds.
-# DALI reads it when it loads: set here, before any module of this package imports
-# DALI. The environment may set another value (0: every buffer from malloc).
-from tritonstack.contract import DALI_HOST_POOL_ENV, DALI_HOST_POOL_THRESHOLD
-
-os.environ.setdefault(DALI_HOST_POOL_ENV, DALI_HOST_POOL_THRESHOLD)

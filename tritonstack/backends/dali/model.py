@@ -12,14 +12,7 @@ import numpy as np
 import nvidia.dali.backend
 import triton_python_backend_utils as pb_utils
 
-from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes, reserve_host_pool
-from tritonstack.backends.dali.requests import BudgetError, ClipInputs, InputError, UndecodableError, samples_of
-from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
-from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
-from tritonstack.backends.residency import PoolResidency, RegionResidency, statm_bytes
-from tritonstack.backends.stub_memory import StubMemoryGauge
-from tritonstack.contract import (
-    CONFIG_FILENAME,
+from tritonstack.backend_settings import (
     DALI_BACKEND_CONFIG_ENV,
     DALI_HOST_POOL_ENV,
     DEFAULT_MALLOC_TRIM_EVERY,
@@ -29,13 +22,19 @@ from tritonstack.contract import (
     MEMORY_TRACE_ENV,
     POOL_RESIDENCY_ENV,
     REPOSITORY_ENV,
-    TRITON_TO_NUMPY,
-    latest_version_dir,
 )
+from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes, reserve_host_pool
+from tritonstack.backends.dali.requests import BudgetError, ClipInputs, InputError, UndecodableError, samples_of
+from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
+from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
+from tritonstack.backends.residency import PoolResidency, RegionResidency, statm_bytes
+from tritonstack.backends.stub_memory import StubMemoryGauge
+from tritonstack.contract import TRITON_TO_NUMPY
 
 # The one reader of model.dali and the one set of load rules, shared with `tritonstack check`.
 from tritonstack.dali_proto import parse_pipeline
 from tritonstack.decode_budget import DecodeBudget, int_parameter, plan_parts
+from tritonstack.repository_files import CONFIG_FILENAME, latest_version_dir
 from tritonstack.rules.common import raise_problems, stated_max_batch_size
 from tritonstack.rules.dali import dali_autocomplete, dali_problems, split_flags
 
@@ -104,7 +103,7 @@ class TritonPythonModel:
                                       self._input_names, split_flags(spec, config))
         # With DALI's host pool on, a rebuilt pipeline's buffers go back to the pool,
         # not to the system: releasing after large runs would only cost a rebuild.
-        self._buffers_return = pool_threshold_bytes(os.environ[DALI_HOST_POOL_ENV]) == 0
+        self._buffers_return = pool_threshold_bytes(os.environ.get(DALI_HOST_POOL_ENV, "0")) == 0
         reserve = int_parameter(parameters, "host_pool_reserve_bytes")
         if reserve and not self._buffers_return:  # with the pool off, malloc would hand it back
             reserve_host_pool(reserve)

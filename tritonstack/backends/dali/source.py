@@ -11,8 +11,8 @@ from pathlib import Path
 import nvidia.dali
 import triton_python_backend_utils as pb_utils
 
-from tritonstack.contract import DALI_MODEL_FILENAME, DALI_SCRIPT_FILENAME, DALI_VERSION_FILENAME
 from tritonstack.dali_proto import parse_pipeline
+from tritonstack.repository_files import DALI_MODEL_FILENAME, DALI_SCRIPT_FILENAME, DALI_VERSION_FILENAME
 from tritonstack.rules.common import invalid_filename, invalid_path
 
 

@@ -1,11 +1,12 @@
 """Run tritonserver on a model repository in the foreground until Ctrl-C
 (`make serve`):
 
-    python -m tritonstack.serve --model-repository model_repository --http-port 8000
+    tritonstack serve --model-repository model_repository --http-port 8000
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -13,13 +14,15 @@ import sys
 import time
 
 from tritonstack import cli
-from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, DEFAULT_MAX_INPUT_BYTES
+from tritonstack.backend_settings import DEFAULT_MAX_INPUT_BYTES
+from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV
 from tritonstack.serve.launcher import ServerStartError, TritonServer, UnservableRepository
 from tritonstack.serve.limits import MemoryLimits
 from tritonstack.serve.network import LOOPBACK, port_in_use
 from tritonstack.serve.security import RESTRICTED_APIS
+from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
-from tritonstack.serve.supervision import RecyclePolicy
+from tritonstack.serve.supervision import RecyclePolicy, Supervision
 
 LOGGER = logging.getLogger("tritonstack.serve")
 
@@ -39,6 +42,26 @@ def check_free_ports(host: str, ports: dict[str, int]) -> None:
         if port_in_use(host, port):
             raise cli.UsageError(f"port {port} on {host} is in use (another server?): stop it, or choose "
                                  f"another with {option} (make serve HTTP_PORT=9000 GRPC_PORT=9001 METRICS_PORT=9002)")
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        args.model_repository,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        extra_args=tuple(args.extra),
+        restricted_apis=() if args.open_apis else RESTRICTED_APIS,
+        max_input_bytes=args.max_input_bytes,
+    )
+
+
+def supervision(args: argparse.Namespace) -> Supervision:
+    return Supervision(
+        memory_limits=None if args.no_memory_limits else MemoryLimits(args.server_memory_bytes, args.stub_memory_bytes),
+        recycle=RecyclePolicy(above_mib=args.recycle_above_mib) if args.recycle_above_mib > 0 else None,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,20 +103,8 @@ def serve(argv: list[str] | None) -> int:
     check_free_ports(args.host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port,
                                  "--metrics-port": args.metrics_port})
 
-    server = TritonServer(
-        args.model_repository,
-        host=args.host,
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
-        metrics_port=args.metrics_port,
-        extra_args=tuple(args.extra),
-        restricted_apis=() if args.open_apis else RESTRICTED_APIS,
-        max_input_bytes=args.max_input_bytes,
-        memory_limits=MemoryLimits(args.server_memory_bytes, args.stub_memory_bytes),
-        environment=STUB_ENVIRONMENT if args.compact_memory else None,
-        limit_memory=not args.no_memory_limits,
-        recycle=RecyclePolicy(above_mib=args.recycle_above_mib) if args.recycle_above_mib > 0 else None,
-    )
+    server = TritonServer(server_config(args), supervision(args),
+                          environment=STUB_ENVIRONMENT if args.compact_memory else None)
     try:
         server.check_repository()  # before anything else is said: one line, exit 2
     except UnservableRepository as error:

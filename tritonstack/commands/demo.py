@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.contract import CONFIG_FILENAME, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL
+from tritonstack.contract import DEFAULT_MODEL, DEFAULT_VIDEO_MODEL
+from tritonstack.repository_files import CONFIG_FILENAME
 from tritonstack.samples import PHOTOS, SAMPLE_CLIP, photo_bytes, sample_clip
 from tritonstack.serve.launcher import TritonServer
 

@@ -1,0 +1,62 @@
+"""`tritonstack benchmark`: the command line of tritonstack.benchmark.run (see its docstring)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from tritonstack import cli
+from tritonstack.benchmark import run as benchmark_run
+from tritonstack.benchmark.results import write_results
+from tritonstack.benchmark.run import run
+from tritonstack.benchmark.settings import (
+    DALI_ENSEMBLE,
+    FULL,
+    QUICK,
+    SMOKE,
+)
+from tritonstack.client.preflight import check_model
+from tritonstack.client.retry import RetryPolicy
+from tritonstack.contract import admin_headers
+from tritonstack.rules.repository import unservable_reason
+from tritonstack.serve.target import GivenServer, given_endpoints
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(benchmark, argv)
+
+
+def benchmark(argv: list[str] | None) -> int:
+    parser = cli.parser(benchmark_run.__doc__)
+    parser.add_argument("--quick", action="store_true", help="short phases: at most 4 minutes on 2 cores")
+    parser.add_argument("--smoke", action="store_true", help="shortest phases (tests): every key, rough figures")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"),
+                        help="what the server serves; model.dali and model.onnx for the in-process reference")
+    running = parser.add_argument_group("a running server instead of starting one (e.g. the NGC container)")
+    running.add_argument("--url", help="HTTP host:port (or http://host:port)")
+    running.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port; default: --url's host:port)")
+    running.add_argument("--metrics-url", help="host:port or http://host:port/metrics")
+    running.add_argument("--server-pid", type=int, help="tritonserver's process id on this host, for CPU and memory")
+    args = parser.parse_args(argv)
+    settings = SMOKE if args.smoke else QUICK if args.quick else FULL
+    reason = unservable_reason(args.model_repository)
+    if reason:
+        raise cli.UsageError(reason)
+    # A given server is used as it is (once it answers); else run() starts one after the in-process reference.
+    http_url, grpc_url, metrics_url = given_endpoints(args.url, args.grpc_url, args.metrics_url)
+    server = GivenServer(http_url, grpc_url or http_url, metrics_url, args.server_pid) if http_url else None
+    if server:
+        for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+            check_model(url, protocol, DALI_ENSEMBLE, admin_headers(protocol), RetryPolicy(retries=1))
+    started = time.monotonic()
+    results = run(settings, args.model_repository.resolve(), log=lambda text: print(text, flush=True), server=server)
+    results["benchmark_seconds"] = time.monotonic() - started
+    print(write_results(results, args.out))
+    return 0 if results["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""`tritonstack compare`: the command line of tritonstack.benchmark.compare (see its docstring)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tritonstack import cli
+from tritonstack.benchmark import compare as comparison
+from tritonstack.benchmark.compare import SIDES, compare, environment_assignment, table
+from tritonstack.benchmark.settings import DALI_ENSEMBLE, INT8_ENSEMBLE
+from tritonstack.rules.repository import unservable_reason
+from tritonstack.serve.supervision import RecyclePolicy
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = cli.parser(comparison.__doc__)
+    parser.add_argument("--a-repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--b-repository", type=Path, help="default: A's")
+    parser.add_argument("--a-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--b-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")
+    for side in SIDES:
+        parser.add_argument(f"--{side}-recycle-above-mib", type=float, metavar="MIB",
+                            help=f"{side.upper()}'s stub recycling bound (0: off; default: the launcher's, "
+                                 f"{RecyclePolicy.above_mib:g})")
+    parser.add_argument("--model", action="append", help=f"default: {DALI_ENSEMBLE} and {INT8_ENSEMBLE}")
+    parser.add_argument("--rounds", type=cli.positive_int, default=5, help="at least 3: a median and a spread")
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured per side, model and round")
+    parser.add_argument("--warmup-s", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=cli.positive_int, default=24, help="single-image requests in flight")
+    parser.add_argument("--rate", type=cli.positive_float, help="an open loop instead: Poisson arrivals, requests/s")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    args = parser.parse_args(argv)
+    args.model = args.model or [DALI_ENSEMBLE, INT8_ENSEMBLE]
+    if (args.b_repository is None and not args.a_env and not args.b_env
+            and args.a_recycle_above_mib == args.b_recycle_above_mib):
+        raise cli.UsageError("A and B would be the same: give --b-repository, an --a-env/--b-env "
+                             "or different --a/--b-recycle-above-mib")
+    for repository in filter(None, (args.a_repository, args.b_repository)):
+        reason = unservable_reason(repository)
+        if reason:
+            raise cli.UsageError(reason)
+    started = time.monotonic()
+    results = compare(args, log=lambda text: print(text, flush=True))
+    results["seconds"] = time.monotonic() - started
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+    errors = sum(figures[f"{side}_errors"] for figures in results["models"].values() for side in SIDES)
+    return 0 if errors == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

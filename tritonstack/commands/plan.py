@@ -1,0 +1,30 @@
+"""`tritonstack plan`: the command line of tritonstack.benchmark.plan (see its docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tritonstack.benchmark import plan as planning
+from tritonstack.benchmark.plan import InfeasiblePlan, plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=planning.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("benchmark", type=Path, help="JSON written by tritonstack/benchmark --out")
+    parser.add_argument("--target-rps", type=float, required=True, help="requests per second to serve")
+    parser.add_argument("--p99-ms", type=float, required=True, help="p99 latency budget, ms")
+    args = parser.parse_args(argv)
+    try:
+        result = plan(json.loads(args.benchmark.read_text()), args.target_rps, args.p99_ms)
+    except InfeasiblePlan as error:
+        print(f"infeasible: {error}")
+        return 1
+    print(result.explain())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Run one tritonserver process, and nothing else: spawn it in a process group of
+its own, wait for it to be ready, stop it, kill what is left of its group.
+
+The group holds tritonserver and the Python backend stubs it spawns, so a stop
+leaves no orphan. A launcher that is itself killed (SIGKILL, the OOM killer, a CI
+timeout) cannot stop anything: the kernel does it instead, since tritonserver starts
+with PR_SET_PDEATHSIG=SIGKILL (`die_with_launcher`), and the stubs leave when their
+server is gone (tests/test_launcher_cli.py shows both). The signal follows the
+*thread* that started the server: start it from a thread that outlives it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from tritonstack.processes import group_processes
+
+# How long a kill waits for the group's stubs to be gone: a killed stub maps its
+# shared region until it is.
+STUBS_EXIT_TIMEOUT_S = 10.0
+READY_POLL_S = 0.2
+
+# prctl(2) option numbers from <linux/prctl.h>; libc is loaded here, before any
+# fork, so that the child only calls into it.
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+class NotReady(RuntimeError):
+    """The process exited, was stopped, or stayed unready past its time."""
+
+
+def die_with_launcher(launcher_pid: int):
+    """A preexec_fn: the child gets SIGKILL when the launcher (the thread that
+    forked it) dies. If the launcher died already, between fork and prctl, the
+    child exits at once instead of serving unowned."""
+
+    def set_parent_death_signal() -> None:
+        if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != launcher_pid:
+            os._exit(70)
+
+    return set_parent_death_signal
+
+
+def spawn(command: list[str], environment: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """Start `command` in a session of its own, its output appended to `log_path`."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,  # its own process group, stubs included
+            preexec_fn=die_with_launcher(os.getpid()),
+        )
+
+
+def wait_ready(process: subprocess.Popen, is_ready: Callable[[], bool], timeout_s: float,
+               stopping: Callable[[], bool]) -> None:
+    """Return once `is_ready()`; NotReady when the process exits, `stopping()` turns
+    true or `timeout_s` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if stopping():
+            raise NotReady("stopped while starting")
+        if process.poll() is not None:
+            raise NotReady(f"tritonserver exited with code {process.returncode} during start-up")
+        if is_ready():
+            return
+        time.sleep(READY_POLL_S)
+    raise NotReady(f"tritonserver not ready after {timeout_s:.0f} s")
+
+
+def interrupt(process: subprocess.Popen, grace_s: float) -> bool:
+    """SIGINT, then wait up to `grace_s` for it to exit; False if it did not."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            return False
+    return True
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL a server's process group; return once the server is reaped and its
+    stubs are gone (bounded)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()  # before the group's wait, which would reap it and lose its exit code
+    psutil.wait_procs(group_processes(process.pid), timeout=STUBS_EXIT_TIMEOUT_S)

@@ -1,0 +1,165 @@
+"""What tritonserver is told, as a typed object rendered to its command line.
+
+    config = ServerConfig("model_repository", http_port=8000, stop_grace_s=5)
+    config.args(backend_directory, install.supports)   # ["--model-repository=...", ...]
+
+Like PyTriton's TritonServerConfig: the data lives here, the launcher
+(tritonstack.serve.launcher) starts a process with it and nothing in between
+spells a flag again. Ports left at 0 and the admin key left unset are chosen when
+the config is made (free loopback ports, $TRITONSTACK_ADMIN_KEY or a random key),
+so that a config names the server it describes, restarts included.
+
+The policies of the launcher itself (stub supervision, restarts, memory ceilings)
+are not tritonserver's flags: they are `Supervision` (tritonstack.serve.supervision).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from tritonstack.address import METRICS_PATH
+from tritonstack.backend_settings import (
+    DALI_BACKEND_CONFIG_ENV,
+    DEFAULT_MAX_INPUT_BYTES,
+    MAX_INPUT_BYTES_ENV,
+    REPOSITORY_ENV,
+    STUB_REGION_BYTES,
+    STUB_REGION_SETTING,
+    backend_config,
+)
+from tritonstack.contract import admin_headers
+from tritonstack.serve import security
+from tritonstack.serve.network import LOOPBACK, free_port
+from tritonstack.serve.security import RESTRICTED_APIS
+
+# The object stores Triton reads a model repository from (its own support).
+REMOTE_REPOSITORY_SCHEMES = ("s3://", "gs://", "as://")
+EXPLICIT_MODEL_CONTROL = "--model-control-mode=explicit"
+
+
+def is_remote_repository(location: str | os.PathLike) -> bool:
+    """A repository Triton fetches from object storage rather than a local folder."""
+    return str(location).startswith(REMOTE_REPOSITORY_SCHEMES)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    # A local folder (resolved to an absolute path) or s3://, gs://, as:// (kept as text).
+    model_repository: str | Path
+    host: str = LOOPBACK
+    http_port: int = 0  # 0: a free port, chosen when the config is made
+    grpc_port: int = 0
+    metrics_port: int = 0
+    # In-flight requests get this long after SIGINT (--exit-timeout-secs).
+    stop_grace_s: float = 30.0
+    # Triton's APIs behind the admin key (tritonstack.serve.security); () opens all.
+    restricted_apis: tuple[str, ...] = RESTRICTED_APIS
+    admin_key: str | None = None
+    # The largest input tensor, told to our backends (and to tritonserver where it has the flag).
+    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    # Any other tritonserver flags, passed as given, after ours (the last of a flag wins).
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        resolve = object.__setattr__  # frozen: fill what was left to choose, once
+        repository = self.model_repository
+        resolve(self, "model_repository",
+                str(repository) if is_remote_repository(repository) else Path(repository).resolve())
+        for port in ("http_port", "grpc_port", "metrics_port"):
+            if not getattr(self, port):
+                resolve(self, port, free_port(self.host))
+        resolve(self, "admin_key", security.admin_key(self.admin_key))
+        resolve(self, "restricted_apis", tuple(self.restricted_apis))
+        resolve(self, "extra_args", tuple(self.extra_args))
+
+    # --- addresses ---
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}{METRICS_PATH}"
+
+    @property
+    def local_repository(self) -> Path | None:
+        """The repository's folder; None for object storage, which Triton fetches."""
+        return self.model_repository if isinstance(self.model_repository, Path) else None
+
+    def admin_headers(self, protocol: str = "http") -> dict[str, str]:
+        """Headers that open the restricted APIs, for tritonclient's `headers=`."""
+        return admin_headers(protocol, self.admin_key)
+
+    # --- model control ---
+
+    @property
+    def owns_model_control(self) -> bool:
+        """The caller chose no model-control mode: the launcher picks explicit."""
+        return not any(arg.startswith("--model-control-mode") for arg in self.extra_args)
+
+    @property
+    def explicit_model_control(self) -> bool:
+        """Models can be (re)loaded through the API: the stub supervisor needs it.
+        Models load in explicit mode (all of them, --load-model=*) unless the caller
+        chose a mode, so that a model whose stub died can be reloaded."""
+        return self.owns_model_control or EXPLICIT_MODEL_CONTROL in self.extra_args
+
+    # --- rendering ---
+
+    def args(self, backend_directory: Path, supports: Callable[[str], bool]) -> list[str]:
+        """tritonserver's command line after the binary; `supports(flag)` says whether
+        this tritonserver knows a flag that only newer releases have."""
+        model_control = [EXPLICIT_MODEL_CONTROL, "--load-model=*"] if self.owns_model_control else []
+        return [
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={backend_directory}",
+            f"--http-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.metrics_port}",
+            f"--exit-timeout-secs={int(self.stop_grace_s)}",
+            *model_control,
+            *self.security_args(supports),
+            *self.region_args(),
+            *self.extra_args,
+        ]
+
+    def security_args(self, supports: Callable[[str], bool]) -> list[str]:
+        args = security.restriction_flags(self.restricted_apis, self.admin_key)
+        if supports("--http-max-input-size"):
+            args.append(f"--http-max-input-size={self.max_input_bytes}")
+        return args
+
+    def region_args(self) -> list[str]:
+        """The stubs' shared region sized for a full batch, unless the caller sized it."""
+        if STUB_REGION_SETTING in backend_config(self.extra_args, "python"):
+            return []
+        return [f"--backend-config=python,{STUB_REGION_SETTING}={STUB_REGION_BYTES}"]
+
+    def backend_environment(self) -> dict[str, str]:
+        """What our backends are told through the stubs' environment
+        (tritonstack.backend_settings)."""
+        env = {MAX_INPUT_BYTES_ENV: str(self.max_input_bytes)}
+        if self.local_repository is not None:
+            # Auto-complete reads model files here; Triton's copy of a remote
+            # repository is a temporary folder nobody is told of.
+            env[REPOSITORY_ENV] = str(self.local_repository)
+        dali_settings = backend_config(self.extra_args, "dali")
+        if dali_settings:
+            env[DALI_BACKEND_CONFIG_ENV] = json.dumps(dali_settings)
+        return env
+
+    def replace(self, **changes) -> "ServerConfig":
+        """A copy with `changes`; ports and key stay as chosen unless changed."""
+        return dataclasses.replace(self, **changes)
