@@ -1,4 +1,4 @@
-"""After a burst of huge images the server gives its memory back (issue 28).
+"""After a burst of huge images the server gives its memory back.
 
 DALI 2.4 keeps its host pool's largest run for good, so eight concurrent
 10000x10000 PNGs used to leave the DALI stub gigabytes larger. Now one decoder run

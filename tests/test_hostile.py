@@ -1,5 +1,5 @@
-"""Hostile clients against a real tritonserver (issue: no request may crash the
-server or exhaust its memory, and a crash is survived).
+"""Hostile clients against a real tritonserver: no request may crash the
+server or exhaust its memory, and a crash is survived.
 
 One server for the module, on a copy of the Lite0 models with decode budgets small
 enough for the test machine. Each case asserts the answer, how long it took, that

@@ -19,6 +19,7 @@ from loadtests import metrics, run
 from loadtests.report import GeneratorCpu, cpu_section, final_stats
 from tests.conftest import PROJECT_ROOT
 from tests.processes import wait_for
+from tritonstack.commands import loadtest
 from tritonstack.serve.network import free_port
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
@@ -26,9 +27,9 @@ STEPS = ("preprocess_dali_efficientnet_lite0", "efficientnet_lite0")
 
 
 def load(server, tmp_path, *options):
-    """run.main against the session server; (exit code, report folder, seconds)."""
+    """`tritonstack loadtest` against the session server; (exit code, report folder, seconds)."""
     started = time.monotonic()
-    code = run.main([
+    code = loadtest.main([
         "--url", server.http_url, "--grpc-url", server.grpc_url, "--metrics-url", server.metrics_url,
         "--out", str(tmp_path), *options,
     ])
@@ -247,7 +248,7 @@ def test_a_malformed_answer_counts_as_a_failure(server, tmp_path):
     serving = threading.Thread(target=proxy.serve_forever, daemon=True)
     serving.start()
     try:
-        code = run.main(["--url", f"127.0.0.1:{proxy.server_address[1]}", "--grpc-url", server.grpc_url,
+        code = loadtest.main(["--url", f"127.0.0.1:{proxy.server_address[1]}", "--grpc-url", server.grpc_url,
                          "--metrics-url", server.metrics_url, "--out", str(tmp_path), "--user", "http",
                          "--shape", "closed", "--users", "1", "--run-time", "5", "--max-requests", "10"])
     finally:

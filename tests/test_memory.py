@@ -1,7 +1,7 @@
 """The DALI stub's memory under the same requests, round after round: photos of
 several sizes and the soak's bad inputs.
 
-On a fresh default server, issue 28's measure: three identical rounds of 1500
+On a fresh default server: three identical rounds of 1500
 requests, round 3 - round 2 under 2 MiB of the stub's anonymous memory (its shared
 memory is the Python backend's region: below). The dali backend counts DALI's pool pages
 when a mapping nearly full of them would otherwise take late first writes
@@ -50,7 +50,7 @@ BURST_WORKERS, BURST_REQUESTS = 32, 96
 # --compact-memory (an opt-in: no residency) keeps its earlier guard: one run in seven added 6.4 MiB.
 MAX_ROUND_GROWTH_MIB = {"default": 2.0, "compact-memory": 8.0}
 MAX_JUDGED_GROWTH_MIB = {"default": 16.0, "compact-memory": 24.0}
-FRESH_ROUNDS, FRESH_REQUESTS_PER_ROUND = 3, 1500  # the issue's measure
+FRESH_ROUNDS, FRESH_REQUESTS_PER_ROUND = 3, 1500  # the measure docs/memory.md reports
 ENVIRONMENTS = {"default": {}, "compact-memory": STUB_ENVIRONMENT}
 
 

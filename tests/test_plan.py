@@ -7,6 +7,7 @@ import math
 import pytest
 
 from tritonstack.benchmark import plan, results
+from tritonstack.commands import plan as plan_command
 
 # One replica: saturates at 100 req/s, 20 ms unloaded; at 70 req/s p50 30 ms, p99 60 ms.
 MEASURED = {"server_images_per_s": 100.0, "latency_ms_p50_concurrency_1": 20.0, "open_loop_rate": 70.0,
@@ -48,8 +49,8 @@ def test_plan_reads_only_keys_the_benchmark_promises():
 def test_command_line_shows_the_arithmetic(tmp_path, capsys):
     path = tmp_path / "benchmark.json"
     path.write_text(json.dumps(MEASURED | {"errors": 0}))
-    assert plan.main([str(path), "--target-rps", "500", "--p99-ms", "50"]) == 0
+    assert plan_command.main([str(path), "--target-rps", "500", "--p99-ms", "50"]) == 0
     out = capsys.readouterr().out
     assert "replicas: ceil(500.0 / 63.6) = 8" in out
     assert "autoscaling.targetQueueTimeUs: 7500" in out
-    assert plan.main([str(path), "--target-rps", "500", "--p99-ms", "10"]) == 1
+    assert plan_command.main([str(path), "--target-rps", "500", "--p99-ms", "10"]) == 1

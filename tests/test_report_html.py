@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from PIL import Image
 
-from loadtests import run
+from tritonstack.commands import loadtest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 RENDER_TIMEOUT_S = 90
@@ -45,7 +45,7 @@ def chromium(tmp_path, *options: str) -> str:
 @pytest.fixture(scope="module")
 def report(server, tmp_path_factory):
     folder = tmp_path_factory.mktemp("report")
-    code = run.main(["--url", server.http_url, "--grpc-url", server.grpc_url, "--user", "grpc",
+    code = loadtest.main(["--url", server.http_url, "--grpc-url", server.grpc_url, "--user", "grpc",
                      "--shape", "closed", "--users", "1", "--run-time", "3", "--out", str(folder)])
     assert code == 0
     return folder

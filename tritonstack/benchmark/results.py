@@ -47,7 +47,7 @@ def cpu_flags() -> list[str]:
     return []
 
 
-# Every key the benchmark promises (issues 5 and 14), besides versions and settings.
+# Every key the benchmark promises, besides versions and settings (docs/performance.md explains each).
 # Each of RATIO_KEYS comes with `<key>_spread`: [min, max] over the rounds.
 RATIO_KEYS = (
     "serving_efficiency", "dali_vs_pil_preprocess", "dali_vs_pil_per_cpu_second", "dali_vs_pil_ensemble",
@@ -64,7 +64,7 @@ REQUIRED_KEYS = (
     # what tritonstack/benchmark/plan.py reads
     "latency_ms_p50_concurrency_1", "open_loop_rate", "open_loop_ms_p50", "open_loop_ms_p99",
     "server_rss_mb", "errors", "versions", "cpu_model", "cpu_flags", "cpu_count",
-    # issue 29: cost per image against the two libraries, capacity against an ideal queue
+    # cost per image against the two libraries, capacity against an ideal queue
     "inprocess_images_per_cpu_s", "server_images_per_cpu_s", "cpu_efficiency", "cpu_efficiency_spread",
     "ideal_queue_capacity", "capacity_vs_ideal_queue", "open_loop_requests",
     "cpu_ms_per_image", "cpu_ms_per_image_spread",  # the ceilings' parts (tritonstack/benchmark/cost.py)

@@ -40,7 +40,7 @@ class SingleRequests:
 
 
 # Per request (ms): "overhead" = client latency - the steps' compute (input + infer
-# + output), as issue 5 defined it; "outside_server" = latency - the ensemble's
+# + output); "outside_server" = latency - the ensemble's
 # request time in Triton (gRPC, protobuf, network stack, our client);
 # "in_server_outside_compute" = the ensemble's request time - the steps' compute
 # (queues, the ensemble scheduler, the handoff between steps). Then each step's own

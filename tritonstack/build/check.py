@@ -299,6 +299,30 @@ def _dims_agree(a, b) -> bool:
     return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
 
 
+def _check_step_inputs(name: str, field: str, step, model: pb.ModelConfig, known: dict,
+                       steps: list, configs: dict[str, pb.ModelConfig]) -> list[Problem]:
+    """A step's input_map: each names an input of its model and a tensor of the chain
+    (an ensemble input, or some step's output) of the same type and dims."""
+    problems = []
+    model_inputs = {t.name: t for t in model.input}
+    for model_tensor, ensemble_tensor in step.input_map.items():
+        target = model_inputs.get(model_tensor)
+        if target is None:
+            problems.append(_not_a_tensor(name, f"{field}.input_map", model_tensor, step.model_name, model_inputs))
+            continue
+        source = known.get(ensemble_tensor) or _produced_later(ensemble_tensor, steps, configs)
+        if source is None:
+            problems.append(Problem(name, f"{field}.input_map", ensemble_tensor,
+                                    "no ensemble input or step output has this name",
+                                    "map an ensemble input or another step's output to it"))
+        elif source[0] != target.data_type or not _dims_agree(source[1], list(target.dims)):
+            problems.append(Problem(name, f"{field}.input_map", ensemble_tensor,
+                                    f"is {type_name(source[0])} {source[1]} but {step.model_name} input "
+                                    f"{model_tensor!r} takes {type_name(target.data_type)} {list(target.dims)}",
+                                    "make the types and dims agree along the chain"))
+    return problems
+
+
 def _check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) -> list[Problem]:
     name = config.name
     # ensemble tensor -> (data_type, dims) as known so far
@@ -317,23 +341,8 @@ def _check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) 
             problems.append(Problem(name, "max_batch_size", step.model_name,
                                     f"ensemble has {config.max_batch_size}, step model {model.max_batch_size}",
                                     "make the ensemble's max_batch_size at most every step's, both > 0 or both 0"))
-        model_inputs = {t.name: t for t in model.input}
         model_outputs = {t.name: t for t in model.output}
-        for model_tensor, ensemble_tensor in step.input_map.items():
-            target = model_inputs.get(model_tensor)
-            if target is None:
-                problems.append(_not_a_tensor(name, f"{field}.input_map", model_tensor, step.model_name, model_inputs))
-                continue
-            source = known.get(ensemble_tensor) or _produced_later(ensemble_tensor, steps, configs)
-            if source is None:
-                problems.append(Problem(name, f"{field}.input_map", ensemble_tensor,
-                                        "no ensemble input or step output has this name",
-                                        "map an ensemble input or another step's output to it"))
-            elif source[0] != target.data_type or not _dims_agree(source[1], list(target.dims)):
-                problems.append(Problem(name, f"{field}.input_map", ensemble_tensor,
-                                        f"is {type_name(source[0])} {source[1]} but {step.model_name} input "
-                                        f"{model_tensor!r} takes {type_name(target.data_type)} {list(target.dims)}",
-                                        "make the types and dims agree along the chain"))
+        problems += _check_step_inputs(name, field, step, model, known, steps, configs)
         for model_tensor, ensemble_tensor in step.output_map.items():
             origin = model_outputs.get(model_tensor)
             if origin is None:

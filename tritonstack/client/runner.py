@@ -140,27 +140,8 @@ def _classify_files_threads(files: Sequence[Path], settings: RunSettings) -> Ite
         jobs.put(job)
     finished: queue.SimpleQueue = queue.SimpleQueue()
 
-    def work() -> None:
-        clients: dict[str, ClassifierClient] = {}  # by model
-        try:
-            while (job := jobs.get()) is not None:
-                index, paths = job
-                try:
-                    batch = _Batch(paths)
-                    model = settings.model_for(batch.clips)
-                    if model not in clients:
-                        clients[model] = ClassifierClient(settings.url, settings.protocol, model,
-                                                          **settings.client_options())
-                    outcomes = batch.classify(clients[model], settings.top_k) if batch.readable else []
-                    results = batch.finish(outcomes, settings)
-                except Exception as error:  # e.g. no server for this worker: its files fail, explicitly
-                    results = [FileResult(path, error=describe_error(error, settings.timeout_s)) for path in paths]
-                finished.put((index, results))
-        finally:
-            for client in clients.values():
-                client.close()
-
-    workers = [threading.Thread(target=work, name=f"classify-{n}", daemon=True) for n in range(settings.concurrency)]
+    workers = [threading.Thread(target=_work, args=(jobs, finished, settings), name=f"classify-{n}", daemon=True)
+               for n in range(settings.concurrency)]
     for worker in workers:
         worker.start()
     arrived: dict[int, list[FileResult]] = {}
@@ -176,6 +157,30 @@ def _classify_files_threads(files: Sequence[Path], settings: RunSettings) -> Ite
             jobs.put(None)
         for worker in workers:
             worker.join()
+
+
+def _work(jobs: queue.SimpleQueue, finished: queue.SimpleQueue, settings: RunSettings) -> None:
+    """A worker thread: batches from `jobs` until None, results to `finished`."""
+    clients: dict[str, ClassifierClient] = {}  # by model
+    try:
+        while (job := jobs.get()) is not None:
+            index, paths = job
+            finished.put((index, _classify_batch(paths, clients, settings)))
+    finally:
+        for client in clients.values():
+            client.close()
+
+
+def _classify_batch(paths: list[Path], clients: dict[str, ClassifierClient], settings: RunSettings) -> list[FileResult]:
+    try:
+        batch = _Batch(paths)
+        model = settings.model_for(batch.clips)
+        if model not in clients:
+            clients[model] = ClassifierClient(settings.url, settings.protocol, model, **settings.client_options())
+        outcomes = batch.classify(clients[model], settings.top_k) if batch.readable else []
+        return batch.finish(outcomes, settings)
+    except Exception as error:  # e.g. no server for this worker: its files fail, explicitly
+        return [FileResult(path, error=describe_error(error, settings.timeout_s)) for path in paths]
 
 
 def _drain(jobs: queue.SimpleQueue) -> None:
