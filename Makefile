@@ -68,9 +68,11 @@ chromium:
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; \
 	else echo "chromium is not installed and cannot be here (needs root and apt-get): tests/test_report_html.py will skip" >&2; fi
 
-# ruff with the project's config (pyproject.toml); `make test` runs it first.
+# ruff with the project's config (pyproject.toml): the linter, then the formatter's
+# check (`$(VENV)/bin/ruff format .` applies it); `make test` runs both first.
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: $(SETUP) tools chromium lint
 	$(TS) check $(MODEL_REPOSITORY)

@@ -88,12 +88,16 @@ def plot_over_time(rows: list[dict[str, float]], path: Path, labels: PlotLabels 
     figure.suptitle(labels.title)
     lines = throughput.plot(seconds, [row["Requests/s"] for row in rows], label="requests/s answered")
     if labels.target_rps is not None:
-        lines += [throughput.axhline(labels.target_rps, color="black", linestyle="--",
-                                     label=f"target {labels.target_rps:g} requests/s")]
+        lines += [
+            throughput.axhline(
+                labels.target_rps, color="black", linestyle="--", label=f"target {labels.target_rps:g} requests/s"
+            )
+        ]
     else:
         users = throughput.twinx()
-        lines += users.step(seconds, [row["User Count"] for row in rows], color="grey", where="post",
-                            label="users (right axis)")
+        lines += users.step(
+            seconds, [row["User Count"] for row in rows], color="grey", where="post", label="users (right axis)"
+        )
         users.set_ylabel("users")
         users.set_ylim(bottom=0)
         users.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -162,10 +166,12 @@ def add_plots_to_html(page: Path, images: list[str], title: str) -> None:
     if PLOTS_SECTION_ID in text:
         return
     figures = "".join(f'<p><img src="{name}" alt="{name}" style="max-width:100%"></p>' for name in images)
-    section = (f'<section id="{PLOTS_SECTION_ID}" style="font-family:sans-serif;margin:2em 5%">'
-               f"<h2>{html.escape(title)}: the whole run, per second</h2>"
-               "<p>From Locust's CSV history; summary.md next to this file has the server-side "
-               f"breakdown per model.</p>{figures}</section>\n")
+    section = (
+        f'<section id="{PLOTS_SECTION_ID}" style="font-family:sans-serif;margin:2em 5%">'
+        f"<h2>{html.escape(title)}: the whole run, per second</h2>"
+        "<p>From Locust's CSV history; summary.md next to this file has the server-side "
+        f"breakdown per model.</p>{figures}</section>\n"
+    )
     head, tail = text.rsplit("</body>", 1)  # the last one: the bundled script holds that string too
     page.write_text(head + section + "</body>" + tail)
 
@@ -193,8 +199,9 @@ def requests_table(prefix: Path) -> str:
 def cpu_section(generator_cpu: list[GeneratorCpu]) -> str:
     lines = ["| process | CPU s | wall s | share of one core |", "|---|---:|---:|---:|"]
     for process in generator_cpu:
-        lines.append(f"| {process.role} | {process.cpu_seconds:.1f} | {process.wall_seconds:.1f} "
-                     f"| {process.core_share:.0%} |")
+        lines.append(
+            f"| {process.role} | {process.cpu_seconds:.1f} | {process.wall_seconds:.1f} | {process.core_share:.0%} |"
+        )
     saturated = [p.role for p in generator_cpu if p.role != "master" and p.core_share > CPU_GUARD]
     if saturated:
         lines.append(
@@ -216,15 +223,19 @@ def write_report(prefix: Path, summary: RunSummary, labels: PlotLabels = PlotLab
     against_users = labels.target_rps is None
     if against_users:
         plot_against_users(rows, folder / "against_users.png", labels)
-    add_plots_to_html(folder / "report.html", ["over_time.png", *(["against_users.png"] if against_users else [])],
-                      labels.title)
+    add_plots_to_html(
+        folder / "report.html", ["over_time.png", *(["against_users.png"] if against_users else [])], labels.title
+    )
     settings = "\n".join(f"- {key}: {value}" for key, value in summary.settings.items())
-    files = "\n".join([
-        f"- `over_time.png`: throughput, {'users' if against_users else 'target rate'} and p50/p95/p99 "
-        "latency over time",
-        *(["- `against_users.png`: throughput and latency per number of users"] if against_users else []),
-        "- `report.html`: Locust's report, these plots added below its own charts; `locust_*.csv`: Locust's statistics",
-    ])
+    files = "\n".join(
+        [
+            f"- `over_time.png`: throughput, {'users' if against_users else 'target rate'} and p50/p95/p99 "
+            "latency over time",
+            *(["- `against_users.png`: throughput and latency per number of users"] if against_users else []),
+            "- `report.html`: Locust's report, these plots added below its own charts; "
+            "`locust_*.csv`: Locust's statistics",
+        ]
+    )
     server = markdown_table(summary.server) if summary.server else "(no metrics endpoint given)"
     text = f"""# {summary.title}
 

@@ -31,7 +31,7 @@ from tests import repo_factory as rf
 
 # qa/L0_autoconfig's pipelines with CPU operators only: two FP16 inputs, outputs
 # declared FP16 and FP32, device_id=0 as written for the GPU container.
-QA_PIPELINE = '''
+QA_PIPELINE = """
 import nvidia.dali as dali
 import nvidia.dali.fn as fn
 from nvidia.dali.plugin.triton import autoserialize
@@ -46,9 +46,9 @@ def pipeline():
     as_float = dali.types.FLOAT  # CPU arithmetic has no FLOAT16
     return (fn.cast(fn.cast(inp1, dtype=as_float) / 2, dtype=dali.types.FLOAT16, name="DALI_OUTPUT_0"),
             fn.cast(fn.cast(inp2, dtype=as_float) * 3, dtype=as_float, name="DALI_OUTPUT_1"))
-'''
+"""
 # Written for the GPU container: device_id=0 and an operator on the GPU.
-GPU_DECODER_PIPELINE = '''
+GPU_DECODER_PIPELINE = """
 import nvidia.dali as dali
 import nvidia.dali.fn as fn
 from nvidia.dali.plugin.triton import autoserialize
@@ -59,9 +59,9 @@ from nvidia.dali.plugin.triton import autoserialize
 def pipeline():
     encoded = fn.external_source(name="DALI_INPUT_0", dtype=dali.types.UINT8, ndim=1)
     return fn.decoders.image(encoded, device="mixed")
-'''
+"""
 # qa/L0_video_split's shape: a sample of 2k values reshaped to (k, 2), split into k samples.
-PAIRS_PIPELINE = '''
+PAIRS_PIPELINE = """
 import nvidia.dali as dali
 import nvidia.dali.fn as fn
 from nvidia.dali.plugin.triton import autoserialize
@@ -72,8 +72,8 @@ from nvidia.dali.plugin.triton import autoserialize
 def pipeline():
     row = fn.external_source(name="IN", dtype=dali.types.UINT8, ndim=1)
     return fn.reshape(row, shape=[-1, 2], name="PAIRS"), fn.copy(row, name="ROW")
-'''
-SCALE_PIPELINE = '''
+"""
+SCALE_PIPELINE = """
 import nvidia.dali as dali
 import nvidia.dali.fn as fn
 from nvidia.dali.plugin.triton import autoserialize
@@ -83,20 +83,20 @@ from nvidia.dali.plugin.triton import autoserialize
 @dali.pipeline_def(batch_size=4, num_threads=1, device_id=0, output_dtype=dali.types.FLOAT, output_ndim=1)
 def pipeline():
     return fn.external_source(name="X", dtype=dali.types.FLOAT, ndim=1) * {factor}
-'''
-PYTHON_IDENTITY = '''
+"""
+PYTHON_IDENTITY = """
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
-                for r in requests]
-'''
+        outputs = [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()) for r in requests]
+        return [pb_utils.InferenceResponse([output]) for output in outputs]
+"""
 HEADER = 'backend: "{backend}"\n'
 
 
-LAYOUT_PIPELINE = '''
+LAYOUT_PIPELINE = """
 import nvidia.dali as dali
 import nvidia.dali.fn as fn
 from nvidia.dali.plugin.triton import autoserialize
@@ -107,7 +107,7 @@ from nvidia.dali.plugin.triton import autoserialize
 def pipeline():
     image = fn.external_source(device="cpu", name="DALI_INPUT_0", layout="HWC", dtype=dali.types.UINT8)
     return fn.flip(image, name="DALI_OUTPUT_0")
-'''
+"""
 
 
 def qa_pipeline(batch_size: int = 256, input0_dtype: bool = True) -> str:
@@ -117,9 +117,12 @@ def qa_pipeline(batch_size: int = 256, input0_dtype: bool = True) -> str:
 
 def scalar_per_sample_graph() -> bytes:
     """Y = X + X on shape [batch]: one scalar per sample."""
-    graph = helper.make_graph([helper.make_node("Add", ["X", "X"], ["Y"])], "scalar",
-                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch"])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch"])])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["X", "X"], ["Y"])],
+        "scalar",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch"])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model.SerializeToString()
@@ -137,14 +140,14 @@ MODELS: dict[str, dict[str, str | bytes]] = {
     # qa/L0_autoconfig/model_repository/partial_autoconfig: the input's type stated
     # (the pipeline leaves it undeclared), outputs named only, a tuned batcher.
     "partial_autoconfig": {
-        "config.pbtxt": '''name: "partial_autoconfig"
+        "config.pbtxt": """name: "partial_autoconfig"
 backend: "dali"
 max_batch_size: 32
 input [ { name: "DALI_INPUT_0" data_type: TYPE_FP16 allow_ragged_batch: true } ]
 output [ { name: "DALI_OUTPUT_0" } ]
 output [ { name: "DALI_OUTPUT_1" } ]
 dynamic_batching { preferred_batch_size: [ 32 ] max_queue_delay_microseconds: 500 }
-''',
+""",
         "1/dali.py": qa_pipeline(input0_dtype=False),
     },
     # qa/L0_autoconfig/model_repository/no_config_file.dali: no config.pbtxt.
@@ -153,11 +156,11 @@ dynamic_batching { preferred_batch_size: [ 32 ] max_queue_delay_microseconds: 50
     "layout_only.dali": {"1/dali.py": LAYOUT_PIPELINE},
     # Outputs renamed by position, dims stated only for one of them; an input stating dims only.
     "renamed_outputs": {
-        "config.pbtxt": '''backend: "dali"
+        "config.pbtxt": """backend: "dali"
 max_batch_size: 8
 input [ { name: "DALI_INPUT_1" dims: [ -1 ] } ]
 output [ { name: "HALF" dims: [ -1 ] }, { name: "TRIPLE" data_type: TYPE_FP32 } ]
-''',
+""",
         "1/dali.py": qa_pipeline(batch_size=8),
     },
     # A stated type the pipeline contradicts: config_tools.cc ProcessDtypeConfig refuses it.
@@ -181,7 +184,7 @@ output [ { name: "HALF" dims: [ -1 ] }, { name: "TRIPLE" data_type: TYPE_FP32 } 
     # qa/L0_video_split's config: only the parameter; the split output's dims lose an axis.
     "split_autoconfig": {
         "config.pbtxt": 'backend: "dali"\nparameters [ { key: "split_along_outer_axis" '
-                        'value: { string_value: "PAIRS" } } ]\n',
+        'value: { string_value: "PAIRS" } } ]\n',
         "1/dali.py": PAIRS_PIPELINE,
     },
     # GPU-written, CPU operators only, served on KIND_CPU instances.
@@ -205,22 +208,25 @@ output [ { name: "HALF" dims: [ -1 ] }, { name: "TRIPLE" data_type: TYPE_FP32 } 
     # onnxruntime: inputs listed, outputs left out: the outputs come from the graph.
     "onnx_inputs_only": {
         "config.pbtxt": 'backend: "onnxruntime"\nmax_batch_size: 2\n'
-                        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n',
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n',
         "1/model.onnx": rf.add_graph(),
     },
     # onnxruntime: both lists, a type left out: the C++ backend completes nothing.
     "onnx_listed_untyped": {
         "config.pbtxt": 'backend: "onnxruntime"\nmax_batch_size: 2\ninput [ { name: "X" dims: [ 4 ] } ]\n'
-                        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n',
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\n',
         "1/model.onnx": rf.add_graph(),
     },
     # onnxruntime: a graph that cannot batch, with a max_batch_size (AutoCompleteMaxBatch refuses).
-    "onnx_cannot_batch": {"config.pbtxt": 'backend: "onnxruntime"\nmax_batch_size: 8\n',
-                          "1/model.onnx": non_batching_graph()},
+    "onnx_cannot_batch": {
+        "config.pbtxt": 'backend: "onnxruntime"\nmax_batch_size: 8\n',
+        "1/model.onnx": non_batching_graph(),
+    },
     # Triton's own Python backend: its model.py is imported from the repository.
     "python_identity": {
-        "config.pbtxt": 'backend: "python"\nmax_batch_size: 4\ninput [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
-                        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n',
+        "config.pbtxt": 'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n',
         "1/model.py": PYTHON_IDENTITY,
     },
 }
@@ -228,8 +234,10 @@ output [ { name: "HALF" dims: [ -1 ] }, { name: "TRIPLE" data_type: TYPE_FP32 } 
 
 def fingerprint(repository: Path) -> dict[str, str]:
     """Every file and folder under the repository, with a hash of every byte."""
-    return {str(path.relative_to(repository)): hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
-            for path in sorted(repository.rglob("*"))}
+    return {
+        str(path.relative_to(repository)): hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
+        for path in sorted(repository.rglob("*"))
+    }
 
 
 @pytest.fixture(scope="module")
@@ -277,6 +285,7 @@ def infer(http, model: str, arrays: dict[str, np.ndarray], outputs: list[str], v
 
 # --- dali: qa/L0_autoconfig -------------------------------------------------------------
 
+
 def assert_qa_config(config: dict, batch_size: int, output_names: list[str]) -> None:
     """qa/L0_autoconfig/client.py check_config, item for item."""
     assert config["max_batch_size"] == batch_size
@@ -321,14 +330,17 @@ def test_ragged_requests_of_an_auto_completed_model_merge(http):
     may share a batch, and each gets its own rows back."""
     http.load_model("full_autoconfig")
     lengths = (1, 3, 5, 7)
-    requests = [{"DALI_INPUT_0": np.full((1, n), 2, np.float16), "DALI_INPUT_1": np.full((1, n), 1, np.float16)}
-                for n in lengths]
+    requests = [
+        {"DALI_INPUT_0": np.full((1, n), 2, np.float16), "DALI_INPUT_1": np.full((1, n), 1, np.float16)}
+        for n in lengths
+    ]
     results = rf.infer_concurrently(http, "full_autoconfig", requests, ["DALI_OUTPUT_0"])
     for n, result in zip(lengths, results):
         np.testing.assert_array_equal(result.as_numpy("DALI_OUTPUT_0"), np.ones((1, n), np.float16))
 
 
 # --- dali: partial configs of every kind ---------------------------------------------
+
 
 def test_outputs_renamed_by_position_and_fields_merged(http):
     config = loaded_config(http, "renamed_outputs")
@@ -342,11 +354,14 @@ def test_outputs_renamed_by_position_and_fields_merged(http):
     np.testing.assert_array_equal(answers["TRIPLE"], (b * 3).astype(np.float32))
 
 
-@pytest.mark.parametrize("model, words", [
-    ("wrong_type", ["O", "TYPE_INT32", "TYPE_FP16"]),
-    ("unknown_input", ["IMAGE", "DALI_INPUT_0", "DALI_INPUT_1"]),
-    ("undeclared_type", ["DALI_INPUT_0", "declares no type", "set data_type"]),
-])
+@pytest.mark.parametrize(
+    "model, words",
+    [
+        ("wrong_type", ["O", "TYPE_INT32", "TYPE_FP16"]),
+        ("unknown_input", ["IMAGE", "DALI_INPUT_0", "DALI_INPUT_1"]),
+        ("undeclared_type", ["DALI_INPUT_0", "declares no type", "set data_type"]),
+    ],
+)
 def test_what_the_cpp_backend_refuses_is_refused_naming_the_fix(http, model, words):
     message = rf.load_error(http, model)
     assert all(word in message for word in words), message
@@ -373,6 +388,7 @@ def test_split_output_is_auto_completed_without_its_outer_axis(http):
 
 
 # --- dali: devices and versions ------------------------------------------------------
+
 
 def test_gpu_written_cpu_pipeline_serves_on_cpu_instances(http):
     """device_id=0 in pipeline_def: DALI refuses it where there is no CUDA; the
@@ -401,6 +417,7 @@ def test_version_policy_serves_the_versions_it_names(http):
 
 
 # --- onnxruntime -----------------------------------------------------------------------
+
 
 def test_onnx_bare_config_is_completed_from_the_graph(http):
     config = loaded_config(http, "onnx_bare")
@@ -437,6 +454,7 @@ def test_onnx_graph_that_cannot_batch_refuses_a_max_batch_size(http):
 
 # --- the user's files ------------------------------------------------------------------
 
+
 def test_python_backend_model_serves(http):
     http.load_model("python_identity")
     x = np.array([[1, 2]], np.float32)
@@ -463,4 +481,3 @@ def test_serving_changed_no_byte_of_the_repository(repository, before, triton, h
     assert fingerprint(repository) != before  # python_identity/1/__pycache__, for now
     triton.stop()
     assert fingerprint(repository) == before
-

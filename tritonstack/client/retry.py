@@ -1,7 +1,8 @@
 """When to call Triton again, and how long to wait first.
 
 Only a server that cannot answer right now is worth a second try: connection
-refused or reset (restart, crash) and UNAVAILABLE (HTTP 503, gRPC UNAVAILABLE; gRPC CANCELLED from a server shutting down).
+refused or reset (restart, crash) and UNAVAILABLE (HTTP 503, gRPC UNAVAILABLE;
+gRPC CANCELLED from a server shutting down).
 A request the server rejected (HTTP 4xx, gRPC INVALID_ARGUMENT, NOT_FOUND, or
 UNKNOWN from an undecodable image) fails the same way every time, and a timed-out
 request may still be running: neither is retried.
@@ -60,9 +61,7 @@ def is_retryable(error: BaseException) -> bool:
 def is_lost_region(error: BaseException) -> bool:
     """The server does not know a shared-memory region the client registered: a
     new server after a restart. Registering again fixes it."""
-    return isinstance(error, InferenceServerException) and "Unable to find shared memory region" in str(
-        error.message()
-    )
+    return isinstance(error, InferenceServerException) and "Unable to find shared memory region" in str(error.message())
 
 
 def is_timeout(error: BaseException) -> bool:
@@ -139,14 +138,19 @@ def wrong_protocol_message(url: str, protocol: str, error: BaseException | None)
     """What to say when something answers at `url`, but not in `protocol`: the
     HTTP client on Triton's gRPC port, or the other way round (error None: the
     caller found out itself). None when the error does not show it."""
-    if error is None or (isinstance(error, HTTPParseError) and protocol == "http") or (
-            isinstance(error, InferenceServerException) and _GRPC_ON_HTTP_PORT in str(error.message())):
+    if (
+        error is None
+        or (isinstance(error, HTTPParseError) and protocol == "http")
+        or (isinstance(error, InferenceServerException) and _GRPC_ON_HTTP_PORT in str(error.message()))
+    ):
         other = "grpc" if protocol == "http" else "http"
     else:
         return None
     name, other_name = PROTOCOL_NAMES[protocol], PROTOCOL_NAMES[other]
-    return (f"{url} does not answer {name}: is it Triton's {other_name} port? Use {other}://{url} "
-            f"(or --protocol {other}), or the {name} port (`make serve`: HTTP 8000, gRPC 8001)")
+    return (
+        f"{url} does not answer {name}: is it Triton's {other_name} port? Use {other}://{url} "
+        f"(or --protocol {other}), or the {name} port (`make serve`: HTTP 8000, gRPC 8001)"
+    )
 
 
 def explain_unreachable(url: str, protocol: str, error: BaseException) -> str:

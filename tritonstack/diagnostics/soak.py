@@ -91,9 +91,16 @@ class Tally:
 class MixedLoad:
     """Worker threads sending one image per request until stopped or out of budget."""
 
-    def __init__(self, urls: dict[str, str], workers_per_protocol: int = 2, bad_ratio: float = 0.25,
-                 max_requests: int = 1_000_000, model: str = DEFAULT_MODEL, timeout_s: float = 60.0,
-                 seed: int = 0):
+    def __init__(
+        self,
+        urls: dict[str, str],
+        workers_per_protocol: int = 2,
+        bad_ratio: float = 0.25,
+        max_requests: int = 1_000_000,
+        model: str = DEFAULT_MODEL,
+        timeout_s: float = 60.0,
+        seed: int = 0,
+    ):
         self.urls = urls
         self.workers_per_protocol = workers_per_protocol
         self.bad_ratio = bad_ratio
@@ -134,8 +141,9 @@ class MixedLoad:
 
     def _work(self, protocol: str, index: int) -> None:
         chooser = random.Random(f"{self.seed}-{protocol}-{index}")
-        with ClassifierClient(self.urls[protocol], protocol, self.model,
-                              timeout_s=self.timeout_s, retry=NO_RETRY) as client:
+        with ClassifierClient(
+            self.urls[protocol], protocol, self.model, timeout_s=self.timeout_s, retry=NO_RETRY
+        ) as client:
             while not self._stopping.is_set() and self._budget.acquire(blocking=False):
                 bad = chooser.random() < self.bad_ratio
                 sample = chooser.choice(self._bad if bad else self._good)
@@ -203,9 +211,12 @@ def growth(samples: list[dict], key: str, process: str, warmup_s: float) -> dict
     window = t[-1] - t[0]
     return {
         "slope_per_min": round(float(slope * 60), 4),
-        "fitted_start": round(float(start), 2), "fitted_end": round(float(slope * t[-1] + intercept), 2),
+        "fitted_start": round(float(start), 2),
+        "fitted_end": round(float(slope * t[-1] + intercept), 2),
         "window_s": round(float(window), 1),
-        "first": float(y[0]), "last": float(y[-1]), "max": float(y.max()),
+        "first": float(y[0]),
+        "last": float(y[-1]),
+        "max": float(y.max()),
         "growth_pct": round(float(100 * slope * window / start), 3) if start > 0 else None,
     }
 
@@ -225,8 +236,9 @@ def analyse(tally: Tally, samples: list[dict], duration_s: float, warmup_s: floa
     return {
         "duration_s": round(duration_s, 1),
         "warmup_s": warmup_s,
-        "requests": sum(counts.get(k, 0) for k in ("valid_ok", "valid_failed", "bad_refused",
-                                                     "bad_accepted", "bad_server_error")),
+        "requests": sum(
+            counts.get(k, 0) for k in ("valid_ok", "valid_failed", "bad_refused", "bad_accepted", "bad_server_error")
+        ),
         "counts": counts,
         "failed_valid_requests": counts.get("valid_failed", 0),
         "bad_server_errors": counts.get("bad_server_error", 0),
@@ -252,22 +264,34 @@ def saturate(server: TritonServer, concurrency: int = BURST_CONCURRENCY, rounds:
     region reach the working size of the largest batch before the run is measured
     (docs/memory.md: their pages, touched only by larger batches, would otherwise
     rise whenever a busy moment first forms one)."""
-    burst = MixedLoad({"http": server.http_url, "grpc": server.grpc_url}, concurrency // 2, bad_ratio=0.0,
-                      max_requests=concurrency * rounds).start()
+    burst = MixedLoad(
+        {"http": server.http_url, "grpc": server.grpc_url},
+        concurrency // 2,
+        bad_ratio=0.0,
+        max_requests=concurrency * rounds,
+    ).start()
     return burst.join()
 
 
-def run_soak(server: TritonServer, duration_s: float, warmup_s: float | None = None,
-             workers_per_protocol: int = 2, bad_ratio: float = 0.25, period_s: float = 1.0,
-             max_requests: int = 1_000_000, burst: bool = True) -> dict:
+def run_soak(
+    server: TritonServer,
+    duration_s: float,
+    warmup_s: float | None = None,
+    workers_per_protocol: int = 2,
+    bad_ratio: float = 0.25,
+    period_s: float = 1.0,
+    max_requests: int = 1_000_000,
+    burst: bool = True,
+) -> dict:
     """Soak a running server; the report says whether it passed and why."""
     warmup_s = duration_s / 4 if warmup_s is None else warmup_s
     burst_tally = saturate(server) if burst else None
     sampler = ResourceSampler(server.process.pid, period_s)
     sampler.start()
     started = time.monotonic()
-    load = MixedLoad({"http": server.http_url, "grpc": server.grpc_url},
-                     workers_per_protocol, bad_ratio, max_requests).start()
+    load = MixedLoad(
+        {"http": server.http_url, "grpc": server.grpc_url}, workers_per_protocol, bad_ratio, max_requests
+    ).start()
     time.sleep(duration_s)
     tally = load.stop()
     report = analyse(tally, sampler.stop(), time.monotonic() - started, warmup_s)
@@ -283,21 +307,27 @@ def summary(report: dict) -> str:
         f"bad refused {report['counts'].get('bad_refused', 0)}, bad accepted "
         f"{report['counts'].get('bad_accepted', 0)}, bad with server error {report['bad_server_errors']}",
         f"  after {report['warmup_s']:.0f} s of warm-up, over {report['judged_window_s']:.0f} s "
-        f"(limit {MAX_GROWTH_PCT}% RSS growth of a least-squares line, judged over {MIN_JUDGED_WINDOW_S:.0f} s or more):",
+        f"(limit {MAX_GROWTH_PCT}% RSS growth of a least-squares line, "
+        f"judged over {MIN_JUDGED_WINDOW_S:.0f} s or more):",
     ]
     for name, rss in report["rss_growth"].items():
         fds = report["fd_growth"].get(name)
         if rss:
-            lines.append(f"    {name:48s} RSS {rss['first']:8.1f} -> {rss['last']:8.1f} MiB, "
-                         f"slope {rss['slope_per_min']:+8.3f} MiB/min, growth {rss['growth_pct']:+6.2f}%; "
-                         f"fds {fds['first']:.0f} -> {fds['last']:.0f}")
+            lines.append(
+                f"    {name:48s} RSS {rss['first']:8.1f} -> {rss['last']:8.1f} MiB, "
+                f"slope {rss['slope_per_min']:+8.3f} MiB/min, growth {rss['growth_pct']:+6.2f}%; "
+                f"fds {fds['first']:.0f} -> {fds['last']:.0f}"
+            )
             anon, shmem = report["anon_growth"].get(name), report["shmem_growth"].get(name)
             if anon and shmem:
-                lines.append(f"    {'':48s} of which heap (RssAnon) {anon['fitted_start']:.1f} -> {anon['fitted_end']:.1f}, "
-                             f"shared memory (RssShmem) {shmem['fitted_start']:.1f} -> {shmem['fitted_end']:.1f} MiB (fitted)")
+                lines.append(
+                    f"    {'':48s} of which heap (RssAnon) {anon['fitted_start']:.1f} -> {anon['fitted_end']:.1f}, "
+                    f"shared memory (RssShmem) {shmem['fitted_start']:.1f} -> {shmem['fitted_end']:.1f} MiB (fitted)"
+                )
     lines += [f"  failure: {failure}" for failure in report["failures"]]
     if report["memory_passed"] is None:
-        lines.append(f"  memory not judged: {report['judged_window_s']:.0f} s after warm-up, "
-                     f"below {MIN_JUDGED_WINDOW_S:.0f} s")
+        lines.append(
+            f"  memory not judged: {report['judged_window_s']:.0f} s after warm-up, below {MIN_JUDGED_WINDOW_S:.0f} s"
+        )
     lines.append("  PASSED" if report["passed"] else "  FAILED")
     return "\n".join(lines)
