@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """asyncio gRPC: many requests in flight from one event loop, bounded by a semaphore.
 
-    python clients/example_grpc_asyncio.py --url 127.0.0.1:8001 --requests 64 --in-flight 16
+python clients/example_grpc_asyncio.py --url 127.0.0.1:8001 --requests 64 --in-flight 16
 """
 
 import argparse

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sync HTTP: several photos in one request, top 3 of each.
 
-    python clients/example_http.py --url 127.0.0.1:8000 [IMAGE ...]
+python clients/example_http.py --url 127.0.0.1:8000 [IMAGE ...]
 """
 
 import argparse

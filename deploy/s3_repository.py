@@ -67,9 +67,7 @@ def empty_folders(repository: Path) -> list[Path]:
     """Folders with nothing in them, relative to the repository: an ensemble's
     version folder is one, and Triton needs it to see that version."""
     return sorted(
-        path.relative_to(repository)
-        for path in repository.rglob("*")
-        if path.is_dir() and not any(path.iterdir())
+        path.relative_to(repository) for path in repository.rglob("*") if path.is_dir() and not any(path.iterdir())
     )
 
 

@@ -44,19 +44,30 @@ def _options(parser):
     group.add_argument("--grpc-url", default="127.0.0.1:8001", help="host:port of Triton's gRPC endpoint")
     group.add_argument("--top-k", type=int, default=1, help="classes asked back per image")
     group.add_argument("--corpus-seed", type=int, default=0, help="seed of the weighted image draw")
-    group.add_argument("--max-requests", type=int, default=0,
-                       help="stop the run after this many requests (0: no limit)")
-    group.add_argument("--target-rps", type=float, default=0.0,
-                       help="open loop: total requests per second, fixed (0: closed loop)")
-    group.add_argument("--open-loop-users", type=int, default=4,
-                       help="open loop: users sharing --target-rps (the shape starts this many)")
-    group.add_argument("--max-in-flight", type=int, default=64,
-                       help="open loop: per user; a send beyond it is counted as a failure")
+    group.add_argument(
+        "--max-requests", type=int, default=0, help="stop the run after this many requests (0: no limit)"
+    )
+    group.add_argument(
+        "--target-rps", type=float, default=0.0, help="open loop: total requests per second, fixed (0: closed loop)"
+    )
+    group.add_argument(
+        "--open-loop-users",
+        type=int,
+        default=4,
+        help="open loop: users sharing --target-rps (the shape starts this many)",
+    )
+    group.add_argument(
+        "--max-in-flight", type=int, default=64, help="open loop: per user; a send beyond it is counted as a failure"
+    )
     group.add_argument("--step-users", type=int, default=2, help="step ramp: users added per step")
     group.add_argument("--step-seconds", type=float, default=10.0, help="step ramp: duration of a step")
     group.add_argument("--steps", type=int, default=4, help="step ramp: number of steps")
-    group.add_argument("--live-seconds", type=float, default=LIVE_SECONDS,
-                       help="seconds between two lines of live figures on stderr (0: none)")
+    group.add_argument(
+        "--live-seconds",
+        type=float,
+        default=LIVE_SECONDS,
+        help="seconds between two lines of live figures on stderr (0: none)",
+    )
 
 
 @events.init.add_listener
@@ -109,10 +120,15 @@ def live_line(runner, elapsed_s: float, counted_before: int, interval_s: float) 
     total = runner.stats.total
     rate = (total.num_requests - counted_before) / interval_s
     p50, p95 = (total.get_current_response_time_percentile(q) for q in (0.5, 0.95))
-    latency = ("no answer yet" if p50 is None or p95 is None or not total.num_requests
-               else f"p50 {p50:.0f} ms, p95 {p95:.0f} ms over the last 10 s")
-    return (f"[{elapsed_s:4.0f} s] {runner.user_count} users, {total.num_requests} requests "
-            f"({rate:.1f}/s over the last {interval_s:g} s), {total.num_failures} failed, {latency}")
+    latency = (
+        "no answer yet"
+        if p50 is None or p95 is None or not total.num_requests
+        else f"p50 {p50:.0f} ms, p95 {p95:.0f} ms over the last 10 s"
+    )
+    return (
+        f"[{elapsed_s:4.0f} s] {runner.user_count} users, {total.num_requests} requests "
+        f"({rate:.1f}/s over the last {interval_s:g} s), {total.num_failures} failed, {latency}"
+    )
 
 
 @events.init.add_listener
@@ -153,5 +169,3 @@ def _exit_now(exit_code: int) -> None:
 
 def _is_worker(environment) -> bool:
     return isinstance(environment.runner, WorkerRunner)
-
-

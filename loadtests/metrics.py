@@ -80,10 +80,7 @@ def breakdown(before: Snapshot, after: Snapshot) -> list[ModelBreakdown]:
     """One row per model that saw traffic between the two scrapes, by name."""
     rows = []
     for model in sorted(after):
-        delta = {
-            name: after[model].get(name, 0.0) - before.get(model, {}).get(name, 0.0)
-            for name in _COUNTERS
-        }
+        delta = {name: after[model].get(name, 0.0) - before.get(model, {}).get(name, 0.0) for name in _COUNTERS}
         if delta[SUCCESS] == 0 and delta[FAILURE] == 0:
             continue
         requests = delta[SUCCESS]

@@ -61,15 +61,19 @@ def fit_run_time(args: argparse.Namespace) -> None:
     if args.step_seconds is None:
         args.step_seconds = args.run_time / args.steps if args.run_time else DEFAULT_STEP_S
     if args.step_seconds < MIN_STEP_S:
-        raise ValueError(f"a step of {args.step_seconds:.2g} s is shorter than {MIN_STEP_S:g} s (Locust records "
-                         "one row a second): fewer --steps or a longer --run-time")
+        raise ValueError(
+            f"a step of {args.step_seconds:.2g} s is shorter than {MIN_STEP_S:g} s (Locust records "
+            "one row a second): fewer --steps or a longer --run-time"
+        )
     planned = args.steps * args.step_seconds
     if args.run_time is None:
         args.run_time = planned
     elif planned > args.run_time + 1e-6:
-        raise ValueError(f"{args.steps} steps of {args.step_seconds:g} s take {planned:g} s, more than "
-                         f"--run-time {args.run_time:g}: drop --step-seconds (the steps then share the run "
-                         "time), give fewer --steps, or a longer --run-time")
+        raise ValueError(
+            f"{args.steps} steps of {args.step_seconds:g} s take {planned:g} s, more than "
+            f"--run-time {args.run_time:g}: drop --step-seconds (the steps then share the run "
+            "time), give fewer --steps, or a longer --run-time"
+        )
 
 
 def planned_seconds(args: argparse.Namespace) -> float:
@@ -101,15 +105,23 @@ def host_option(args: argparse.Namespace, http_url: str, grpc_url: str) -> str:
 def shared_options(args: argparse.Namespace, grpc_url: str) -> list[str]:
     """Options every Locust process needs (workers parse their own command line)."""
     return [
-        "--model", args.model,
+        "--model",
+        args.model,
         *(["--grpc-url", grpc_url] if grpc_url else []),
-        "--max-requests", str(args.max_requests),
-        "--step-users", str(args.step_users),
-        "--step-seconds", str(args.step_seconds),
-        "--steps", str(args.steps),
-        "--target-rps", str(args.target_rps if args.shape == "open" else 0),
-        "--open-loop-users", str(args.open_loop_users),
-        "--live-seconds", str(args.live_seconds),
+        "--max-requests",
+        str(args.max_requests),
+        "--step-users",
+        str(args.step_users),
+        "--step-seconds",
+        str(args.step_seconds),
+        "--steps",
+        str(args.steps),
+        "--target-rps",
+        str(args.target_rps if args.shape == "open" else 0),
+        "--open-loop-users",
+        str(args.open_loop_users),
+        "--live-seconds",
+        str(args.live_seconds),
     ]
 
 
@@ -119,19 +131,38 @@ def locust_command(args: argparse.Namespace, *role: str) -> list[str]:
 
 
 def master_command(args, http_url: str, grpc_url: str, prefix: Path, master_port: int | None) -> list[str]:
-    role = ["--master", "--master-bind-host", LOOPBACK, "--master-bind-port", str(master_port),
-            "--expect-workers", str(args.workers), "--expect-workers-max-wait", str(WORKER_CONNECT_S)] \
-        if master_port else []
+    role = (
+        [
+            "--master",
+            "--master-bind-host",
+            LOOPBACK,
+            "--master-bind-port",
+            str(master_port),
+            "--expect-workers",
+            str(args.workers),
+            "--expect-workers-max-wait",
+            str(WORKER_CONNECT_S),
+        ]
+        if master_port
+        else []
+    )
     users = ["-u", str(args.users), "-r", str(args.users)] if args.shape == "closed" else []
     return [
         *locust_command(args, *role),
-        "--headless", "--only-summary",  # the live line (locustfile) instead of Locust's tables
-        "--host", host_option(args, http_url, grpc_url),
+        "--headless",
+        "--only-summary",  # the live line (locustfile) instead of Locust's tables
+        "--host",
+        host_option(args, http_url, grpc_url),
         *users,
-        "-t", f"{math.ceil(args.run_time)}s",  # bounds every shape (whole seconds; the shapes stop on time)
-        "--stop-timeout", "5",
-        "--csv", str(prefix), "--csv-full-history",
-        "--html", str(prefix.parent / "report.html"),
+        "-t",
+        f"{math.ceil(args.run_time)}s",  # bounds every shape (whole seconds; the shapes stop on time)
+        "--stop-timeout",
+        "5",
+        "--csv",
+        str(prefix),
+        "--csv-full-history",
+        "--html",
+        str(prefix.parent / "report.html"),
         *shared_options(args, grpc_url),
         *USER_CLASSES[args.user],
     ]
@@ -168,16 +199,18 @@ class CpuMeter:
     def result(self) -> list[GeneratorCpu]:
         now = time.monotonic()
         return [
-            GeneratorCpu(role, self._cpu[role], self._ended.get(role, now) - self._started)
-            for role in self._handles
+            GeneratorCpu(role, self._cpu[role], self._ended.get(role, now) - self._started) for role in self._handles
         ]
 
 
 def run_locust(args, http_url: str, grpc_url: str, prefix: Path) -> tuple[int, list[GeneratorCpu]]:
     """Master (or single process) plus workers; all end by themselves or are killed."""
     master_port = free_port() if args.workers else None
-    processes = {"master" if master_port else "local":
-                 subprocess.Popen(master_command(args, http_url, grpc_url, prefix, master_port), cwd=PROJECT_ROOT)}
+    processes = {
+        "master" if master_port else "local": subprocess.Popen(
+            master_command(args, http_url, grpc_url, prefix, master_port), cwd=PROJECT_ROOT
+        )
+    }
     for index in range(args.workers):
         processes[f"worker {index + 1}"] = subprocess.Popen(
             worker_command(args, grpc_url, master_port), cwd=PROJECT_ROOT

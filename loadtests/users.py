@@ -89,8 +89,13 @@ class TritonUser(User):
             if delay > 0:
                 gevent.sleep(delay)
             if self.pool.full():
-                self.report(scheduled, 0, RuntimeError(
-                    f"open loop: {self.pool.size} requests already in flight; the server is not keeping up"))
+                self.report(
+                    scheduled,
+                    0,
+                    RuntimeError(
+                        f"open loop: {self.pool.size} requests already in flight; the server is not keeping up"
+                    ),
+                )
             else:
                 self.pool.spawn(self.send, scheduled)
             scheduled += interval
@@ -120,8 +125,13 @@ class GrpcUser(TritonUser):
 
     def connect(self):
         try:
-            self.client = ClassifierClient(self.environment.parsed_options.grpc_url, "grpc", self.model,
-                                           retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S)
+            self.client = ClassifierClient(
+                self.environment.parsed_options.grpc_url,
+                "grpc",
+                self.model,
+                retry=NO_RETRY,
+                timeout_s=REQUEST_TIMEOUT_S,
+            )
         except (InferenceServerException, ConnectionError) as error:
             self.report(time.perf_counter(), 0, error, name="connect")
             raise StopUser() from error

@@ -105,8 +105,13 @@ class RenderedServer:
 
 
 @contextmanager
-def serve_rendered(container: dict, secrets: dict[tuple[str, str], str], workdir: Path,
-                   repository: str | None = None, startup_timeout_s: float = 180):
+def serve_rendered(
+    container: dict,
+    secrets: dict[tuple[str, str], str],
+    workdir: Path,
+    repository: str | None = None,
+    startup_timeout_s: float = 180,
+):
     """Run the rendered tritonserver container's command with this machine's
     tritonserver: the kubelet's $(VAR) expansion from the pod's variables only
     (none of this process's AWS_* or admin key), loopback for 0.0.0.0 (this
@@ -114,8 +119,10 @@ def serve_rendered(container: dict, secrets: dict[tuple[str, str], str], workdir
     `repository` for the pod's own when given. Ready once the startup probe's
     path answers 200; stopped (process group, /dev/shm) on exit."""
     env = pod_environment(container, secrets)
-    args = [_KUBELET_VARIABLE.sub(lambda m: env[m.group(1)], arg).replace("=0.0.0.0", f"={LOOPBACK}")
-            for arg in container["args"]]
+    args = [
+        _KUBELET_VARIABLE.sub(lambda m: env[m.group(1)], arg).replace("=0.0.0.0", f"={LOOPBACK}")
+        for arg in container["args"]
+    ]
     if repository is not None:
         args = [f"--model-repository={repository}" if a.startswith("--model-repository=") else a for a in args]
     install = TritonInstall.from_pytriton()
@@ -123,9 +130,13 @@ def serve_rendered(container: dict, secrets: dict[tuple[str, str], str], workdir
     server_env = {k: v for k, v in install.environment().items() if not k.startswith(("AWS_", "TRITONSTACK_"))}
     log_path = workdir / "tritonserver.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([str(install.binary), *args, f"--backend-directory={backends}"],
-                                   env={**server_env, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [str(install.binary), *args, f"--backend-directory={backends}"],
+            env={**server_env, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         http = f"{LOOPBACK}:{flag(args, 'http-port')}"
         startup = container["startupProbe"]["httpGet"]["path"]

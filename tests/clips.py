@@ -16,9 +16,26 @@ CODECS = {"vp9": ["-c:v", "libvpx-vp9", "-b:v", "300k"], "h264": ["-c:v", "libx2
 
 def panning_clip(photo: str, out: Path, codec: str = "vp9", seconds: float = 2.0, fps: int = 12) -> bytes:
     """A `seconds` clip of a 300x300 window moving right over `photo`, 240x240."""
-    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-y", "-loop", "1", "-i", str(photo_path(photo)),
-               "-t", str(seconds), "-r", str(fps), "-vf", "crop=300:300:x='t*40':y=0,scale=240:240",
-               *CODECS[codec], "-pix_fmt", "yuv420p", str(out)]
+    command = [
+        imageio_ffmpeg.get_ffmpeg_exe(),
+        "-v",
+        "error",
+        "-y",
+        "-loop",
+        "1",
+        "-i",
+        str(photo_path(photo)),
+        "-t",
+        str(seconds),
+        "-r",
+        str(fps),
+        "-vf",
+        "crop=300:300:x='t*40':y=0,scale=240:240",
+        *CODECS[codec],
+        "-pix_fmt",
+        "yuv420p",
+        str(out),
+    ]
     subprocess.run(command, check=True, capture_output=True, timeout=120)
     return out.read_bytes()
 
@@ -27,4 +44,4 @@ def without_frames(mp4: bytes) -> bytes:
     """The same MP4 with its video track's sample count set to 0."""
     stsz = mp4.index(b"stsz")
     count_at = stsz + 4 + 8  # after the box type: version/flags, sample_size, sample_count
-    return mp4[:count_at] + (0).to_bytes(4, "big") + mp4[count_at + 4:]
+    return mp4[:count_at] + (0).to_bytes(4, "big") + mp4[count_at + 4 :]

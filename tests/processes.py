@@ -12,8 +12,9 @@ from tritonstack.processes import group_processes
 T = TypeVar("T")
 
 
-def wait_for(condition: Callable[[], T], timeout_s: float = 30.0, interval_s: float = 0.1,
-             what: str = "condition") -> T:
+def wait_for(
+    condition: Callable[[], T], timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "condition"
+) -> T:
     """Poll until `condition()` is truthy; return its value, or fail at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -17,7 +17,7 @@ def preprocess(encoded: bytes, resize_shorter: int, crop: int, mean, std) -> np.
     size = (max(round(image.width * scale), 1), max(round(image.height * scale), 1))
     resized = np.asarray(image.resize(size, Image.Resampling.BILINEAR), np.float32)
     top, left = (resized.shape[0] - crop + 1) // 2, (resized.shape[1] - crop + 1) // 2
-    cropped = resized[top:top + crop, left:left + crop]
+    cropped = resized[top : top + crop, left : left + crop]
     normalized = (cropped - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return normalized.transpose(2, 0, 1)
 

@@ -45,6 +45,7 @@ def seed_lite0_export(out: Path) -> None:
 
 # --- DALI pipelines, serialized ------------------------------------------------
 
+
 @pipeline_def(output_dtype=types.UINT8, output_ndim=1)
 def identity_pipeline():
     return fn.external_source(name="DALI_INPUT_0", dtype=types.UINT8, ndim=1)
@@ -82,7 +83,7 @@ def serialized(pipeline, batch_size: int = 4, num_threads: int = 1) -> bytes:
 
 
 # An @autoserialize dali.py as a user ships it: serialized by the serving DALI.
-AUTOSERIALIZE_SCRIPT = '''
+AUTOSERIALIZE_SCRIPT = """
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.triton import autoserialize
 
@@ -92,10 +93,11 @@ from nvidia.dali.plugin.triton import autoserialize
 def doubled():
     doubled = fn.external_source(name="DALI_INPUT_0", dtype=types.UINT8, ndim=1) * 2
     return fn.cast(doubled, dtype=types.UINT8)
-'''
+"""
 
 
 # --- ONNX graphs -------------------------------------------------------------
+
 
 def checked_model(graph, opset: int = 17) -> bytes:
     """An ONNX model of `graph` (IR version 8, which our ONNX Runtime reads), checked."""
@@ -122,8 +124,10 @@ def tile_sum_graph(width: int) -> bytes:
     tensor of batch x width floats, for memory tests."""
     repeats = helper.make_tensor("repeats", TensorProto.INT64, [2], [1, width])
     graph = helper.make_graph(
-        [helper.make_node("Tile", ["X", "repeats"], ["T"]),
-         helper.make_node("ReduceSum", ["T"], ["Y"], keepdims=1, axes=[1])],
+        [
+            helper.make_node("Tile", ["X", "repeats"], ["T"]),
+            helper.make_node("ReduceSum", ["T"], ["Y"], keepdims=1, axes=[1]),
+        ],
         "tile_sum",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 1])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 1])],
@@ -159,8 +163,10 @@ def lookup_graph(table: tuple[float, ...]) -> bytes:
 
 # --- repository writing ------------------------------------------------------
 
-def write_model(repository: Path, config: ModelConfig, files: dict[str, bytes | str],
-                default_model_filename: str | None = None) -> str:
+
+def write_model(
+    repository: Path, config: ModelConfig, files: dict[str, bytes | str], default_model_filename: str | None = None
+) -> str:
     """config.pbtxt plus `files` (names relative to the version folder)."""
     if default_model_filename:
         config = replace(config, default_model_filename=default_model_filename)
@@ -169,8 +175,15 @@ def write_model(repository: Path, config: ModelConfig, files: dict[str, bytes | 
 
 
 def dali_config(name: str, inputs=(), outputs=(), max_batch_size: int = 8, **fields) -> ModelConfig:
-    return ModelConfig(name=name, backend="dali", inputs=tuple(inputs), outputs=tuple(outputs),
-                       max_batch_size=max_batch_size, instance_groups=CPU, **fields)
+    return ModelConfig(
+        name=name,
+        backend="dali",
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        max_batch_size=max_batch_size,
+        instance_groups=CPU,
+        **fields,
+    )
 
 
 def identity_config(name: str, max_batch_size: int = 8, **fields) -> ModelConfig:

@@ -43,7 +43,7 @@ def corrupted_entropy() -> bytes:
     data = bytearray(jpeg())
     start = data.index(b"\xff\xda") + 200  # inside the scan, after the SOS header
     rng = np.random.default_rng(0)
-    data[start:start + 400] = rng.integers(0, 255, 400, dtype=np.uint8).tobytes().replace(b"\xff", b"\x00")
+    data[start : start + 400] = rng.integers(0, 255, 400, dtype=np.uint8).tobytes().replace(b"\xff", b"\x00")
     return bytes(data)
 
 
@@ -56,7 +56,7 @@ def decompression_bomb() -> bytes:
     """A valid 16x16 JPEG whose frame header declares 60000x60000 pixels."""
     data = bytearray(encode(Image.new("RGB", (16, 16), "gray"), "JPEG"))
     sof = data.index(b"\xff\xc0")
-    data[sof + 5: sof + 9] = (60000).to_bytes(2, "big") * 2  # height, width
+    data[sof + 5 : sof + 9] = (60000).to_bytes(2, "big") * 2  # height, width
     return bytes(data)
 
 
@@ -77,8 +77,10 @@ def exif_rotated() -> bytes:
 # error whose message contains the given words; "image" must classify (any label).
 CASES = {
     "zero_length": (lambda: b"", ("error", ["decoders.image"])),
-    "random_bytes": (lambda: np.random.default_rng(1).integers(0, 256, 5000, dtype=np.uint8).tobytes(),
-                     ("error", ["decoders.image"])),
+    "random_bytes": (
+        lambda: np.random.default_rng(1).integers(0, 256, 5000, dtype=np.uint8).tobytes(),
+        ("error", ["decoders.image"]),
+    ),
     "text": (lambda: b"This is not an image, it is a sentence.\n" * 20, ("error", ["decoders.image"])),
     "truncated_jpeg": (lambda: jpeg()[: len(jpeg()) // 2], ("error", ["decoders.image"])),
     "corrupted_entropy_jpeg": (corrupted_entropy, ("image", None)),
@@ -169,8 +171,14 @@ def test_exif_orientation_is_applied(server):
     """Policy: the decoder honours EXIF orientation (DALI's default), so the
     classifier sees the upright image the viewer sees."""
     client = httpclient.InferenceServerClient(server.http_url)
-    upright, tagged, sideways = (probabilities(client, data) for data in (
-        jpeg(), exif_rotated(), encode(chelsea().transpose(Image.Transpose.ROTATE_270), "JPEG", quality=90)))
+    upright, tagged, sideways = (
+        probabilities(client, data)
+        for data in (
+            jpeg(),
+            exif_rotated(),
+            encode(chelsea().transpose(Image.Transpose.ROTATE_270), "JPEG", quality=90),
+        )
+    )
     client.close()
     assert np.abs(tagged - upright).sum() < np.abs(sideways - upright).sum() / 4
 
@@ -185,8 +193,12 @@ def probabilities(client, data: bytes) -> np.ndarray:
 TENSOR_CASES = {
     # name -> (tensor name, datatype, array, words in the error)
     "fp32_instead_of_uint8": ("INPUT", "FP32", np.zeros((1, 100), np.float32), ["'INPUT'", "'FP32'", "'UINT8'"]),
-    "bytes_instead_of_uint8": ("INPUT", "BYTES", np.array([[b"\xff\xd8"]], dtype=np.object_),
-                               ["'INPUT'", "'BYTES'", "'UINT8'"]),
+    "bytes_instead_of_uint8": (
+        "INPUT",
+        "BYTES",
+        np.array([[b"\xff\xd8"]], dtype=np.object_),
+        ["'INPUT'", "'BYTES'", "'UINT8'"],
+    ),
     "wrong_input_name": ("IMAGE", "UINT8", np.zeros((1, 100), np.uint8), ["IMAGE"]),
     "wrong_rank": ("INPUT", "UINT8", np.zeros((1, 10, 10), np.uint8), ["shape"]),
     "batch_above_max_batch_size": ("INPUT", "UINT8", np.zeros((33, 10), np.uint8), ["batch-size", "32"]),
@@ -235,7 +247,8 @@ def test_good_and_bad_images_sharing_dynamic_batches(server):
 
 def preprocessing_stats(server) -> dict:
     client = httpclient.InferenceServerClient(server.http_url)
-    stats = client.get_inference_statistics(
-        "preprocess_dali_efficientnet_lite0", headers=server.admin_headers())["model_stats"][0]
+    stats = client.get_inference_statistics("preprocess_dali_efficientnet_lite0", headers=server.admin_headers())[
+        "model_stats"
+    ][0]
     client.close()
     return {key: int(stats[key]) for key in ("execution_count", "inference_count")}

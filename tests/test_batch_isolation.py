@@ -34,13 +34,23 @@ TABLE = (10.0, 20.0, 30.0, 40.0)
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repository = tmp_path_factory.mktemp("isolation")
-    decoder = rf.dali_config("isolated_decoder", max_batch_size=N, dynamic_batching=BATCHING,
-                             inputs=(Tensor("ENCODED", "UINT8", (-1,), allow_ragged_batch=True),),
-                             outputs=(Tensor("IMAGE", "UINT8", (8, 8, 3)),))
+    decoder = rf.dali_config(
+        "isolated_decoder",
+        max_batch_size=N,
+        dynamic_batching=BATCHING,
+        inputs=(Tensor("ENCODED", "UINT8", (-1,), allow_ragged_batch=True),),
+        outputs=(Tensor("IMAGE", "UINT8", (8, 8, 3)),),
+    )
     rf.write_model(repository, decoder, {"model.dali": rf.serialized(rf.decode_pipeline, batch_size=N)})
-    lookup = ModelConfig(name="isolated_lookup", backend="onnxruntime", max_batch_size=N,
-                         instance_groups=rf.CPU, dynamic_batching=BATCHING,
-                         inputs=(Tensor("X", "INT64", (1,)),), outputs=(Tensor("Y", "FP32", (1,)),))
+    lookup = ModelConfig(
+        name="isolated_lookup",
+        backend="onnxruntime",
+        max_batch_size=N,
+        instance_groups=rf.CPU,
+        dynamic_batching=BATCHING,
+        inputs=(Tensor("X", "INT64", (1,)),),
+        outputs=(Tensor("Y", "FP32", (1,)),),
+    )
     rf.write_model(repository, lookup, {"model.onnx": rf.lookup_graph(TABLE)})
     return repository
 

@@ -42,10 +42,12 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     assert set(costs) == {"dali", "pil", "fp32", "int8"} and all(cost > 0 for cost in costs.values())
     # A ceiling is its parts' ratio: INT8 and FP32 share the DALI step.
     assert written["int8_vs_fp32_ensemble_ceiling"] == pytest.approx(
-        (costs["dali"] + costs["fp32"]) / (costs["dali"] + costs["int8"]), rel=0.25)
+        (costs["dali"] + costs["fp32"]) / (costs["dali"] + costs["int8"]), rel=0.25
+    )
     assert 100 < written["server_rss_mb"] < 24 * 1024
     assert {"tritonserver", "stub:preprocess_dali_efficientnet_lite0", "stub:efficientnet_lite0_int8"} <= set(
-        written["server_rss_mb_by_process"])
+        written["server_rss_mb_by_process"]
+    )
     assert written["versions"]["tritonserver"] and written["cpu_count"] >= 1
     assert isinstance(written["missed_targets"], list)
 
@@ -67,6 +69,7 @@ def test_capacity_search_is_a_bounded_bisection():
         def meets(fraction):
             probed.append(fraction)
             return fraction <= threshold
+
         return meets
 
     found = phases.highest_passing(below(0.8), 1.1, steps=4)
@@ -79,7 +82,12 @@ def test_capacity_search_is_a_bounded_bisection():
 
 def test_a_missed_ratio_names_the_ceiling_this_cpu_sets():
     results = {key: None for key in result_keys.TARGETS}
-    results |= {"int8_vs_fp32_ensemble": 1.2, "int8_vs_fp32_ensemble_ceiling": 1.38, "dali_vs_pil_ensemble": 1.6,
-                "dali_vs_pil_ensemble_ceiling": 1.13}
+    results |= {
+        "int8_vs_fp32_ensemble": 1.2,
+        "int8_vs_fp32_ensemble_ceiling": 1.38,
+        "dali_vs_pil_ensemble": 1.6,
+        "dali_vs_pil_ensemble_ceiling": 1.13,
+    }
     assert result_keys.missed_targets(results) == [
-        "int8_vs_fp32_ensemble = 1.2 (target >= 1.5; this CPU's ceiling 1.38)"]
+        "int8_vs_fp32_ensemble = 1.2 (target >= 1.5; this CPU's ceiling 1.38)"
+    ]

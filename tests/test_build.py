@@ -37,8 +37,9 @@ def build(out, *args):
 
 
 def run_pipeline(serialized, image):
-    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=1, num_threads=1,
-                                    device_id=None, prefetch_queue_depth=1)
+    pipeline = Pipeline.deserialize(
+        serialized_pipeline=serialized, batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1
+    )
     pipeline.build()
     pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch([image])))
     return np.asarray(pipeline.run()[0].as_tensor())
@@ -54,8 +55,20 @@ def test_list_names_every_preset(capsys, model_repository):
 
 def test_options_reach_the_configs_and_the_pipeline(tmp_path, model_repository):
     out = tmp_path / "repo"
-    build(out, "dali_efficientnet_lite0", "--max-batch-size", "8", "--instances", "2",
-          "--num-threads", "3", "--intra-op-threads", "2", "--max-queue-delay-us", "500")
+    build(
+        out,
+        "dali_efficientnet_lite0",
+        "--max-batch-size",
+        "8",
+        "--instances",
+        "2",
+        "--num-threads",
+        "3",
+        "--intra-op-threads",
+        "2",
+        "--max-queue-delay-us",
+        "500",
+    )
     assert sorted(p.name for p in out.iterdir()) == sorted([LITE0, PREPROCESS, "ensemble_dali_efficientnet_lite0"])
     for model in out.iterdir():
         config = read_config(model)
@@ -70,8 +83,12 @@ def test_options_reach_the_configs_and_the_pipeline(tmp_path, model_repository):
 
 
 def test_classifier_batch_is_a_cpu_preference_below_max_batch_size(tmp_path, model_repository):
-    for args, preferred in ((("--classifier-batch", "4"), [4]), (("--classifier-batch", "0"), []),
-                            (("--max-batch-size", "8"), []), (("--device", "gpu"), [])):
+    for args, preferred in (
+        (("--classifier-batch", "4"), [4]),
+        (("--classifier-batch", "0"), []),
+        (("--max-batch-size", "8"), []),
+        (("--device", "gpu"), []),
+    ):
         out = tmp_path / "-".join(args)
         build(out, "dali_efficientnet_lite0", *args)
         assert list(read_config(out / LITE0).dynamic_batching.preferred_batch_size) == preferred, args
@@ -126,8 +143,9 @@ def test_cpu_backend_loads_a_classifier_that_asks_for_tensorrt(tmp_path, model_r
         client.close()
     import onnxruntime as ort
 
-    reference = ort.InferenceSession(str(repository / LITE0 / "1" / "model.onnx"),
-                                     providers=["CPUExecutionProvider"]).run(None, {"input": image})[0]
+    reference = ort.InferenceSession(
+        str(repository / LITE0 / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    ).run(None, {"input": image})[0]
     np.testing.assert_allclose(probabilities, reference, atol=1e-5)
 
 
@@ -146,8 +164,9 @@ def test_dali_py_format_autoserializes_to_the_same_pipeline(tmp_path, model_repo
     invoke_autoserialize(module, str(tmp_path / "autoserialized.dali"))
     image = photo_bytes("chelsea.png")
     shipped = (MODEL_REPOSITORY / PREPROCESS / "1/model.dali").read_bytes()
-    np.testing.assert_array_equal(run_pipeline((tmp_path / "autoserialized.dali").read_bytes(), image),
-                                  run_pipeline(shipped, image))
+    np.testing.assert_array_equal(
+        run_pipeline((tmp_path / "autoserialized.dali").read_bytes(), image), run_pipeline(shipped, image)
+    )
     assert check_repository(out) == []
     build(out, "dali_efficientnet_lite0")  # back to model.dali: the dali.py files go
     assert sorted(p.name for p in version_dir.iterdir()) == ["model.dali", "model.dali.version"]
@@ -156,7 +175,9 @@ def test_dali_py_format_autoserializes_to_the_same_pipeline(tmp_path, model_repo
 def test_bad_usage_exits_2_naming_the_problem():
     command = [sys.executable, str(PROJECT_ROOT / "build_pipelines.py"), "build", "--out", "unused"]
     unknown = subprocess.run([*command, "no_such_preset"], capture_output=True, text=True, cwd=PROJECT_ROOT)
-    assert unknown.returncode == 2 and "no_such_preset" in unknown.stderr and "dali_efficientnet_lite0" in unknown.stderr
+    assert (
+        unknown.returncode == 2 and "no_such_preset" in unknown.stderr and "dali_efficientnet_lite0" in unknown.stderr
+    )
     alone = subprocess.run([*command, "--classifier-onnx", "x.onnx"], capture_output=True, text=True, cwd=PROJECT_ROOT)
     assert alone.returncode == 2 and "--labels" in alone.stderr
 
@@ -174,17 +195,45 @@ def own_classifier_repository(tmp_path_factory, model_repository):
     shutil.copy2(model_repository / LITE0 / "1/model.onnx", folder / "my_net.onnx")
     shutil.copy2(model_repository / LITE0 / "labels.txt", folder / "classes.txt")
     out = folder / "repo"
-    assert main(["build", "--out", str(out), "--classifier-onnx", str(folder / "my_net.onnx"),
-                 "--labels", str(folder / "classes.txt"), "--input-size", "224", "--resize-shorter", "256",
-                 "--mean", ",".join(map(str, OWN_MEAN)), "--std", ",".join(map(str, OWN_STD)), "--preprocessors", "dali", "python",
-                 "--max-batch-size", "4"]) == 0
+    assert (
+        main(
+            [
+                "build",
+                "--out",
+                str(out),
+                "--classifier-onnx",
+                str(folder / "my_net.onnx"),
+                "--labels",
+                str(folder / "classes.txt"),
+                "--input-size",
+                "224",
+                "--resize-shorter",
+                "256",
+                "--mean",
+                ",".join(map(str, OWN_MEAN)),
+                "--std",
+                ",".join(map(str, OWN_STD)),
+                "--preprocessors",
+                "dali",
+                "python",
+                "--max-batch-size",
+                "4",
+            ]
+        )
+        == 0
+    )
     return out
 
 
 def test_own_classifier_gets_preprocessing_and_ensembles(own_classifier_repository):
     names = sorted(p.name for p in own_classifier_repository.iterdir())
-    assert names == ["ensemble_dali_my_net", "ensemble_python_my_net", "my_net",
-                     "preprocess_dali_my_net", "preprocess_python_my_net"]
+    assert names == [
+        "ensemble_dali_my_net",
+        "ensemble_python_my_net",
+        "my_net",
+        "preprocess_dali_my_net",
+        "preprocess_python_my_net",
+    ]
     assert check_repository(own_classifier_repository) == []
     python_parameters = read_config(own_classifier_repository / "preprocess_python_my_net").parameters
     assert python_parameters["mean"].string_value == "110,127,140"
@@ -209,8 +258,17 @@ def test_own_classifier_gets_preprocessing_and_ensembles(own_classifier_reposito
 
 def test_own_classifier_with_mismatched_labels_is_refused(tmp_path, model_repository):
     (tmp_path / "classes.txt").write_text("cat\ndog\n")
-    code = main(["build", "--out", str(tmp_path / "repo"), "--classifier-onnx",
-                 str(model_repository / LITE0 / "1/model.onnx"), "--labels", str(tmp_path / "classes.txt")])
+    code = main(
+        [
+            "build",
+            "--out",
+            str(tmp_path / "repo"),
+            "--classifier-onnx",
+            str(model_repository / LITE0 / "1/model.onnx"),
+            "--labels",
+            str(tmp_path / "classes.txt"),
+        ]
+    )
     assert code == 2 and not (tmp_path / "repo").exists()
 
 

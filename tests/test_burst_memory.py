@@ -102,8 +102,10 @@ def test_burst_of_huge_images_is_answered_and_its_memory_given_back(server, huge
         time.sleep(0.5)
     traffic.stopping.set()
     traffic.join(timeout=30)
-    print(f"tree RSS: warm {warm:.0f} MiB, peak +{peak - warm:.0f} MiB, "
-          f"+{after - warm:.0f} MiB {time.monotonic() - burst_over:.1f} s after; {traffic.answers} small answers")
+    print(
+        f"tree RSS: warm {warm:.0f} MiB, peak +{peak - warm:.0f} MiB, "
+        f"+{after - warm:.0f} MiB {time.monotonic() - burst_over:.1f} s after; {traffic.answers} small answers"
+    )
     assert peak - warm < 2500, (warm, peak)
     assert after - warm < 300, (warm, after, server.supervisor.recycles)
     assert [model for _, model, _ in server.supervisor.recycles] == [PREPROCESS]

@@ -52,8 +52,12 @@ def only_problem(repo):
 
 
 def run_check(repository):
-    return subprocess.run([sys.executable, str(PROJECT_ROOT / "build_pipelines.py"), "check", str(repository)],
-                          capture_output=True, text=True, cwd=PROJECT_ROOT)
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "build_pipelines.py"), "check", str(repository)],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+    )
 
 
 def test_shipped_and_built_repositories_are_clean(model_repository, pristine):
@@ -73,11 +77,13 @@ def test_unknown_step_output_in_ensemble_map(repo):
     def rename(config):
         step = config.ensemble_scheduling.step[0]
         step.output_map["DALI_OUTPUT_9"] = step.output_map.pop("DALI_OUTPUT_0")
+
     edit(repo, ENSEMBLE, rename)
     # The unknown name is caught, and so the ensemble's classifier input is unfed.
     problems = [str(p) for p in check_repository(repo)]
-    assert problems[0].startswith(f"{ENSEMBLE}: ensemble_scheduling.step[0].output_map 'DALI_OUTPUT_9': "
-                                  f"not an output of {PREPROCESS}")
+    assert problems[0].startswith(
+        f"{ENSEMBLE}: ensemble_scheduling.step[0].output_map 'DALI_OUTPUT_9': not an output of {PREPROCESS}"
+    )
     assert "DALI_OUTPUT_0" in problems[0]
 
 
@@ -85,6 +91,7 @@ def test_unknown_step_input_in_ensemble_map(repo):
     def rename(config):
         step = config.ensemble_scheduling.step[1]
         step.input_map["image"] = step.input_map.pop("input")
+
     edit(repo, ENSEMBLE, rename)
     assert "step[1].input_map 'image': not an input of efficientnet_lite0" in only_problem(repo)
 
@@ -92,24 +99,35 @@ def test_unknown_step_input_in_ensemble_map(repo):
 def test_missing_step_model(repo):
     shutil.rmtree(repo / CLASSIFIER)
     problems = [str(p) for p in check_repository(repo)]
-    assert problems == [f"{ensemble}: ensemble_scheduling.step[1].model_name 'efficientnet_lite0': no such model "
-                        f"in the repository; build it or use one of {', '.join(sorted(p.name for p in repo.iterdir()))}"
-                        for ensemble in (ENSEMBLE, "ensemble_python_efficientnet_lite0")]
+    assert problems == [
+        f"{ensemble}: ensemble_scheduling.step[1].model_name 'efficientnet_lite0': no such model "
+        f"in the repository; build it or use one of {', '.join(sorted(p.name for p in repo.iterdir()))}"
+        for ensemble in (ENSEMBLE, "ensemble_python_efficientnet_lite0")
+    ]
 
 
 def test_dims_disagree_along_the_chain(repo):
     def shrink(config):
         config.input[0].dims[1:] = [200, 200]
+
     edit(repo, CLASSIFIER, shrink)
     problems = [str(p) for p in check_repository(repo)]
-    assert any(p.startswith(f"{ENSEMBLE}: ensemble_scheduling.step[1].input_map 'preprocessed_image': "
-                            "is FP32 [3, 224, 224] but efficientnet_lite0") for p in problems), problems
+    assert any(
+        p.startswith(
+            f"{ENSEMBLE}: ensemble_scheduling.step[1].input_map 'preprocessed_image': "
+            "is FP32 [3, 224, 224] but efficientnet_lite0"
+        )
+        for p in problems
+    ), problems
 
 
 def test_type_disagrees_with_the_onnx_graph(repo):
     edit(repo, CLASSIFIER, lambda config: setattr(config.input[0], "data_type", pb.TYPE_FP16))
     problems = [str(p) for p in check_repository(repo)]
-    assert f"{CLASSIFIER}: input.data_type 'input': config says TYPE_FP16, the graph TYPE_FP32; set data_type: TYPE_FP32" in problems
+    assert (
+        f"{CLASSIFIER}: input.data_type 'input': config says TYPE_FP16, the graph TYPE_FP32; set data_type: TYPE_FP32"
+        in problems
+    )
     assert any("step[1].input_map 'preprocessed_image'" in p for p in problems)
 
 
@@ -122,8 +140,10 @@ def test_ensemble_batch_larger_than_a_step(repo):
 def test_dali_input_not_an_external_source(repo):
     edit(repo, PREPROCESS, lambda config: setattr(config.input[0], "name", "IMAGE"))
     problems = [str(p) for p in check_repository(repo)]
-    assert f"{PREPROCESS}: input 'IMAGE': no external source of the pipeline has this name; " \
-           "rename it to one of DALI_INPUT_0" in problems
+    assert (
+        f"{PREPROCESS}: input 'IMAGE': no external source of the pipeline has this name; "
+        "rename it to one of DALI_INPUT_0" in problems
+    )
 
 
 @pytest.mark.parametrize("filename, bad", [('model".dali', '"'), ("model dali", " "), ("../model.dali", "/")])
@@ -144,10 +164,13 @@ def test_dali_output_type_and_rank(repo):
     def damage(config):
         config.output[0].data_type = pb.TYPE_UINT8
         del config.output[0].dims[2]
+
     edit(repo, PREPROCESS, damage)
     problems = [str(p) for p in check_repository(repo) if p.model == PREPROCESS]
-    assert f"{PREPROCESS}: output.data_type 'DALI_OUTPUT_0': data type mismatch: config says TYPE_UINT8, " \
-           "the pipeline's output 0 gives TYPE_FP32; set data_type: TYPE_FP32" in problems
+    assert (
+        f"{PREPROCESS}: output.data_type 'DALI_OUTPUT_0': data type mismatch: config says TYPE_UINT8, "
+        "the pipeline's output 0 gives TYPE_FP32; set data_type: TYPE_FP32" in problems
+    )
     assert any("output.dims 'DALI_OUTPUT_0': rank mismatch: config dims [3, 224] (rank 2)" in p for p in problems)
 
 
@@ -155,15 +178,18 @@ def test_gpu_pipeline_on_cpu_instances(tmp_path, model_repository):
     out = tmp_path / "gpu"
     build(out, "dali_efficientnet_lite0", "--device", "gpu")
     edit(out, PREPROCESS, lambda config: setattr(config.instance_group[0], "kind", pb.ModelInstanceGroup.KIND_CPU))
-    assert "instance_group: KIND_CPU instances cannot run GPU operators image (decoders__Image, device='mixed')" \
+    assert (
+        "instance_group: KIND_CPU instances cannot run GPU operators image (decoders__Image, device='mixed')"
         in only_problem(out)
+    )
 
 
 def test_label_file_line_count(repo):
     labels = repo / ENSEMBLE / "labels.txt"
     labels.write_text("".join(labels.read_text().splitlines(keepends=True)[:999]))
-    assert only_problem(repo).startswith(f"{ENSEMBLE}: output.label_filename 'OUTPUT': labels.txt has 999 lines "
-                                         "but the output has 1000 classes")
+    assert only_problem(repo).startswith(
+        f"{ENSEMBLE}: output.label_filename 'OUTPUT': labels.txt has 999 lines but the output has 1000 classes"
+    )
 
 
 def test_missing_model_file(repo):
@@ -197,10 +223,13 @@ def test_unbuilt_or_missing_repository_exits_2_in_one_line(model_repository, tmp
     assert unbuilt.returncode == 2
     assert unbuilt.stdout == "" and len(unbuilt.stderr.splitlines()) == 1 and "run `make build`" in unbuilt.stderr
     missing = run_check(tmp_path / "nonexistent")
-    assert missing.returncode == 2 and "nonexistent: no such folder" in missing.stderr and "make build" in missing.stderr
+    assert (
+        missing.returncode == 2 and "nonexistent: no such folder" in missing.stderr and "make build" in missing.stderr
+    )
 
 
 # --- the rules the tests above leave out, one test each --------------------------
+
 
 def problems_of(repo) -> list[str]:
     return [str(problem) for problem in check_repository(repo)]
@@ -208,20 +237,24 @@ def problems_of(repo) -> list[str]:
 
 def test_unparsable_config(repo):
     (repo / CLASSIFIER / CONFIG_FILENAME).write_text('name: "efficientnet_lite0"\ninput {{ oops')
-    assert any(p.startswith(f"{CLASSIFIER}: config.pbtxt: does not parse:") for p in problems_of(repo)), \
-        problems_of(repo)
+    assert any(p.startswith(f"{CLASSIFIER}: config.pbtxt: does not parse:") for p in problems_of(repo)), problems_of(
+        repo
+    )
 
 
 def test_name_differs_from_the_folder(repo):
     edit(repo, CLASSIFIER, lambda config: setattr(config, "name", "other_name"))
-    assert f"{CLASSIFIER}: name 'other_name': differs from the folder name; rename the folder or set " \
-           f'name: "{CLASSIFIER}"' in problems_of(repo)
+    assert (
+        f"{CLASSIFIER}: name 'other_name': differs from the folder name; rename the folder or set "
+        f'name: "{CLASSIFIER}"' in problems_of(repo)
+    )
 
 
 def test_no_version_folder(repo):
     shutil.rmtree(repo / CLASSIFIER / "1")
-    assert any(p.startswith(f"{CLASSIFIER}: version folder: no numeric version folder (e.g. 1/)")
-               for p in problems_of(repo)), problems_of(repo)
+    assert any(
+        p.startswith(f"{CLASSIFIER}: version folder: no numeric version folder (e.g. 1/)") for p in problems_of(repo)
+    ), problems_of(repo)
 
 
 def test_missing_warmup_file(repo):
@@ -240,16 +273,26 @@ def test_pipeline_external_source_without_config_input(repo):
     src/config_tools/config_tools.cc, AutofillConfig), so check accepts it; with
     auto-complete off (Triton's --disable-auto-complete-config) the backend applies
     the rule to the config as written."""
-    config = rf.dali_config("two_sources", inputs=(Tensor("A", "FP32", (-1,)),),
-                            outputs=(Tensor("SUM", "FP32", (-1,)), Tensor("PRODUCT", "FP32", (-1,))))
+    config = rf.dali_config(
+        "two_sources",
+        inputs=(Tensor("A", "FP32", (-1,)),),
+        outputs=(Tensor("SUM", "FP32", (-1,)), Tensor("PRODUCT", "FP32", (-1,))),
+    )
     pipeline = rf.serialized(rf.two_in_two_out_pipeline)
     rf.write_model(repo, config, {"model.dali": pipeline})
     assert problems_of(repo) == []
-    written = {"name": "two_sources", "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [-1]}],
-               "output": [{"name": "SUM", "data_type": "TYPE_FP32", "dims": [-1]},
-                          {"name": "PRODUCT", "data_type": "TYPE_FP32", "dims": [-1]}]}
-    assert "two_sources: input 'B': the pipeline's external source has no config input; add an input " \
-           "named 'B' (config inputs: A)" in [str(p) for p in dali_rules.dali_problems(written, parse_pipeline(pipeline))]
+    written = {
+        "name": "two_sources",
+        "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [
+            {"name": "SUM", "data_type": "TYPE_FP32", "dims": [-1]},
+            {"name": "PRODUCT", "data_type": "TYPE_FP32", "dims": [-1]},
+        ],
+    }
+    assert (
+        "two_sources: input 'B': the pipeline's external source has no config input; add an input "
+        "named 'B' (config inputs: A)" in [str(p) for p in dali_rules.dali_problems(written, parse_pipeline(pipeline))]
+    )
 
 
 @pipeline_def(batch_size=1, num_threads=1, device_id=None)
@@ -267,20 +310,23 @@ def test_pipeline_failing_on_a_real_jpeg(repo):
 
 def test_onnx_tensor_name_not_in_the_graph(repo):
     edit(repo, CLASSIFIER, lambda config: setattr(config.input[0], "name", "pixels"))
-    assert any(p.startswith(f"{CLASSIFIER}: input 'pixels': is not in the ONNX graph; use one of the graph's "
-                            "inputs: input") for p in problems_of(repo)), problems_of(repo)
+    assert any(
+        p.startswith(f"{CLASSIFIER}: input 'pixels': is not in the ONNX graph; use one of the graph's inputs: input")
+        for p in problems_of(repo)
+    ), problems_of(repo)
 
 
 def test_onnx_dims_disagree_with_the_graph(repo):
     edit(repo, CLASSIFIER, lambda config: config.input[0].dims.__setitem__(1, 225))
-    assert any(p.startswith(f"{CLASSIFIER}: input.dims 'input': shape mismatch: config [batch] + [3, 225, 224]")
-               for p in problems_of(repo)), problems_of(repo)
+    assert any(
+        p.startswith(f"{CLASSIFIER}: input.dims 'input': shape mismatch: config [batch] + [3, 225, 224]")
+        for p in problems_of(repo)
+    ), problems_of(repo)
 
 
 def test_ensemble_output_no_step_produces(repo):
     edit(repo, ENSEMBLE, lambda config: config.output.add(name="EXTRA", data_type=pb.TYPE_FP32, dims=[1]))
-    assert f"{ENSEMBLE}: output 'EXTRA': no step's output_map produces it; map a step output to it" \
-        in problems_of(repo)
+    assert f"{ENSEMBLE}: output 'EXTRA': no step's output_map produces it; map a step output to it" in problems_of(repo)
 
 
 def test_check_completes_configs_as_the_backends_do(tmp_path):
@@ -296,8 +342,9 @@ def test_check_completes_configs_as_the_backends_do(tmp_path):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content.encode() if isinstance(content, str) else content)
     # No instance group: check runs only KIND_CPU pipelines, on a JPEG (these take floats).
-    partial = ModelConfig(name="partial_dali", backend="dali", inputs=(Tensor("A", "FP32", ()),), outputs=(),
-                          max_batch_size=None)
+    partial = ModelConfig(
+        name="partial_dali", backend="dali", inputs=(Tensor("A", "FP32", ()),), outputs=(), max_batch_size=None
+    )
     rf.write_model(tmp_path, partial, {"model.dali": rf.serialized(rf.two_in_two_out_pipeline)})
     problems = sorted(str(problem) for problem in check_repository(tmp_path))
     assert len(problems) == 2, problems

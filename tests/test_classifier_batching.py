@@ -25,8 +25,9 @@ IN_FLIGHT = 4 * PREFERRED  # several preferred batches queue behind a ~7 ms clas
 def executions_by_batch_size(server, model: str) -> Counter:
     with httpclient.InferenceServerClient(server.http_url) as client:
         stats = client.get_inference_statistics(model, headers=server.admin_headers("http"))["model_stats"][0]
-    return Counter({int(entry["batch_size"]): int(entry["compute_infer"]["count"])
-                    for entry in stats.get("batch_stats", [])})
+    return Counter(
+        {int(entry["batch_size"]): int(entry["compute_infer"]["count"]) for entry in stats.get("batch_stats", [])}
+    )
 
 
 async def send(url: str, requests: list[list[bytes]]) -> None:

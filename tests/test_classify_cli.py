@@ -72,8 +72,9 @@ MODES = [
 def test_jsonl_has_one_line_per_file_and_error_lines(server, photo_folder, capsys, protocol, options, monkeypatch):
     monkeypatch.setenv("TRITONSTACK_ADMIN_KEY", server.admin_key)
     url = server.http_url if protocol == "http" else server.grpc_url
-    code, out, err = run_cli(capsys, photo_folder, "--url", url, "--protocol", protocol, "--format", "jsonl",
-                             "--top-k", "3", *options)
+    code, out, err = run_cli(
+        capsys, photo_folder, "--url", url, "--protocol", protocol, "--format", "jsonl", "--top-k", "3", *options
+    )
     by_name = jsonl_by_name(out)
     assert set(by_name) == set(EXPECTED)
     for name, labels in EXPECTED.items():
@@ -101,8 +102,9 @@ def test_all_good_files_exit_0_in_table_format(server, capsys):
 
 
 def test_csv_has_a_header_and_one_row_per_file(server, photo_folder, capsys):
-    code, out, _ = run_cli(capsys, photo_folder, "--url", server.grpc_url, "--protocol", "grpc",
-                           "--format", "csv", "--top-k", "2")
+    code, out, _ = run_cli(
+        capsys, photo_folder, "--url", server.grpc_url, "--protocol", "grpc", "--format", "csv", "--top-k", "2"
+    )
     rows = list(csv.DictReader(io.StringIO(out)))
     assert code == 1
     assert len(rows) == len(EXPECTED)
@@ -142,9 +144,22 @@ def test_no_image_files_exits_2(tmp_path, capsys):
 def test_runs_as_a_script(server):
     script = Path(classify.__file__)
     done = subprocess.run(
-        [sys.executable, str(script), str(photo_path("coffee.png")), "--url", server.grpc_url,
-         "--protocol", "grpc", "--format", "jsonl", "--top-k", "1"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            str(script),
+            str(photo_path("coffee.png")),
+            "--url",
+            server.grpc_url,
+            "--protocol",
+            "grpc",
+            "--format",
+            "jsonl",
+            "--top-k",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["top"][0]["label"] == "espresso"

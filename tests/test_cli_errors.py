@@ -27,8 +27,9 @@ def run(*args, key: str | None = None, timeout: float = 120) -> subprocess.Compl
     env = {k: v for k, v in os.environ.items() if k != ADMIN_KEY_ENV}
     if key:
         env[ADMIN_KEY_ENV] = key
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          cwd=PROJECT_ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=PROJECT_ROOT, env=env
+    )
 
 
 def one_line_error(done: subprocess.CompletedProcess, *words: str, code: int = 2) -> str:
@@ -51,13 +52,20 @@ def test_every_address_form_is_accepted(server, form):
 
 
 def test_http_client_on_the_grpc_port(server):
-    one_line_error(run(CLASSIFY, COFFEE, "--url", server.grpc_url),
-                   f"{server.grpc_url} does not answer HTTP", "gRPC port", f"grpc://{server.grpc_url}")
+    one_line_error(
+        run(CLASSIFY, COFFEE, "--url", server.grpc_url),
+        f"{server.grpc_url} does not answer HTTP",
+        "gRPC port",
+        f"grpc://{server.grpc_url}",
+    )
 
 
 def test_grpc_client_on_the_http_port(server):
-    one_line_error(run(CLASSIFY, COFFEE, "--url", f"grpc://{server.http_url}"),
-                   f"{server.http_url} does not answer gRPC", "HTTP port")
+    one_line_error(
+        run(CLASSIFY, COFFEE, "--url", f"grpc://{server.http_url}"),
+        f"{server.http_url} does not answer gRPC",
+        "HTTP port",
+    )
 
 
 def test_scheme_and_protocol_that_disagree():
@@ -70,31 +78,44 @@ def test_unsupported_scheme_and_address_without_port():
 
 
 def test_unknown_model_lists_the_image_classifiers(server):
-    line = one_line_error(run(CLASSIFY, COFFEE, "--url", server.http_url, "--model", "resnet50",
-                              key=server.admin_key),
-                          "model 'resnet50' not found", "available image classifiers:",
-                          "ensemble_dali_efficientnet_lite0")
+    line = one_line_error(
+        run(CLASSIFY, COFFEE, "--url", server.http_url, "--model", "resnet50", key=server.admin_key),
+        "model 'resnet50' not found",
+        "available image classifiers:",
+        "ensemble_dali_efficientnet_lite0",
+    )
     assert "preprocess_dali" not in line  # takes images, but answers pixels: not a classifier
 
 
 def test_unknown_model_without_the_admin_key_says_how_to_list_them(server):
-    one_line_error(run(CLASSIFY, COFFEE, "--url", f"grpc://{server.grpc_url}", "--model", "resnet50"),
-                   "model 'resnet50' not found", f"${ADMIN_KEY_ENV}")
+    one_line_error(
+        run(CLASSIFY, COFFEE, "--url", f"grpc://{server.grpc_url}", "--model", "resnet50"),
+        "model 'resnet50' not found",
+        f"${ADMIN_KEY_ENV}",
+    )
 
 
 def test_a_model_that_does_not_take_encoded_images(server):
-    one_line_error(run(EVALUATE, PROJECT_ROOT, "--url", server.http_url, "--model", "efficientnet_lite0"),
-                   "model 'efficientnet_lite0' takes FP32", "not encoded images")
+    one_line_error(
+        run(EVALUATE, PROJECT_ROOT, "--url", server.http_url, "--model", "efficientnet_lite0"),
+        "model 'efficientnet_lite0' takes FP32",
+        "not encoded images",
+    )
 
 
 def test_a_preprocessing_model_is_not_a_classifier(server):
-    one_line_error(run(CLASSIFY, COFFEE, "--url", server.http_url, "--model", "preprocess_dali_efficientnet_lite0"),
-                   "takes encoded images but answers FP32", "not class scores")
+    one_line_error(
+        run(CLASSIFY, COFFEE, "--url", server.http_url, "--model", "preprocess_dali_efficientnet_lite0"),
+        "takes encoded images but answers FP32",
+        "not class scores",
+    )
 
 
 def test_missing_file_and_folder():
-    one_line_error(run(CLASSIFY, "/nonexistent/photo.jpg", "--url", "127.0.0.1:1"),
-                   "/nonexistent/photo.jpg: no such file or folder")
+    one_line_error(
+        run(CLASSIFY, "/nonexistent/photo.jpg", "--url", "127.0.0.1:1"),
+        "/nonexistent/photo.jpg: no such file or folder",
+    )
     one_line_error(run(EVALUATE, "/nonexistent", "--url", "127.0.0.1:1"), "/nonexistent: no such folder")
 
 
@@ -123,8 +144,12 @@ def test_debug_shows_the_traceback(server):
 def test_a_closed_pipe_ends_quietly(server, tmp_path):
     for n in range(12):
         shutil.copy(photo_path("rocket.jpg"), tmp_path / f"{n}.jpg")
-    process = subprocess.Popen([sys.executable, str(CLASSIFY), str(tmp_path), "--url", server.http_url,
-                                "--top-k", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(CLASSIFY), str(tmp_path), "--url", server.http_url, "--top-k", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert "missile" in process.stdout.readline()  # `| head -1`
         process.stdout.close()
@@ -143,20 +168,38 @@ def test_build_tool_mistakes():
 
 
 def test_launcher_refuses_a_port_in_use_and_a_missing_repository(server, model_repository):
-    one_line_error(run("-m", "tritonstack", "serve", "--model-repository", model_repository,
-                       "--http-port", server.http_url.rsplit(":", 1)[1]),
-                   "is in use", "--http-port")
-    one_line_error(run("-m", "tritonstack", "serve", "--model-repository", "/nonexistent"),
-                   "/nonexistent: no such folder", "make build")
+    one_line_error(
+        run(
+            "-m",
+            "tritonstack",
+            "serve",
+            "--model-repository",
+            model_repository,
+            "--http-port",
+            server.http_url.rsplit(":", 1)[1],
+        ),
+        "is in use",
+        "--http-port",
+    )
+    one_line_error(
+        run("-m", "tritonstack", "serve", "--model-repository", "/nonexistent"),
+        "/nonexistent: no such folder",
+        "make build",
+    )
 
 
 def test_benchmark_and_soak_mistakes(tmp_path):
-    one_line_error(run("-m", "tritonstack", "benchmark", "--out", tmp_path / "b.json", "--url", "grpc://127.0.0.1:1"),
-                   "--url grpc://127.0.0.1:1 names a grpc endpoint")
+    one_line_error(
+        run("-m", "tritonstack", "benchmark", "--out", tmp_path / "b.json", "--url", "grpc://127.0.0.1:1"),
+        "--url grpc://127.0.0.1:1 names a grpc endpoint",
+    )
     url = f"127.0.0.1:{free_port()}"
-    one_line_error(run("-m", "tritonstack", "benchmark", "--out", tmp_path / "b.json", "--url", url),
-                   f"no Triton server at {url}")
-    one_line_error(run("-m", "tritonstack.commands.soak", "--model-repository", "/nonexistent"), "/nonexistent: no such folder")
+    one_line_error(
+        run("-m", "tritonstack", "benchmark", "--out", tmp_path / "b.json", "--url", url), f"no Triton server at {url}"
+    )
+    one_line_error(
+        run("-m", "tritonstack.commands.soak", "--model-repository", "/nonexistent"), "/nonexistent: no such folder"
+    )
     assert not (tmp_path / "b.json").exists()
 
 

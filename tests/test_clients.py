@@ -23,8 +23,12 @@ from tritonstack.samples import PHOTOS, photo_bytes
 from tritonstack.serve.network import free_port
 
 NAMES = ["coffee.png", "chelsea.png", "rocket.jpg"]
-MODES = [(protocol, use_async, shm) for protocol in ("http", "grpc") for use_async in (False, True)
-         for shm in ("none", "system")]
+MODES = [
+    (protocol, use_async, shm)
+    for protocol in ("http", "grpc")
+    for use_async in (False, True)
+    for shm in ("none", "system")
+]
 
 
 def url_of(server, protocol: str) -> str:
@@ -77,17 +81,20 @@ def test_every_transport_and_mode_classifies_known_photos(server, protocol, use_
 
 def _tops_and_probabilities(client, images):
     if isinstance(client, AsyncClassifierClient):
+
         async def both():
             return await client.classify(images, top_k=3), await client.probabilities(images)
+
         return both()
     return client.classify(images, top_k=3), client.probabilities(images)
 
 
 def test_shared_memory_matches_binary_tensor_data(server):
     images = [photo_bytes(name) for name in NAMES]
-    with ClassifierClient(server.grpc_url, "grpc") as plain, ClassifierClient(
-        server.grpc_url, "grpc", shm="system", headers=server.admin_headers("grpc")
-    ) as shared:
+    with (
+        ClassifierClient(server.grpc_url, "grpc") as plain,
+        ClassifierClient(server.grpc_url, "grpc", shm="system", headers=server.admin_headers("grpc")) as shared,
+    ):
         np.testing.assert_allclose(shared.probabilities(images), plain.probabilities(images), atol=1e-6)
         # Labels by index, as written in the repository's label file (not one client
         # compared with another).
@@ -184,7 +191,9 @@ def test_no_server_gives_a_clear_message(protocol, use_async):
 
 def test_an_unknown_model_is_reported_not_retried(server):
     with pytest.raises(ServerUnavailableError, match="model 'no_such_model' is not ready"):
-        ClassifierClient(server.http_url, "http", model="no_such_model", retry=RetryPolicy(retries=1, base_delay_s=0.01))
+        ClassifierClient(
+            server.http_url, "http", model="no_such_model", retry=RetryPolicy(retries=1, base_delay_s=0.01)
+        )
 
 
 @pytest.mark.parametrize("use_async", [False, True])

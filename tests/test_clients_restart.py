@@ -92,15 +92,34 @@ def test_folder_run_survives_a_server_restart(model_repository, many_images, tmp
     url = first.http_url if protocol == "http" else first.grpc_url
     stderr_path = tmp_path / "stderr.txt"
     process = subprocess.Popen(
-        [sys.executable, str(CLASSIFY), str(many_images), "--url", url, "--protocol", protocol,
-         "--format", "jsonl", "--top-k", "1", "--retries", "12", f"--admin-key={first.admin_key}", *options],
-        stdout=subprocess.PIPE, stderr=stderr_path.open("w"), text=True,
+        [
+            sys.executable,
+            str(CLASSIFY),
+            str(many_images),
+            "--url",
+            url,
+            "--protocol",
+            protocol,
+            "--format",
+            "jsonl",
+            "--top-k",
+            "1",
+            "--retries",
+            "12",
+            f"--admin-key={first.admin_key}",
+            *options,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=stderr_path.open("w"),
+        text=True,
     )
     try:
         reader = LineReader(process.stdout)
         reader.wait_for(LINES_BEFORE_STOP, timeout_s=60)
         first.stop()
-        second = TritonServer(ServerConfig(model_repository, stop_grace_s=STOP_GRACE_S, admin_key=first.admin_key, **ports)).start()
+        second = TritonServer(
+            ServerConfig(model_repository, stop_grace_s=STOP_GRACE_S, admin_key=first.admin_key, **ports)
+        ).start()
         process.wait(timeout=120)
         reader.join()
         served_by_second = successful_inferences(second)

@@ -14,8 +14,23 @@ ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 
 def compared(repository, out, *load: str) -> dict:
     """Three short rounds on one repository, B one environment variable apart."""
-    code = compare_command.main(["--a-repository", str(repository), "--b-env", "DALI_MALLOC_POOL_THRESHOLD=0",
-                         "--model", ENSEMBLE, "--rounds", "3", "--warmup-s", "0.3", *load, "--out", str(out)])
+    code = compare_command.main(
+        [
+            "--a-repository",
+            str(repository),
+            "--b-env",
+            "DALI_MALLOC_POOL_THRESHOLD=0",
+            "--model",
+            ENSEMBLE,
+            "--rounds",
+            "3",
+            "--warmup-s",
+            "0.3",
+            *load,
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     return json.loads(out.read_text())
 
@@ -48,8 +63,12 @@ def test_an_open_loop_at_a_rate(lite0_repository, tmp_path):
 def test_the_same_server_twice_is_refused(lite0_repository, tmp_path):
     assert compare_command.main(["--a-repository", str(lite0_repository), "--out", str(tmp_path / "x.json")]) == 2
     same_recycling = ["--a-recycle-above-mib", "64", "--b-recycle-above-mib", "64"]
-    assert compare_command.main(["--a-repository", str(lite0_repository), *same_recycling,
-                         "--out", str(tmp_path / "x.json")]) == 2
+    assert (
+        compare_command.main(
+            ["--a-repository", str(lite0_repository), *same_recycling, "--out", str(tmp_path / "x.json")]
+        )
+        == 2
+    )
     assert not (tmp_path / "x.json").exists()
     assert compare.recycle_policy(0) is None and compare.recycle_policy(None) == compare.RecyclePolicy()
 
@@ -57,8 +76,18 @@ def test_the_same_server_twice_is_refused(lite0_repository, tmp_path):
 def test_a_rate_must_be_positive(lite0_repository, tmp_path):
     for rate in ("0", "-3", "inf"):
         with pytest.raises(SystemExit) as refused:
-            compare_command.main(["--a-repository", str(lite0_repository), "--b-env", "X=1", "--rate", rate,
-                          "--out", str(tmp_path / "x.json")])
+            compare_command.main(
+                [
+                    "--a-repository",
+                    str(lite0_repository),
+                    "--b-env",
+                    "X=1",
+                    "--rate",
+                    rate,
+                    "--out",
+                    str(tmp_path / "x.json"),
+                ]
+            )
         assert refused.value.code == 2
     assert not (tmp_path / "x.json").exists()
 

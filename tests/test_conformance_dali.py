@@ -41,8 +41,9 @@ def http(triton):
 
 @pytest.fixture(scope="module")
 def identity(repository, http):
-    name = rf.write_model(repository, rf.identity_config("identity"),
-                          {"model.dali": rf.serialized(rf.identity_pipeline)})
+    name = rf.write_model(
+        repository, rf.identity_config("identity"), {"model.dali": rf.serialized(rf.identity_pipeline)}
+    )
     http.load_model(name)
     return name
 
@@ -52,6 +53,7 @@ def ragged_rows(*lengths: int) -> list[np.ndarray]:
 
 
 # --- finding the pipeline ------------------------------------------------------
+
 
 def test_identity_round_trips_over_http_and_grpc(identity, http, triton):
     data = np.arange(100, dtype=np.uint8).reshape(2, 50)
@@ -64,13 +66,17 @@ def test_identity_round_trips_over_http_and_grpc(identity, http, triton):
 
 
 def test_default_model_filename_is_honoured(repository, http):
-    name = rf.write_model(repository, rf.identity_config("renamed_file"),
-                          {"preprocess.bin": rf.serialized(rf.identity_pipeline)},
-                          default_model_filename="preprocess.bin")
+    name = rf.write_model(
+        repository,
+        rf.identity_config("renamed_file"),
+        {"preprocess.bin": rf.serialized(rf.identity_pipeline)},
+        default_model_filename="preprocess.bin",
+    )
     http.load_model(name)
     data = np.full((1, 3), 7, np.uint8)
     np.testing.assert_array_equal(
-        rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), data)
+        rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), data
+    )
 
 
 def test_dali_py_autoserialize_is_serialized_at_load(repository, http):
@@ -97,8 +103,12 @@ def test_missing_pipeline_fails_in_the_cpp_backends_words(repository, http):
 
 def test_default_model_filename_naming_a_script_is_autoserialized(repository, http):
     """src/dali_model.h: the default location is tried serialized, then autoserialized."""
-    name = rf.write_model(repository, rf.identity_config("script_as_default"), {"pipeline.py": rf.AUTOSERIALIZE_SCRIPT},
-                          default_model_filename="pipeline.py")
+    name = rf.write_model(
+        repository,
+        rf.identity_config("script_as_default"),
+        {"pipeline.py": rf.AUTOSERIALIZE_SCRIPT},
+        default_model_filename="pipeline.py",
+    )
     http.load_model(name)
     data = np.array([[1, 2, 3]], np.uint8)
     result = rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"])
@@ -106,12 +116,16 @@ def test_default_model_filename_naming_a_script_is_autoserialized(repository, ht
 
 
 def test_unreadable_default_file_falls_back_to_dali_py(repository, http):
-    name = rf.write_model(repository, rf.identity_config("fallback_after_garbage"),
-                          {"model.dali": b"not a pipeline", "dali.py": rf.AUTOSERIALIZE_SCRIPT})
+    name = rf.write_model(
+        repository,
+        rf.identity_config("fallback_after_garbage"),
+        {"model.dali": b"not a pipeline", "dali.py": rf.AUTOSERIALIZE_SCRIPT},
+    )
     http.load_model(name)
     data = np.array([[4]], np.uint8)
     np.testing.assert_array_equal(
-        rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), data * 2)
+        rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), data * 2
+    )
 
 
 @pytest.mark.parametrize("filename, bad", [("../1/model.dali", "/"), ("sub/model.dali", "/")])
@@ -119,14 +133,19 @@ def test_default_model_filename_with_a_path_separator_is_refused(repository, htt
     """src/utils/utils.h, ValidateFilename: no path from a config is followed. (A quote
     or a space is refused by `tritonstack check`, tests/test_check.py: with one in the
     name, Triton 2.51's Python backend never starts the model's stub.)"""
-    name = rf.write_model(repository, rf.identity_config(f"bad_filename_{len(filename)}"),
-                          {"model.dali": rf.serialized(rf.identity_pipeline)}, default_model_filename=filename)
+    name = rf.write_model(
+        repository,
+        rf.identity_config(f"bad_filename_{len(filename)}"),
+        {"model.dali": rf.serialized(rf.identity_pipeline)},
+        default_model_filename=filename,
+    )
     message = rf.load_error(http, name)
     assert f"Model file name '{filename}' contains an invalid character: '{bad}'" in message, message
     assert "Allowed characters are: a-z, A-Z, 0-9, _, ., -" in message
 
 
 # --- tensors: mapping and load-time validation ---------------------------------
+
 
 def test_several_inputs_and_outputs_renamed_by_position(repository, http):
     config = rf.dali_config(
@@ -144,44 +163,80 @@ def test_several_inputs_and_outputs_renamed_by_position(repository, http):
 
 MISMATCHES = {
     # model name: (inputs, outputs, words the load error must contain)
-    "wrong_input_type": ((Tensor("DALI_INPUT_0", "FP32", (-1,)),), (Tensor("OUT", "UINT8", (-1,)),),
-                         ["DALI_INPUT_0", "TYPE_FP32", "TYPE_UINT8", "data type",
-                          # src/config_tools/config_tools.cc ProcessDtypeConfig, as its QA compares it
-                          'Invalid argument: Mismatch of data_type config for "DALI_INPUT_0".\n'
-                          "Data type defined in config: TYPE_FP32\nData type defined in pipeline: TYPE_UINT8"]),
-    "wrong_input_rank": ((Tensor("DALI_INPUT_0", "UINT8", (-1, -1)),), (Tensor("OUT", "UINT8", (-1,)),),
-                         ["DALI_INPUT_0", "rank", "ndim 1",
-                          'Invalid argument: Mismatch in number of dimensions for "DALI_INPUT_0"\n'
-                          "Number of dimensions defined in config: 2\nNumber of dimensions defined in pipeline: 1"]),
-    "wrong_output_type": ((Tensor("DALI_INPUT_0", "UINT8", (-1,)),), (Tensor("OUT", "INT32", (-1,)),),
-                          ["OUT", "TYPE_INT32", "TYPE_UINT8"]),
-    "wrong_input_name": ((Tensor("IMAGE", "UINT8", (-1,)),), (Tensor("OUT", "UINT8", (-1,)),),
-                         ["IMAGE", "DALI_INPUT_0", "Configuration file contains config for IMAGE but such input "
-                          "is not present in the pipeline."]),
-    "extra_output": ((Tensor("DALI_INPUT_0", "UINT8", (-1,)),),
-                     (Tensor("OUT", "UINT8", (-1,)), Tensor("MORE", "UINT8", (-1,))),
-                     ["2 outputs", "the pipeline has 1", "The number of outputs specified in the DALI pipeline "
-                      "and the configuration file do not match.\nModel config outputs: 2\nPipeline outputs: 1"]),
+    "wrong_input_type": (
+        (Tensor("DALI_INPUT_0", "FP32", (-1,)),),
+        (Tensor("OUT", "UINT8", (-1,)),),
+        [
+            "DALI_INPUT_0",
+            "TYPE_FP32",
+            "TYPE_UINT8",
+            "data type",
+            # src/config_tools/config_tools.cc ProcessDtypeConfig, as its QA compares it
+            'Invalid argument: Mismatch of data_type config for "DALI_INPUT_0".\n'
+            "Data type defined in config: TYPE_FP32\nData type defined in pipeline: TYPE_UINT8",
+        ],
+    ),
+    "wrong_input_rank": (
+        (Tensor("DALI_INPUT_0", "UINT8", (-1, -1)),),
+        (Tensor("OUT", "UINT8", (-1,)),),
+        [
+            "DALI_INPUT_0",
+            "rank",
+            "ndim 1",
+            'Invalid argument: Mismatch in number of dimensions for "DALI_INPUT_0"\n'
+            "Number of dimensions defined in config: 2\nNumber of dimensions defined in pipeline: 1",
+        ],
+    ),
+    "wrong_output_type": (
+        (Tensor("DALI_INPUT_0", "UINT8", (-1,)),),
+        (Tensor("OUT", "INT32", (-1,)),),
+        ["OUT", "TYPE_INT32", "TYPE_UINT8"],
+    ),
+    "wrong_input_name": (
+        (Tensor("IMAGE", "UINT8", (-1,)),),
+        (Tensor("OUT", "UINT8", (-1,)),),
+        [
+            "IMAGE",
+            "DALI_INPUT_0",
+            "Configuration file contains config for IMAGE but such input is not present in the pipeline.",
+        ],
+    ),
+    "extra_output": (
+        (Tensor("DALI_INPUT_0", "UINT8", (-1,)),),
+        (Tensor("OUT", "UINT8", (-1,)), Tensor("MORE", "UINT8", (-1,))),
+        [
+            "2 outputs",
+            "the pipeline has 1",
+            "The number of outputs specified in the DALI pipeline "
+            "and the configuration file do not match.\nModel config outputs: 2\nPipeline outputs: 1",
+        ],
+    ),
 }
 
 
 @pytest.mark.parametrize("model", sorted(MISMATCHES))
 def test_mismatched_config_fails_the_load_naming_tensor_and_values(model, repository, http):
     inputs, outputs, words = MISMATCHES[model]
-    name = rf.write_model(repository, rf.dali_config(model, inputs, outputs),
-                          {"model.dali": rf.serialized(rf.identity_pipeline)})
+    name = rf.write_model(
+        repository, rf.dali_config(model, inputs, outputs), {"model.dali": rf.serialized(rf.identity_pipeline)}
+    )
     message = rf.load_error(http, name)
     assert all(word in message for word in words), message
 
 
 def test_partial_config_is_auto_completed(repository, http):
     # Only the backend: names, types, dims, max_batch_size and batching come from the pipeline.
-    name = rf.write_model(repository, rf.dali_config("partial", max_batch_size=None),
-                          {"model.dali": rf.serialized(rf.two_in_two_out_pipeline, batch_size=6)})
+    name = rf.write_model(
+        repository,
+        rf.dali_config("partial", max_batch_size=None),
+        {"model.dali": rf.serialized(rf.two_in_two_out_pipeline, batch_size=6)},
+    )
     http.load_model(name)
     config = http.get_model_config(name)
     assert {(t["name"], t["data_type"], tuple(t["dims"])) for t in config["input"]} == {
-        ("A", "TYPE_FP32", (-1,)), ("B", "TYPE_FP32", (-1,))}
+        ("A", "TYPE_FP32", (-1,)),
+        ("B", "TYPE_FP32", (-1,)),
+    }
     assert [(t["data_type"], tuple(t["dims"])) for t in config["output"]] == [("TYPE_FP32", (-1,))] * 2
     assert config["max_batch_size"] == 6
     assert "dynamic_batching" in config
@@ -192,9 +247,13 @@ def test_partial_config_is_auto_completed(repository, http):
 
 # --- batching ----------------------------------------------------------------------
 
+
 def test_config_max_batch_size_overrides_the_serialized_batch_size(repository, http):
-    name = rf.write_model(repository, rf.identity_config("bigger_batch", max_batch_size=16),
-                          {"model.dali": rf.serialized(rf.identity_pipeline, batch_size=2)})
+    name = rf.write_model(
+        repository,
+        rf.identity_config("bigger_batch", max_batch_size=16),
+        {"model.dali": rf.serialized(rf.identity_pipeline, batch_size=2)},
+    )
     http.load_model(name)
     data = np.arange(16 * 4, dtype=np.uint8).reshape(16, 4)
     result = rf.infer_http(http, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"])
@@ -205,8 +264,12 @@ def test_unbatched_model(repository, http):
     """src/config_tools/config_tools.cc add_batch_dim: an unbatched model's dims
     start with the samples' axis, one rank above the pipeline's; a request's rows
     are its samples, up to the pipeline's batch size."""
-    config = rf.dali_config("unbatched", inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1, -1)),),
-                            outputs=(Tensor("OUT", "UINT8", (-1, -1)),), max_batch_size=0)
+    config = rf.dali_config(
+        "unbatched",
+        inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1, -1)),),
+        outputs=(Tensor("OUT", "UINT8", (-1, -1)),),
+        max_batch_size=0,
+    )
     name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.identity_pipeline, batch_size=4)})
     http.load_model(name)
     data = np.arange(15, dtype=np.uint8).reshape(3, 5)
@@ -214,8 +277,12 @@ def test_unbatched_model(repository, http):
     with pytest.raises(InferenceServerException) as refused:
         rf.infer_http(http, name, {"DALI_INPUT_0": np.zeros((5, 2), np.uint8)}, ["OUT"])
     assert "5 samples, above the pipeline's batch size 4" in str(refused.value)
-    rank_1 = rf.dali_config("unbatched_rank_1", inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,)),),
-                            outputs=(Tensor("OUT", "UINT8", (-1, -1)),), max_batch_size=0)
+    rank_1 = rf.dali_config(
+        "unbatched_rank_1",
+        inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,)),),
+        outputs=(Tensor("OUT", "UINT8", (-1, -1)),),
+        max_batch_size=0,
+    )
     name = rf.write_model(repository, rank_1, {"model.dali": rf.serialized(rf.identity_pipeline)})
     assert "rank mismatch" in rf.load_error(http, name)
 
@@ -237,10 +304,13 @@ def test_split_along_outer_axis_turns_each_samples_rows_into_samples(repository,
     """docs/config.md and src/dali_executor/utils/utils.h (split_outer_dim): samples of
     (2, 2) and (3, 2) leave as five samples of (2,); the config's dims lose the outer
     axis; an output not listed is left whole."""
-    config = rf.dali_config("split_pairs", inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,), allow_ragged_batch=True),),
-                            outputs=(Tensor("PAIRS", "UINT8", (2,)), Tensor("ROWS", "UINT8", (-1,))),
-                            parameters={"split_along_outer_axis": "PAIRS"},
-                            dynamic_batching=DynamicBatching(max_queue_delay_us=200_000))
+    config = rf.dali_config(
+        "split_pairs",
+        inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,), allow_ragged_batch=True),),
+        outputs=(Tensor("PAIRS", "UINT8", (2,)), Tensor("ROWS", "UINT8", (-1,))),
+        parameters={"split_along_outer_axis": "PAIRS"},
+        dynamic_batching=DynamicBatching(max_queue_delay_us=200_000),
+    )
     name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.pairs_pipeline)})
     http.load_model(name)
     metadata = http.get_model_metadata(name)
@@ -251,14 +321,18 @@ def test_split_along_outer_axis_turns_each_samples_rows_into_samples(repository,
         np.testing.assert_array_equal(result.as_numpy("PAIRS"), row.reshape(-1, 2))
         np.testing.assert_array_equal(result.as_numpy("ROWS"), row)
     # Merged by the batcher: each request gets its own samples' rows back.
-    merged = rf.infer_concurrently(http, name, [{"DALI_INPUT_0": np.full((1, 2 * n), n, np.uint8)} for n in (1, 3, 2)],
-                                   ["PAIRS"])
+    merged = rf.infer_concurrently(
+        http, name, [{"DALI_INPUT_0": np.full((1, 2 * n), n, np.uint8)} for n in (1, 3, 2)], ["PAIRS"]
+    )
     assert [result.as_numpy("PAIRS").shape for result in merged] == [(1, 2), (3, 2), (2, 2)]
 
 
 def test_split_output_keeps_the_pipelines_rank_without_the_parameter(repository, http):
-    config = rf.dali_config("unsplit_pairs", inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,), allow_ragged_batch=True),),
-                            outputs=(Tensor("PAIRS", "UINT8", (2,)), Tensor("ROWS", "UINT8", (-1,))))
+    config = rf.dali_config(
+        "unsplit_pairs",
+        inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,), allow_ragged_batch=True),),
+        outputs=(Tensor("PAIRS", "UINT8", (2,)), Tensor("ROWS", "UINT8", (-1,))),
+    )
     name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.pairs_pipeline)})
     assert "rank mismatch" in rf.load_error(http, name)
 
@@ -314,11 +388,15 @@ def stub_of(triton, model: str) -> psutil.Process:
 
 # --- failing well ----------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def decoder(repository, http):
-    config = rf.dali_config("decoder", inputs=(Tensor("ENCODED", "UINT8", (-1,), allow_ragged_batch=True),),
-                            outputs=(Tensor("IMAGE", "UINT8", (8, 8, 3)),),
-                            dynamic_batching=DynamicBatching(max_queue_delay_us=200_000))
+    config = rf.dali_config(
+        "decoder",
+        inputs=(Tensor("ENCODED", "UINT8", (-1,), allow_ragged_batch=True),),
+        outputs=(Tensor("IMAGE", "UINT8", (8, 8, 3)),),
+        dynamic_batching=DynamicBatching(max_queue_delay_us=200_000),
+    )
     http.load_model(rf.write_model(repository, config, {"model.dali": rf.serialized(rf.decode_pipeline)}))
     return config.name
 
@@ -349,8 +427,7 @@ def test_pipeline_error_is_grpc_unknown(decoder, triton):
 
 def test_only_the_bad_request_of_a_merged_batch_fails(decoder, http):
     inputs = [photo_bytes("coffee.png"), b"garbage" * 10, photo_bytes("rocket.jpg"), b"", photo_bytes("chelsea.png")]
-    results = rf.infer_concurrently(http, decoder, [{"ENCODED": encoded(data or b"\0")} for data in inputs],
-                                    ["IMAGE"])
+    results = rf.infer_concurrently(http, decoder, [{"ENCODED": encoded(data or b"\0")} for data in inputs], ["IMAGE"])
     outcomes = [r if isinstance(r, Exception) else r.as_numpy("IMAGE").shape for r in results]
     assert outcomes[0] == outcomes[2] == outcomes[4] == (1, 8, 8, 3), outcomes
     assert all(isinstance(outcomes[i], InferenceServerException) for i in (1, 3)), outcomes
@@ -359,9 +436,12 @@ def test_only_the_bad_request_of_a_merged_batch_fails(decoder, http):
 
 
 def test_image_above_max_pixels_is_refused_from_its_header(repository, http):
-    config = rf.dali_config("small_images", inputs=(Tensor("ENCODED", "UINT8", (-1,)),),
-                            outputs=(Tensor("IMAGE", "UINT8", (8, 8, 3)),),
-                            parameters={"max_pixels": "100000"})  # coffee.png is 400x600
+    config = rf.dali_config(
+        "small_images",
+        inputs=(Tensor("ENCODED", "UINT8", (-1,)),),
+        outputs=(Tensor("IMAGE", "UINT8", (8, 8, 3)),),
+        parameters={"max_pixels": "100000"},
+    )  # coffee.png is 400x600
     http.load_model(rf.write_model(repository, config, {"model.dali": rf.serialized(rf.decode_pipeline)}))
     with pytest.raises(InferenceServerException) as failure:
         rf.infer_http(http, config.name, {"ENCODED": encoded(photo_bytes("coffee.png"))}, ["IMAGE"])
@@ -371,31 +451,45 @@ def test_image_above_max_pixels_is_refused_from_its_header(repository, http):
 
 # --- devices and versions ----------------------------------------------------------
 
+
 def test_gpu_operator_on_cpu_instance_fails_the_load(repository, http):
-    config = rf.dali_config("gpu_decoder", inputs=(Tensor("ENCODED", "UINT8", (-1,)),),
-                            outputs=(Tensor("IMAGE", "UINT8", (-1, -1, 3)),))
+    config = rf.dali_config(
+        "gpu_decoder", inputs=(Tensor("ENCODED", "UINT8", (-1,)),), outputs=(Tensor("IMAGE", "UINT8", (-1, -1, 3)),)
+    )
     name = rf.write_model(repository, config, {"model.dali": rf.serialized(rf.gpu_decode_pipeline)})
     message = rf.load_error(http, name)
     assert "decoders__Image, device='mixed'" in message and "KIND_CPU" in message, message
 
 
 def test_serializing_dali_version_differing_is_logged(repository, http, triton):
-    name = rf.write_model(repository, rf.identity_config("old_pipeline"),
-                          {"model.dali": rf.serialized(rf.identity_pipeline), "model.dali.version": "1.0.0\n"})
+    name = rf.write_model(
+        repository,
+        rf.identity_config("old_pipeline"),
+        {"model.dali": rf.serialized(rf.identity_pipeline), "model.dali.version": "1.0.0\n"},
+    )
     http.load_model(name)
     # The stub's log lines reach Triton's log through its IPC queue: maybe after the load returned.
-    wait_for(lambda: "pipeline serialized with DALI 1.0.0, served with DALI 2.4"
-             in triton.log_path.read_text(errors="replace"), timeout_s=30, what="the version-skew warning")
+    wait_for(
+        lambda: (
+            "pipeline serialized with DALI 1.0.0, served with DALI 2.4" in triton.log_path.read_text(errors="replace")
+        ),
+        timeout_s=30,
+        what="the version-skew warning",
+    )
 
 
 def test_per_model_max_input_bytes_overrides_the_launchers(repository, http, identity):
     """The launcher's limit is 64 MiB here; this model's own parameter is 100 bytes."""
-    name = rf.write_model(repository, rf.identity_config("small_inputs", parameters={"max_input_bytes": "100"}),
-                          {"model.dali": rf.serialized(rf.identity_pipeline)})
+    name = rf.write_model(
+        repository,
+        rf.identity_config("small_inputs", parameters={"max_input_bytes": "100"}),
+        {"model.dali": rf.serialized(rf.identity_pipeline)},
+    )
     http.load_model(name)
     fits = np.full((2, 50), 3, np.uint8)  # 100 bytes, all rows counted
     np.testing.assert_array_equal(
-        rf.infer_http(http, name, {"DALI_INPUT_0": fits}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), fits)
+        rf.infer_http(http, name, {"DALI_INPUT_0": fits}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), fits
+    )
     with pytest.raises(InferenceServerException) as refused:
         rf.infer_http(http, name, {"DALI_INPUT_0": np.zeros((1, 101), np.uint8)}, ["DALI_OUTPUT_0"])
     assert refused.value.status() == "400", refused.value
@@ -403,7 +497,8 @@ def test_per_model_max_input_bytes_overrides_the_launchers(repository, http, ide
     # Another model on the same server keeps the launcher's limit.
     larger = np.full((1, 101), 5, np.uint8)
     np.testing.assert_array_equal(
-        rf.infer_http(http, identity, {"DALI_INPUT_0": larger}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), larger)
+        rf.infer_http(http, identity, {"DALI_INPUT_0": larger}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), larger
+    )
 
 
 def test_backend_config_reaches_the_dali_stubs(tmp_path):
@@ -415,14 +510,20 @@ def test_backend_config_reaches_the_dali_stubs(tmp_path):
     from tritonstack.serve.server_config import ServerConfig
 
     name = rf.write_model(tmp_path, rf.identity_config("identity"), {"model.dali": rf.serialized(rf.identity_pipeline)})
-    flags = ("--backend-config=dali,plugin_libs=/nonexistent/libnot_a_plugin.so",
-             "--backend-config", "dali,release_after_unload=true")
-    with TritonServer(ServerConfig(tmp_path, extra_args=(*rf.EXPLICIT, *flags), restricted_apis=())) as server, \
-            httpclient.InferenceServerClient(server.http_url) as client:
+    flags = (
+        "--backend-config=dali,plugin_libs=/nonexistent/libnot_a_plugin.so",
+        "--backend-config",
+        "dali,release_after_unload=true",
+    )
+    with (
+        TritonServer(ServerConfig(tmp_path, extra_args=(*rf.EXPLICIT, *flags), restricted_apis=())) as server,
+        httpclient.InferenceServerClient(server.http_url) as client,
+    ):
         client.load_model(name)
         data = np.arange(8, dtype=np.uint8).reshape(2, 4)
-        np.testing.assert_array_equal(rf.infer_http(client, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"])
-                                      .as_numpy("DALI_OUTPUT_0"), data)
+        np.testing.assert_array_equal(
+            rf.infer_http(client, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), data
+        )
         client.unload_model(name)
         wait_for(lambda: not client.is_model_ready(name), timeout_s=30)
         log = server.log_path.read_text(errors="replace")
@@ -443,12 +544,15 @@ def test_string_inputs_are_taken_as_the_raw_buffer(repository, http):
     """src/utils/triton.h to_dali: BYTES reaches DALI as UINT8, Triton's buffer as it is
     (each element's 4-byte length, then its bytes). A decoder cannot read that
     (dali_backend issue #176): such a request is refused saying what to send."""
-    def config(name):
-        return rf.dali_config(name, inputs=(Tensor("DALI_INPUT_0", "STRING", (1,)),),
-                              outputs=(Tensor("DALI_OUTPUT_0", "UINT8", (-1,)),))
 
-    identity = rf.write_model(repository, config("string_identity"),
-                              {"model.dali": rf.serialized(untyped_identity_pipeline)})
+    def config(name):
+        return rf.dali_config(
+            name, inputs=(Tensor("DALI_INPUT_0", "STRING", (1,)),), outputs=(Tensor("DALI_OUTPUT_0", "UINT8", (-1,)),)
+        )
+
+    identity = rf.write_model(
+        repository, config("string_identity"), {"model.dali": rf.serialized(untyped_identity_pipeline)}
+    )
     http.load_model(identity)
     strings = np.array([[b"abc"], [b"xyz"]], dtype=np.object_)
     answer = rf.infer_http(http, identity, {"DALI_INPUT_0": strings}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0")
@@ -458,10 +562,10 @@ def test_string_inputs_are_taken_as_the_raw_buffer(repository, http):
     decoder = rf.write_model(repository, decoder_config, {"model.dali": rf.serialized(untyped_decoder_pipeline)})
     http.load_model(decoder)
     with pytest.raises(InferenceServerException) as refused:
-        rf.infer_http(http, decoder, {"DALI_INPUT_0": np.array([[sample_jpeg()]], dtype=np.object_)},
-                      ["DALI_OUTPUT_0"])
+        rf.infer_http(http, decoder, {"DALI_INPUT_0": np.array([[sample_jpeg()]], dtype=np.object_)}, ["DALI_OUTPUT_0"])
     assert "TYPE_STRING" in str(refused.value) and "TYPE_UINT8" in str(refused.value), refused.value
 
-    typed = rf.write_model(repository, config("string_for_uint8_source"),
-                           {"model.dali": rf.serialized(rf.identity_pipeline)})
+    typed = rf.write_model(
+        repository, config("string_for_uint8_source"), {"model.dali": rf.serialized(rf.identity_pipeline)}
+    )
     assert "data type mismatch" in rf.load_error(http, typed)  # the C++ backend's ValidateDtypeConfig too

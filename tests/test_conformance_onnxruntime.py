@@ -32,18 +32,29 @@ def http(triton):
 
 
 def ort_config(name, inputs=(), outputs=(), max_batch_size=8, **fields) -> ModelConfig:
-    return ModelConfig(name=name, backend="onnxruntime", inputs=tuple(inputs), outputs=tuple(outputs),
-                       max_batch_size=max_batch_size, instance_groups=rf.CPU, **fields)
+    return ModelConfig(
+        name=name,
+        backend="onnxruntime",
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        max_batch_size=max_batch_size,
+        instance_groups=rf.CPU,
+        **fields,
+    )
 
 
-@pytest.mark.parametrize("onnx_type, triton_type, numpy_type", [
-    (TensorProto.FLOAT, "TYPE_FP32", np.float32),
-    (TensorProto.FLOAT16, "TYPE_FP16", np.float16),
-    (TensorProto.INT64, "TYPE_INT64", np.int64),
-])
+@pytest.mark.parametrize(
+    "onnx_type, triton_type, numpy_type",
+    [
+        (TensorProto.FLOAT, "TYPE_FP32", np.float32),
+        (TensorProto.FLOAT16, "TYPE_FP16", np.float16),
+        (TensorProto.INT64, "TYPE_INT64", np.int64),
+    ],
+)
 def test_partial_config_is_auto_completed_from_the_graph(onnx_type, triton_type, numpy_type, repository, http):
-    name = rf.write_model(repository, ort_config(f"auto_{triton_type.lower()}", max_batch_size=0),
-                          {"model.onnx": rf.add_graph(onnx_type)})
+    name = rf.write_model(
+        repository, ort_config(f"auto_{triton_type.lower()}", max_batch_size=0), {"model.onnx": rf.add_graph(onnx_type)}
+    )
     http.load_model(name)
     config = http.get_model_config(name)
     inputs = [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in config["input"]]
@@ -58,39 +69,57 @@ def test_partial_config_is_auto_completed_from_the_graph(onnx_type, triton_type,
 # Every element type the backend maps (tritonstack.contract), through an Identity
 # graph: auto-completed name, type and dims, then a round trip where numpy has the type.
 ALL_TYPES = [
-    (TensorProto.FLOAT, "TYPE_FP32", np.float32), (TensorProto.FLOAT16, "TYPE_FP16", np.float16),
-    (TensorProto.DOUBLE, "TYPE_FP64", np.float64), (TensorProto.BFLOAT16, "TYPE_BF16", None),
-    (TensorProto.INT8, "TYPE_INT8", np.int8), (TensorProto.INT16, "TYPE_INT16", np.int16),
-    (TensorProto.INT32, "TYPE_INT32", np.int32), (TensorProto.INT64, "TYPE_INT64", np.int64),
-    (TensorProto.UINT8, "TYPE_UINT8", np.uint8), (TensorProto.UINT16, "TYPE_UINT16", np.uint16),
-    (TensorProto.UINT32, "TYPE_UINT32", np.uint32), (TensorProto.UINT64, "TYPE_UINT64", np.uint64),
-    (TensorProto.BOOL, "TYPE_BOOL", np.bool_), (TensorProto.STRING, "TYPE_STRING", np.object_),
+    (TensorProto.FLOAT, "TYPE_FP32", np.float32),
+    (TensorProto.FLOAT16, "TYPE_FP16", np.float16),
+    (TensorProto.DOUBLE, "TYPE_FP64", np.float64),
+    (TensorProto.BFLOAT16, "TYPE_BF16", None),
+    (TensorProto.INT8, "TYPE_INT8", np.int8),
+    (TensorProto.INT16, "TYPE_INT16", np.int16),
+    (TensorProto.INT32, "TYPE_INT32", np.int32),
+    (TensorProto.INT64, "TYPE_INT64", np.int64),
+    (TensorProto.UINT8, "TYPE_UINT8", np.uint8),
+    (TensorProto.UINT16, "TYPE_UINT16", np.uint16),
+    (TensorProto.UINT32, "TYPE_UINT32", np.uint32),
+    (TensorProto.UINT64, "TYPE_UINT64", np.uint64),
+    (TensorProto.BOOL, "TYPE_BOOL", np.bool_),
+    (TensorProto.STRING, "TYPE_STRING", np.object_),
 ]
 
 
 @pytest.mark.parametrize("onnx_type, triton_type, numpy_type", ALL_TYPES, ids=[t[1] for t in ALL_TYPES])
 def test_every_element_type_is_auto_completed(onnx_type, triton_type, numpy_type, repository, http):
-    name = rf.write_model(repository, ort_config(f"all_{triton_type.lower()}", max_batch_size=0),
-                          {"model.onnx": rf.identity_graph(onnx_type)})
+    name = rf.write_model(
+        repository,
+        ort_config(f"all_{triton_type.lower()}", max_batch_size=0),
+        {"model.onnx": rf.identity_graph(onnx_type)},
+    )
     http.load_model(name)
     try:
         config = http.get_model_config(name)
-        tensors = [(t["name"], t["data_type"], [int(d) for d in t["dims"]])
-                   for t in (*config["input"], *config["output"])]
+        tensors = [
+            (t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in (*config["input"], *config["output"])
+        ]
         assert tensors == [("X", triton_type, [4]), ("Y", triton_type, [4])]
         assert config["max_batch_size"] == 4
         if numpy_type is not None:
-            data = (np.array([[b"a", b"bc", b"", b"d"]], np.object_) if numpy_type is np.object_
-                    else (np.arange(4).reshape(1, 4) % 2).astype(numpy_type))
+            data = (
+                np.array([[b"a", b"bc", b"", b"d"]], np.object_)
+                if numpy_type is np.object_
+                else (np.arange(4).reshape(1, 4) % 2).astype(numpy_type)
+            )
             np.testing.assert_array_equal(rf.infer_http(http, name, {"X": data}, ["Y"]).as_numpy("Y"), data)
     finally:
         http.unload_model(name)
 
 
 def test_thread_parameters_and_merged_batches(repository, http):
-    config = ort_config("threaded", inputs=(Tensor("X", "FP32", (4,)),), outputs=(Tensor("Y", "FP32", (4,)),),
-                        parameters={"intra_op_thread_count": "1", "inter_op_thread_count": "1"},
-                        dynamic_batching=DynamicBatching(max_queue_delay_us=200_000))
+    config = ort_config(
+        "threaded",
+        inputs=(Tensor("X", "FP32", (4,)),),
+        outputs=(Tensor("Y", "FP32", (4,)),),
+        parameters={"intra_op_thread_count": "1", "inter_op_thread_count": "1"},
+        dynamic_batching=DynamicBatching(max_queue_delay_us=200_000),
+    )
     http.load_model(rf.write_model(repository, config, {"model.onnx": rf.add_graph()}))
     rows = [np.full((1, 4), value, np.float32) for value in range(4)]
     results = rf.infer_concurrently(http, config.name, [{"X": row} for row in rows], ["Y"])
@@ -126,8 +155,10 @@ def test_arena_shrinkage_of_the_cpp_backend(repository, triton, http):
     io = {"inputs": (Tensor("X", "FP32", (1,)),), "outputs": (Tensor("Y", "FP32", (1,)),)}
     batch, width = 8, 2**21  # 8 x 2M floats: a 64 MiB tensor between the two nodes
     grown = {}
-    for name, parameters in (("arena_keeps", {}),
-                             ("arena_shrinks", {"memory.enable_memory_arena_shrinkage": "gpu:0;cpu:0"})):
+    for name, parameters in (
+        ("arena_keeps", {}),
+        ("arena_shrinks", {"memory.enable_memory_arena_shrinkage": "gpu:0;cpu:0"}),
+    ):
         config = ort_config(name, parameters=parameters, **io)
         http.load_model(rf.write_model(repository, config, {"model.onnx": rf.tile_sum_graph(width)}))
         # A batch of one first: ONNX Runtime never frees the arena's first region.
@@ -149,11 +180,16 @@ def test_arena_shrinkage_of_the_cpp_backend(repository, triton, http):
 def test_unreadable_boolean_parameter_is_a_load_problem():
     from tritonstack.rules.onnxruntime import bool_parameter, onnx_problems
 
-    assert [bool_parameter({"k": {"string_value": v}}, "k") for v in ("true", "1", "False", "0")] == \
-        [True, True, False, False]
+    assert [bool_parameter({"k": {"string_value": v}}, "k") for v in ("true", "1", "False", "0")] == [
+        True,
+        True,
+        False,
+        False,
+    ]
     assert bool_parameter({}, "k") is None
-    problems = onnx_problems({"name": "m", "parameters": {"enable_mem_pattern": {"string_value": "yes please"}}},
-                             [], [])
+    problems = onnx_problems(
+        {"name": "m", "parameters": {"enable_mem_pattern": {"string_value": "yes please"}}}, [], []
+    )
     assert [(p.field, p.tensor) for p in problems] == [("parameters", "enable_mem_pattern")], problems
     for value, problem_count in (("cpu:0", 0), ("gpu:0;cpu:0", 0), ("cpu", 1), ("cpu:0;", 1), ("tpu:0", 1)):
         config = {"name": "m", "parameters": {"memory.enable_memory_arena_shrinkage": {"string_value": value}}}

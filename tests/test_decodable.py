@@ -26,25 +26,27 @@ def corrupt_png_with_valid_crcs() -> bytes:
     Image.new("RGB", (16, 16), (1, 2, 3)).save(out, format="PNG")
     png = out.getvalue()
     start = png.index(b"IDAT") - 4
-    length = struct.unpack(">I", png[start:start + 4])[0]
-    data = png[start + 8:start + 10] + bytes(length - 2)  # the zlib header kept
+    length = struct.unpack(">I", png[start : start + 4])[0]
+    data = png[start + 8 : start + 10] + bytes(length - 2)  # the zlib header kept
     chunk = b"IDAT" + data
-    return png[:start + 4] + chunk + struct.pack(">I", zlib.crc32(chunk)) + png[start + 12 + length:]
+    return png[: start + 4] + chunk + struct.pack(">I", zlib.crc32(chunk)) + png[start + 12 + length :]
 
 
 def cut(data: bytes, fraction: float) -> bytes:
-    return data[:int(len(data) * fraction)]
+    return data[: int(len(data) * fraction)]
 
 
 MORE_CASES = {
-    **{f"format_{name.lower()}": (lambda name=name: encode(chelsea(), name))
-       for name in ("JPEG2000", "PPM", "TGA", "ICO", "PCX", "QOI", "SGI", "GIF")},
+    **{
+        f"format_{name.lower()}": (lambda name=name: encode(chelsea(), name))
+        for name in ("JPEG2000", "PPM", "TGA", "ICO", "PCX", "QOI", "SGI", "GIF")
+    },
     "jpeg_without_eoi": lambda: jpeg()[:-2],
     "jpeg_cut_99pc": lambda: cut(jpeg(), 0.99),
     "jpeg_cut_then_eoi": lambda: cut(jpeg(), 0.5) + b"\xff\xd9",  # the decoder reads what is there
     "jpeg_trailing_bytes": lambda: jpeg() + b"\x00" * 64,
     "png_cut_half": lambda: cut(photo_bytes("coffee.png"), 0.5),
-    "png_without_iend": lambda: photo_bytes("coffee.png")[:photo_bytes("coffee.png").rfind(b"IEND") - 4],
+    "png_without_iend": lambda: photo_bytes("coffee.png")[: photo_bytes("coffee.png").rfind(b"IEND") - 4],
     "png_corrupt_valid_crcs": corrupt_png_with_valid_crcs,
     "jpeg_magic_then_garbage": lambda: b"\xff\xd8\xff" + b"garbage" * 20,
 }
@@ -52,9 +54,24 @@ INPUTS = {name: make for name, (make, _) in CASES.items() if name != "decompress
 INPUTS.update(MORE_CASES)
 # What must be refused without decoding: the soak's bad inputs and every failure the
 # decoder's input shows in its bytes. Left to the decoder: failures only decoding shows.
-SCREENED = {"zero_length", "random_bytes", "text", "truncated_jpeg", "header_only_jpeg", "gif",
-            "format_tga", "format_ico", "format_pcx", "format_qoi", "format_sgi", "format_gif",
-            "jpeg_without_eoi", "jpeg_cut_99pc", "png_cut_half", "png_without_iend"}
+SCREENED = {
+    "zero_length",
+    "random_bytes",
+    "text",
+    "truncated_jpeg",
+    "header_only_jpeg",
+    "gif",
+    "format_tga",
+    "format_ico",
+    "format_pcx",
+    "format_qoi",
+    "format_sgi",
+    "format_gif",
+    "jpeg_without_eoi",
+    "jpeg_cut_99pc",
+    "png_cut_half",
+    "png_without_iend",
+}
 
 
 @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1)

@@ -15,7 +15,10 @@ CLIENTS = Path(__file__).resolve().parent.parent / "clients"
 def run_example(name: str, *args: str, env: dict | None = None) -> str:
     done = subprocess.run(
         [sys.executable, str(CLIENTS / name), *args],
-        capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -36,8 +39,14 @@ def test_asyncio_grpc_many_in_flight(server):
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_system_shared_memory(server, protocol):
     url = server.http_url if protocol == "http" else server.grpc_url
-    out = run_example("example_shared_memory.py", "--url", url, "--protocol", protocol,
-                      env={"TRITONSTACK_ADMIN_KEY": server.admin_key})
+    out = run_example(
+        "example_shared_memory.py",
+        "--url",
+        url,
+        "--protocol",
+        protocol,
+        env={"TRITONSTACK_ADMIN_KEY": server.admin_key},
+    )
     assert "probabilities (5, 1000) read from shared memory" in out
     assert "espresso (0.954)" in out
     assert "regions registered while in use: 2" in out

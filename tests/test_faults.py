@@ -46,8 +46,9 @@ def triton(fault_repository):
 
 def good_load(server: TritonServer) -> MixedLoad:
     """One HTTP and one gRPC worker sending valid photos, no retries."""
-    return MixedLoad({"http": server.http_url, "grpc": server.grpc_url}, workers_per_protocol=1,
-                     bad_ratio=0.0, max_requests=5000)
+    return MixedLoad(
+        {"http": server.http_url, "grpc": server.grpc_url}, workers_per_protocol=1, bad_ratio=0.0, max_requests=5000
+    )
 
 
 def answering(load: MixedLoad, answered: int = 2) -> None:
@@ -76,8 +77,11 @@ def test_killed_stub_is_replaced_and_requests_succeed_again(triton, model):
         killed = time.monotonic()
         recovered = wait_until_it_answers(triton, killed + RECOVERY_S)
         # Keep loading the recovered model until it has answered a few more.
-        wait_for(lambda: sum(ok for done, ok in load.tally.times if done > recovered + 1.0) >= 2,
-                 timeout_s=RECOVERY_S, what="answers after the recovery")
+        wait_for(
+            lambda: sum(ok for done, ok in load.tally.times if done > recovered + 1.0) >= 2,
+            timeout_s=RECOVERY_S,
+            what="answers after the recovery",
+        )
     tally = load.tally
     assert model in [name for _, name in triton.supervisor.reloads]
     assert victim not in server_stubs(triton.process.pid)[0]
@@ -93,8 +97,11 @@ def add_version(repository, model: str, version: str) -> None:
 
 
 def version_states(admin: httpclient.InferenceServerClient, headers, model: str) -> dict[str, str]:
-    return {entry["version"]: entry["state"] for entry in admin.get_model_repository_index(headers=headers)
-            if entry["name"] == model}
+    return {
+        entry["version"]: entry["state"]
+        for entry in admin.get_model_repository_index(headers=headers)
+        if entry["name"] == model
+    }
 
 
 def wait_for_states(admin, headers, model: str, expected: dict[str, str], timeout_s: float = 60) -> None:
@@ -149,8 +156,9 @@ def test_shutdown_lets_requests_in_flight_finish(fault_repository):
 
     senders = [threading.Thread(target=send, args=(protocol,)) for protocol in ("http", "grpc") * 2]
     try:
-        preprocessing = next(psutil.Process(pid) for pid, name in server_stubs(server.pid)[0].items()
-                             if name == PREPROCESS)
+        preprocessing = next(
+            psutil.Process(pid) for pid, name in server_stubs(server.pid)[0].items() if name == PREPROCESS
+        )
         for sender in senders:
             sender.start()
         ready.wait(timeout=120)

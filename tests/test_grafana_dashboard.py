@@ -76,8 +76,11 @@ def test_every_query_parses_as_promql():
 def test_autoscaling_panel_plots_the_autoscalers_query_and_target():
     _, board = dashboard("autoscaling.model=ensemble_dali_efficientnet_lite2", "autoscaling.targetQueueTimeUs=12345")
     (exprs,) = [exprs for title, exprs in queries(board).items() if title.startswith("Autoscaling")]
-    adapter_rule = one(render("cpu", "autoscaling.model=ensemble_dali_efficientnet_lite2"), "ConfigMap",
-                       f"{RELEASE}-image-classifier-adapter-rules")["data"]["config.yaml"]
+    adapter_rule = one(
+        render("cpu", "autoscaling.model=ensemble_dali_efficientnet_lite2"),
+        "ConfigMap",
+        f"{RELEASE}-image-classifier-adapter-rules",
+    )["data"]["config.yaml"]
     assert 'model=~"ensemble_dali_efficientnet_lite2"' in exprs[0] and "by (pod)" in exprs[0]
     assert "ensemble_dali_efficientnet_lite2" in adapter_rule
     assert metric_names(parse(exprs[0])) == {"nv_inference_queue_duration_us", "nv_inference_request_success"}
@@ -98,4 +101,12 @@ def test_every_metric_the_dashboard_names_is_exported_by_the_server(server):
 def test_chart_with_the_dashboard_lints(mode):
     from tests.chart import CHART
 
-    helm("lint", "--strict", str(CHART), "-f", str(CHART / f"values-{mode}.yaml"), "--set", "grafana.dashboard.enabled=true")
+    helm(
+        "lint",
+        "--strict",
+        str(CHART),
+        "-f",
+        str(CHART / f"values-{mode}.yaml"),
+        "--set",
+        "grafana.dashboard.enabled=true",
+    )

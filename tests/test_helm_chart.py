@@ -56,8 +56,7 @@ MODES = ("gpu", "cpu", "local")
 CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("keda.sh/v1alpha1", "ScaledObject")}
 # Everything optional switched on, so that every template renders.
 EVERYTHING = ("locust.enabled=true", "metrics.serviceMonitor.enabled=true")
-HEALTH = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready",
-          "startupProbe": "/v2/health/ready"}
+HEALTH = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready", "startupProbe": "/v2/health/ready"}
 LOADTEST_FILES = ("__init__.py", "locustfile.py", "users.py")
 
 
@@ -70,12 +69,19 @@ def exported_metric_names(server) -> set[str]:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_lint_strict(mode):
-    helm("lint", "--strict", str(CHART), "-f", str(CHART / f"values-{mode}.yaml"),
-         *[arg for setting in EVERYTHING for arg in ("--set", setting)])
+    helm(
+        "lint",
+        "--strict",
+        str(CHART),
+        "-f",
+        str(CHART / f"values-{mode}.yaml"),
+        *[arg for setting in EVERYTHING for arg in ("--set", setting)],
+    )
 
 
-@pytest.mark.parametrize("sets", [(), EVERYTHING, ("autoscaling.kind=keda", *EVERYTHING)],
-                         ids=["defaults", "everything", "keda"])
+@pytest.mark.parametrize(
+    "sets", [(), EVERYTHING, ("autoscaling.kind=keda", *EVERYTHING)], ids=["defaults", "everything", "keda"]
+)
 @pytest.mark.parametrize("mode", MODES)
 def test_every_object_matches_the_kubernetes_schemas(mode, sets):
     objects = render(mode, *sets)
@@ -101,7 +107,8 @@ def test_probes_use_triton_health_endpoints_on_a_declared_port(mode):
         assert container[probe]["httpGet"] == {"path": path, "port": "http"}, probe
     assert "http" in port_names
     assert int(flag(container["args"], "http-port")) == next(
-        p["containerPort"] for p in container["ports"] if p["name"] == "http")
+        p["containerPort"] for p in container["ports"] if p["name"] == "http"
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -141,8 +148,9 @@ def test_no_secret_value_is_rendered(mode):
                     assert "value" not in env, (obj["metadata"]["name"], env)
     for config_map in (o for o in objects if o["kind"] == "ConfigMap"):
         text = yaml.safe_dump(config_map["data"])
-        assert not re.search(r"AWS_SECRET_ACCESS_KEY\s*[=:]\s*\S|tritonstack-admin-key=(?!\$\()", text), \
-            config_map["metadata"]["name"]
+        assert not re.search(r"AWS_SECRET_ACCESS_KEY\s*[=:]\s*\S|tritonstack-admin-key=(?!\$\()", text), config_map[
+            "metadata"
+        ]["name"]
 
 
 def _containers(obj: dict) -> list[dict]:
@@ -187,11 +195,16 @@ def test_hpa_scales_the_deployment_on_triton_queue_time(mode, exported_metric_na
     assert "replicas" not in deployment["spec"]  # the autoscaler owns the count
     hpa = one(objects, "HorizontalPodAutoscaler")
     target = hpa["spec"]["scaleTargetRef"]
-    assert (target["apiVersion"], target["kind"], target["name"]) == ("apps/v1", "Deployment",
-                                                                       deployment["metadata"]["name"])
+    assert (target["apiVersion"], target["kind"], target["name"]) == (
+        "apps/v1",
+        "Deployment",
+        deployment["metadata"]["name"],
+    )
     (metric,) = hpa["spec"]["metrics"]
     assert metric["type"] == "Pods" and metric["pods"]["target"]["type"] == "AverageValue"
-    rules = yaml.safe_load(one(objects, "ConfigMap", f"{RELEASE}-image-classifier-adapter-rules")["data"]["config.yaml"])
+    rules = yaml.safe_load(
+        one(objects, "ConfigMap", f"{RELEASE}-image-classifier-adapter-rules")["data"]["config.yaml"]
+    )
     (rule,) = rules["rules"]
     assert rule["name"]["as"] == metric["pods"]["metric"]["name"]
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
@@ -270,7 +283,6 @@ def test_locust_configmap_carries_the_projects_own_users():
     assert all(package in dockerfile for package in ("locust", "gevent", "scikit-image", ".[client]"))
 
 
-
 def test_install_command_in_docs_renders():
     """The GPU mode's documented install command is one the chart accepts."""
     doc = (PROJECT_ROOT / "docs" / "kubernetes.md").read_text()
@@ -295,10 +307,19 @@ def test_rendered_locust_pods_run_a_bounded_test_against_the_server(server, tmp_
     """The master's and the worker's rendered commands, run here as the pods would:
     users from the ConfigMap's files only, cluster names mapped to loopback."""
     http_port, grpc_port = server.http_url.rsplit(":", 1)[1], server.grpc_url.rsplit(":", 1)[1]
-    objects = render("local", "locust.enabled=true", "locust.workers=1", "locust.users=2", "locust.spawnRate=2",
-                     "locust.runTime=4s", f"locust.masterPort={free_port(LOOPBACK)}", "locust.workersMaxWaitSeconds=60",
-                     f"server.ports.http={http_port}", f"server.ports.grpc={grpc_port}",
-                     f"locust.extraArgs={{--master-bind-host={LOOPBACK}}}")
+    objects = render(
+        "local",
+        "locust.enabled=true",
+        "locust.workers=1",
+        "locust.users=2",
+        "locust.spawnRate=2",
+        "locust.runTime=4s",
+        f"locust.masterPort={free_port(LOOPBACK)}",
+        "locust.workersMaxWaitSeconds=60",
+        f"server.ports.http={http_port}",
+        f"server.ports.grpc={grpc_port}",
+        f"locust.extraArgs={{--master-bind-host={LOOPBACK}}}",
+    )
     mount = tmp_path / "locust" / "loadtests"
     mount.mkdir(parents=True)
     for name, text in one(objects, "ConfigMap", f"{RELEASE}-image-classifier-locust")["data"].items():
@@ -322,8 +343,11 @@ def test_rendered_locust_pods_run_a_bounded_test_against_the_server(server, tmp_
         for workload in (one(objects, "Job"), one(objects, "Deployment", f"{RELEASE}-image-classifier-locust-worker")):
             command, env = as_here(one_container(workload))
             # cwd: a folder without the project, so only the mounted users are importable.
-            processes.append(subprocess.Popen(command, cwd=tmp_path, env={**_base_env(), **env},
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+            processes.append(
+                subprocess.Popen(
+                    command, cwd=tmp_path, env={**_base_env(), **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                )
+            )
         master, worker = processes
         deadline = time.monotonic() + 120
         while master.poll() is None and time.monotonic() < deadline:
@@ -372,12 +396,23 @@ def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_
         served.process.wait(timeout=int(flag(served.args, "exit-timeout-secs")) + 5)
 
 
-@pytest.mark.parametrize("setting", ["mode=laptop", "server.adminKey.key=sekrit", "autoscaling.kind=vpa",
-                                     "locust.runTime=forever", "modelRepository.s3.url=gs://bucket/models"])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "mode=laptop",
+        "server.adminKey.key=sekrit",
+        "autoscaling.kind=vpa",
+        "locust.runTime=forever",
+        "modelRepository.s3.url=gs://bucket/models",
+    ],
+)
 def test_values_schema_refuses_what_the_chart_cannot_serve(setting):
     """A key in values, an unknown mode or autoscaler, an unbounded Locust run, a
     non-S3 URL: refused at render time, before anything reaches a cluster."""
-    done = subprocess.run([str(HELM), "template", RELEASE, str(CHART), "--set", setting],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "values don't meet the specifications of the schema" in done.stderr, \
-        (setting, done.stderr[-500:])
+    done = subprocess.run(
+        [str(HELM), "template", RELEASE, str(CHART), "--set", setting], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0 and "values don't meet the specifications of the schema" in done.stderr, (
+        setting,
+        done.stderr[-500:],
+    )

@@ -53,8 +53,12 @@ MiB = 1 << 20
 # A copy of the DALI model with a budget far above its memory ceiling: a runaway.
 UNBUDGETED = "preprocess_unbudgeted"
 LIMITS = MemoryLimits(server_bytes=8 << 30, stub_bytes=2 << 30)
-BUDGET = {"max_pixels": 20_000_000, "max_request_pixels": 40_000_000, "max_batch_pixels": 40_000_000,
-          "release_above_pixels": 10_000_000}
+BUDGET = {
+    "max_pixels": 20_000_000,
+    "max_request_pixels": 40_000_000,
+    "max_batch_pixels": 40_000_000,
+    "release_above_pixels": 10_000_000,
+}
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +85,9 @@ def add_parameters(model_dir, parameters: dict) -> None:
 def triton(hostile_repository):
     # No recycling: these tests watch one DALI stub's memory across bursts
     # (recycling after a burst: tests/test_burst_memory.py).
-    with TritonServer(ServerConfig(hostile_repository, stop_grace_s=5), Supervision(recycle=None, memory_limits=LIMITS)) as running:
+    with TritonServer(
+        ServerConfig(hostile_repository, stop_grace_s=5), Supervision(recycle=None, memory_limits=LIMITS)
+    ) as running:
         yield running
 
 
@@ -144,14 +150,19 @@ def test_json_nested_150000_deep_crashes_triton_2_51_and_is_survived(triton):
     body = deep_json(150_000)
     started = time.monotonic()
     with pytest.raises(requests.ConnectionError):
-        requests.post(f"http://{triton.http_url}/v2/models/{ENSEMBLE}/infer", data=body, timeout=ANSWER_S,
-                      headers={"Inference-Header-Content-Length": str(len(body))})
+        requests.post(
+            f"http://{triton.http_url}/v2/models/{ENSEMBLE}/infer",
+            data=body,
+            timeout=ANSWER_S,
+            headers={"Inference-Header-Content-Length": str(len(body))},
+        )
     assert_crash_survived(triton, old_pid, started, restarts)
     assert triton.restarter.deaths[deaths][1] == "killed by SIGSEGV"
     assert len(body) < 310_000
 
 
 # --- decode budget ---------------------------------------------------------------
+
 
 def png(width: int, height: int) -> bytes:
     """A real image of that size (one colour: small encoded, full size decoded)."""
@@ -202,8 +213,10 @@ def test_burst_of_large_images_runs_in_parts_and_memory_plateaus(triton):
         assert classify_coffee(triton) == "espresso"
         peaks.append(peak)
         afters.append(after)
-        print(f"DALI stub RSS: warm {warm / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB, after {after / MiB:.0f} MiB, "
-              f"{elapsed:.1f} s")
+        print(
+            f"DALI stub RSS: warm {warm / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB, after {after / MiB:.0f} MiB, "
+            f"{elapsed:.1f} s"
+        )
     assert max(peaks) - warm < 600 * MiB  # 40 MP per run at ~5 B/pixel, not 128 MP
     assert afters[0] - warm < BUDGET["max_batch_pixels"] * 5, (warm, afters)  # one run's buffers at most
     assert afters[1] - afters[0] < 0.05 * afters[0], (warm, afters)  # a plateau, not a climb
@@ -235,12 +248,14 @@ def burst_of_large_images(triton, stub, large: bytes) -> tuple[int, float]:
 
 # --- memory ceilings ------------------------------------------------------------------
 
+
 def test_server_and_each_stub_have_their_memory_ceiling(triton):
     server = psutil.Process(triton.pid)
     assert server.rlimit(psutil.RLIMIT_AS) == (LIMITS.server_bytes,) * 2
     live, _ = server_stubs(triton.pid)
-    assert poll(lambda: all(psutil.Process(pid).rlimit(psutil.RLIMIT_AS) == (LIMITS.stub_bytes,) * 2
-                            for pid in live), 5)
+    assert poll(
+        lambda: all(psutil.Process(pid).rlimit(psutil.RLIMIT_AS) == (LIMITS.stub_bytes,) * 2 for pid in live), 5
+    )
     assert len(live) == 4
 
 
@@ -272,16 +287,22 @@ def test_a_runaway_model_fails_alone_at_its_ceiling(triton):
 # Each case returns (HTTP status, or "closed" when Triton answers nothing, and the
 # answer's text). Expected: status and words of the message.
 
+
 def post_infer(server: TritonServer, header: dict, binary: bytes = b"", model: str = ENSEMBLE):
     body = json.dumps(header).encode()
-    response = requests.post(f"http://{server.http_url}/v2/models/{model}/infer", data=body + binary,
-                             headers={"Inference-Header-Content-Length": str(len(body))}, timeout=ANSWER_S)
+    response = requests.post(
+        f"http://{server.http_url}/v2/models/{model}/infer",
+        data=body + binary,
+        headers={"Inference-Header-Content-Length": str(len(body))},
+        timeout=ANSWER_S,
+    )
     return response.status_code, response.text
 
 
 def binary_input(shape, size: int, datatype: str = "UINT8") -> dict:
-    return {"inputs": [{"name": "INPUT", "shape": shape, "datatype": datatype,
-                        "parameters": {"binary_data_size": size}}]}
+    return {
+        "inputs": [{"name": "INPUT", "shape": shape, "datatype": datatype, "parameters": {"binary_data_size": size}}]
+    }
 
 
 def raw_http(server: TritonServer, request: bytes):
@@ -324,14 +345,16 @@ def case_dtype_lie(server):  # 4 bytes per element declared, 1 sent
 
 
 def case_json_data_not_numbers(server):
-    return post_infer(server, {"inputs": [{"name": "INPUT", "shape": [1, 3], "datatype": "UINT8",
-                                           "data": ["a", {"b": 1}, None]}]})
+    return post_infer(
+        server, {"inputs": [{"name": "INPUT", "shape": [1, 3], "datatype": "UINT8", "data": ["a", {"b": 1}, None]}]}
+    )
 
 
 def case_large_json_body(server):  # 10 MB of JSON numbers, not an image
     count = 3_000_000
-    return post_infer(server, {"inputs": [{"name": "INPUT", "shape": [1, count], "datatype": "UINT8",
-                                           "data": [255] * count}]})
+    return post_infer(
+        server, {"inputs": [{"name": "INPUT", "shape": [1, count], "datatype": "UINT8", "data": [255] * count}]}
+    )
 
 
 def case_json_nested_100000(server):
@@ -490,5 +513,7 @@ def test_check_refuses_a_budget_that_refuses_everything(model_repository, tmp_pa
     messages = [problem.message for problem in check_repository(tmp_path)]
     assert any("max_request_pixels 500 is above max_batch_pixels 100" in m for m in messages), messages
     problems = check_repository(tmp_path)
-    assert any(p.field.startswith("model_warmup") and "(451x300), above this model's max_request_pixels 500"
-               in p.message for p in problems), problems  # its own warmup image would be refused
+    assert any(
+        p.field.startswith("model_warmup") and "(451x300), above this model's max_request_pixels 500" in p.message
+        for p in problems
+    ), problems  # its own warmup image would be refused

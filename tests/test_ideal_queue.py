@@ -19,7 +19,9 @@ def test_waits_match_the_md1_mean_wait():
     expected = rho * service_s / (2 * (1 - rho))
     assert abs(total / (len(gaps) - 1) - expected) < 0.05 * expected
     # the module's own recursion gives the same p99 for the same seed
-    assert ideal_queue.p99_ms(rho, service_s, 0.0, 60.0, seed=3) == ideal_queue.p99_ms(rho, service_s, 0.0, 60.0, seed=3)
+    assert ideal_queue.p99_ms(rho, service_s, 0.0, 60.0, seed=3) == ideal_queue.p99_ms(
+        rho, service_s, 0.0, 60.0, seed=3
+    )
 
 
 def test_capacity_rises_with_the_slo_and_stops_at_its_bounds():

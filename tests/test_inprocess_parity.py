@@ -13,8 +13,11 @@ from tritonstack.samples import PHOTOS, photo_bytes
 def inprocess_probabilities(model_repository, images):
     serialized = (model_repository / "preprocess_dali_efficientnet_lite0/1/model.dali").read_bytes()
     pipeline = Pipeline.deserialize(
-        serialized_pipeline=serialized, batch_size=len(images), num_threads=1,
-        device_id=None, prefetch_queue_depth=1,
+        serialized_pipeline=serialized,
+        batch_size=len(images),
+        num_threads=1,
+        device_id=None,
+        prefetch_queue_depth=1,
     )
     pipeline.build()
     pipeline.feed_input("DALI_INPUT_0", list(pad_batch(images)))

@@ -31,22 +31,46 @@ def installed(tmp_path_factory) -> Path:
         pytest.fail(f"no serve wheels in {wheelhouse()}: run `make install`")
     env_dir = tmp_path_factory.mktemp("installed") / "venv"
     venv.create(env_dir, with_pip=True)
-    subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index",
-                    "--find-links", str(wheelhouse()), "-c", str(PROJECT_ROOT / "constraints.txt"),
-                    f"{PROJECT_ROOT}[serve,client]"],
-                   check=True, env=user_environment(), cwd=env_dir.parent, timeout=600)
+    subprocess.run(
+        [
+            str(env_dir / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--find-links",
+            str(wheelhouse()),
+            "-c",
+            str(PROJECT_ROOT / "constraints.txt"),
+            f"{PROJECT_ROOT}[serve,client]",
+        ],
+        check=True,
+        env=user_environment(),
+        cwd=env_dir.parent,
+        timeout=600,
+    )
     return env_dir / "bin"
 
 
 def user_environment() -> dict[str, str]:
     """This process's environment less what would let the checkout leak in."""
-    return {key: value for key, value in os.environ.items()
-            if key not in ("PYTHONPATH", "PIP_CONSTRAINT", "VIRTUAL_ENV", "TRITONSTACK_MODEL_REPOSITORY")}
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("PYTHONPATH", "PIP_CONSTRAINT", "VIRTUAL_ENV", "TRITONSTACK_MODEL_REPOSITORY")
+    }
 
 
 def test_the_install_is_a_copy_not_the_checkout(installed, tmp_path):
-    where = subprocess.run([str(installed / "python"), "-c", "import tritonstack; print(tritonstack.__file__)"],
-                           check=True, capture_output=True, text=True, cwd=tmp_path, env=user_environment())
+    where = subprocess.run(
+        [str(installed / "python"), "-c", "import tritonstack; print(tritonstack.__file__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=user_environment(),
+    )
     assert Path(where.stdout.strip()).is_relative_to(installed.parent), where.stdout
     assert not Path(where.stdout.strip()).is_relative_to(PROJECT_ROOT), where.stdout
 
@@ -57,26 +81,60 @@ def test_installed_command_checks_serves_and_classifies(installed, lite0_reposit
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = user_environment()
-    check = subprocess.run([str(installed / "tritonstack"), "check", str(repository)],
-                           capture_output=True, text=True, cwd=elsewhere, env=env, timeout=300)
+    check = subprocess.run(
+        [str(installed / "tritonstack"), "check", str(repository)],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env=env,
+        timeout=300,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    command = [str(installed / "tritonstack"), "serve", "--model-repository", str(repository),
-               "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)]
+    command = [
+        str(installed / "tritonstack"),
+        "serve",
+        "--model-repository",
+        str(repository),
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+    ]
     with open(tmp_path / "serve.log", "w") as log:
         # Dies with this test process, and its server with it (the launcher's rule).
-        cli = subprocess.Popen(command, cwd=elsewhere, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               preexec_fn=die_with_launcher(os.getpid()))
+        cli = subprocess.Popen(
+            command,
+            cwd=elsewhere,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_launcher(os.getpid()),
+        )
     groups: set[int] = set()
     try:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
         wait_ready(cli, client)
         groups = server_groups(cli)
         classified = subprocess.run(
-            [str(installed / "tritonstack"), "classify", "--url", f"grpc://127.0.0.1:{grpc_port}",
-             "--format", "jsonl", str(photo_path("coffee.png"))],
-            capture_output=True, text=True, cwd=elsewhere, env=env, timeout=120)
+            [
+                str(installed / "tritonstack"),
+                "classify",
+                "--url",
+                f"grpc://127.0.0.1:{grpc_port}",
+                "--format",
+                "jsonl",
+                str(photo_path("coffee.png")),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=elsewhere,
+            env=env,
+            timeout=120,
+        )
         assert classified.returncode == 0, classified.stderr
         (line,) = classified.stdout.splitlines()
         assert json.loads(line)["top"][0]["label"] == "espresso", line

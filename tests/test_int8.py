@@ -20,8 +20,10 @@ FP32 = "dali_efficientnet_lite0"
 
 def test_int8_ensemble_serves_and_agrees_with_fp32_where_its_top1_is_clear(server):
     images = [photo_bytes(name) for name in PHOTOS]
-    with ClassifierClient(server.grpc_url, protocol="grpc", model=preset_named(FP32).ensemble_name) as fp32, \
-            ClassifierClient(server.grpc_url, protocol="grpc", model=INT8.ensemble_name) as int8:
+    with (
+        ClassifierClient(server.grpc_url, protocol="grpc", model=preset_named(FP32).ensemble_name) as fp32,
+        ClassifierClient(server.grpc_url, protocol="grpc", model=INT8.ensemble_name) as int8,
+    ):
         expected, served = fp32.probabilities(images), int8.probabilities(images)
         ranked = int8.classify(images, top_k=3)
     assert served.shape == (len(images), 1000)
@@ -51,10 +53,14 @@ def test_int8_pointwise_weights_cannot_saturate_on_cpus_without_vnni(model_repos
     graph = onnx.load(str(model_repository / INT8.classifier.name / "1" / "model.onnx")).graph
     initializers = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     producers = {output: node for node in graph.node for output in node.output}
-    pointwise = [initializers[producers[node.input[1]].input[0]] for node in graph.node
-                 if node.op_type == "Conv" and node.input[1] in producers
-                 and initializers.get(producers[node.input[1]].input[0], np.zeros(0)).dtype == np.int8
-                 and initializers[producers[node.input[1]].input[0]].shape[2:] == (1, 1)]
+    pointwise = [
+        initializers[producers[node.input[1]].input[0]]
+        for node in graph.node
+        if node.op_type == "Conv"
+        and node.input[1] in producers
+        and initializers.get(producers[node.input[1]].input[0], np.zeros(0)).dtype == np.int8
+        and initializers[producers[node.input[1]].input[0]].shape[2:] == (1, 1)
+    ]
     assert len(pointwise) >= 30
     worst = max(int(neighbour_sums(w.reshape(w.shape[0], -1).astype(np.int32)).max()) for w in pointwise)
     assert worst <= PAIR_BOUND
@@ -67,9 +73,13 @@ def test_int8_model_is_quantized_per_channel_in_qdq_format(model_repository):
     operators = {node.op_type for node in graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "Conv", "Softmax"} <= operators
     initializers = {tensor.name: tensor for tensor in graph.initializer}
-    weight_scales = [initializers[node.input[1]] for node in graph.node
-                     if node.op_type == "DequantizeLinear" and node.input[0] in initializers
-                     and initializers[node.input[0]].data_type == onnx.TensorProto.INT8]
+    weight_scales = [
+        initializers[node.input[1]]
+        for node in graph.node
+        if node.op_type == "DequantizeLinear"
+        and node.input[0] in initializers
+        and initializers[node.input[0]].data_type == onnx.TensorProto.INT8
+    ]
     assert weight_scales and all(len(scale.dims) == 1 and scale.dims[0] > 1 for scale in weight_scales[:5])
     assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
 

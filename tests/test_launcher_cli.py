@@ -48,8 +48,20 @@ def server_groups(cli: subprocess.Popen) -> set[int]:
 
 def start_cli(model_repository: Path, ports: list[int], log_path: Path, env: dict | None = None) -> subprocess.Popen:
     """`tritonstack serve` on (HTTP, gRPC, metrics) ports, its output appended to log_path."""
-    command = [sys.executable, "-m", "tritonstack", "serve", "--model-repository", str(model_repository),
-               "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    command = [
+        sys.executable,
+        "-m",
+        "tritonstack",
+        "serve",
+        "--model-repository",
+        str(model_repository),
+        "--http-port",
+        str(ports[0]),
+        "--grpc-port",
+        str(ports[1]),
+        "--metrics-port",
+        str(ports[2]),
+    ]
     with open(log_path, "a") as log:
         return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -83,8 +95,6 @@ def test_cli_serves_locked_down_and_stops_on_sigterm(model_repository, tmp_path)
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
 
 
 def _gone(process: psutil.Process) -> bool:
@@ -138,8 +148,11 @@ def test_sigkilled_cli_leaves_no_server_stub_or_port(model_repository, tmp_path)
 
 def time_wait_ports(ports: list[int]) -> set[int]:
     """Which of `ports` hold a TIME_WAIT socket on their own (server) side."""
-    return {conn.laddr.port for conn in psutil.net_connections(kind="tcp")
-            if conn.status == psutil.CONN_TIME_WAIT and conn.laddr and conn.laddr.port in ports}
+    return {
+        conn.laddr.port
+        for conn in psutil.net_connections(kind="tcp")
+        if conn.status == psutil.CONN_TIME_WAIT and conn.laddr and conn.laddr.port in ports
+    }
 
 
 def test_port_probe_counts_a_listener_not_time_wait():
@@ -169,8 +182,10 @@ def test_a_stopped_server_starts_again_at_once_on_its_ports(model_repository, tm
             http = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
             wait_ready(cli, http, timeout_s=180)
             groups |= server_groups(cli)
-            with (ClassifierClient(f"127.0.0.1:{ports[0]}", "http") as over_http,
-                  ClassifierClient(f"127.0.0.1:{ports[1]}", "grpc") as over_grpc):
+            with (
+                ClassifierClient(f"127.0.0.1:{ports[0]}", "http") as over_http,
+                ClassifierClient(f"127.0.0.1:{ports[1]}", "grpc") as over_grpc,
+            ):
                 for client in (over_http, over_grpc):
                     for _ in range(3):
                         assert client.classify([photo_bytes("coffee.png")], top_k=1)[0][0].label == "espresso"
@@ -200,8 +215,20 @@ def fresh_clone_repository(model_repository: Path, destination: Path) -> Path:
 
 def test_cli_refuses_an_unbuilt_repository_in_one_line(model_repository, tmp_path):
     unbuilt = fresh_clone_repository(model_repository, tmp_path / "clone")
-    command = [sys.executable, "-m", "tritonstack", "serve", "--model-repository", str(unbuilt),
-               "--http-port", str(free_port()), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
+    command = [
+        sys.executable,
+        "-m",
+        "tritonstack",
+        "serve",
+        "--model-repository",
+        str(unbuilt),
+        "--http-port",
+        str(free_port()),
+        "--grpc-port",
+        str(free_port()),
+        "--metrics-port",
+        str(free_port()),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     lines = (done.stdout + done.stderr).strip().splitlines()

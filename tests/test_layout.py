@@ -19,11 +19,27 @@ from tritonstack.samples import photo_path
 
 PACKAGE = PROJECT_ROOT / "tritonstack"
 ROOMS = ("tritonstack.build", "tritonstack.serve", "tritonstack.client")
-SHARED = ("tritonstack.contract", "tritonstack.backend_settings", "tritonstack.repository_files",
-          "tritonstack.dali_proto", "tritonstack.dali_errors", "tritonstack.decode_budget",
-          "tritonstack.decodable", "tritonstack.video_header", "tritonstack.rules", "tritonstack.rules.common",
-          "tritonstack.rules.dali", "tritonstack.rules.onnxruntime", "tritonstack.rules.repository", "tritonstack.samples",
-          "tritonstack.address", "tritonstack.cli", "tritonstack.backends", "tritonstack.processes", "tritonstack.corpus")
+SHARED = (
+    "tritonstack.contract",
+    "tritonstack.backend_settings",
+    "tritonstack.repository_files",
+    "tritonstack.dali_proto",
+    "tritonstack.dali_errors",
+    "tritonstack.decode_budget",
+    "tritonstack.decodable",
+    "tritonstack.video_header",
+    "tritonstack.rules",
+    "tritonstack.rules.common",
+    "tritonstack.rules.dali",
+    "tritonstack.rules.onnxruntime",
+    "tritonstack.rules.repository",
+    "tritonstack.samples",
+    "tritonstack.address",
+    "tritonstack.cli",
+    "tritonstack.backends",
+    "tritonstack.processes",
+    "tritonstack.corpus",
+)
 # What the backends use and nothing else may (stub_memory imports the stub's pb_utils).
 BACKEND_SHARED = ("tritonstack.backends.stub_memory", "tritonstack.backends.residency")
 # Tools that run the stack and measure it: they may use every room; no room, shared
@@ -34,9 +50,18 @@ TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics")
 COMMANDS = "tritonstack.commands"
 ENTRY_POINT = "tritonstack.__main__"
 # What a client user must not have to install (or pay for at import).
-SERVER_STACK = ("nvidia.dali", "pytriton", "psutil", "torch", "onnxruntime", "onnx", "tritonstack.serve",
-                "tritonstack.backend_settings",
-                "tritonstack.build", "skimage")
+SERVER_STACK = (
+    "nvidia.dali",
+    "pytriton",
+    "psutil",
+    "torch",
+    "onnxruntime",
+    "onnx",
+    "tritonstack.serve",
+    "tritonstack.backend_settings",
+    "tritonstack.build",
+    "skimage",
+)
 
 
 def module_name(path: Path) -> str:
@@ -81,8 +106,12 @@ def tool_of(module: str) -> str | None:
 
 
 def test_nothing_imports_a_tool_but_the_tool_itself():
-    wrong = [f"{module} imports {target}" for module, targets in import_graph().items() for target in targets
-             if tool_of(target) and tool_of(target) != tool_of(module) and not is_command(module)]
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if tool_of(target) and tool_of(target) != tool_of(module) and not is_command(module)
+    ]
     assert wrong == []
 
 
@@ -91,8 +120,12 @@ def is_command(module: str) -> bool:
 
 
 def test_only_the_entry_point_imports_a_command():
-    wrong = [f"{module} imports {target}" for module, targets in import_graph().items() for target in targets
-             if target.startswith(COMMANDS + ".") and module != ENTRY_POINT]
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if target.startswith(COMMANDS + ".") and module != ENTRY_POINT
+    ]
     assert wrong == []
 
 
@@ -109,15 +142,23 @@ def test_every_command_is_a_module_of_its_name():
 
 def test_no_sys_path_edits_outside_tests():
     """Modules import each other as a package."""
-    sources = [*PACKAGE.rglob("*.py"), *(PROJECT_ROOT / "loadtests").rglob("*.py"),
-               *(PROJECT_ROOT / "clients").rglob("*.py"), PROJECT_ROOT / "build_pipelines.py"]
+    sources = [
+        *PACKAGE.rglob("*.py"),
+        *(PROJECT_ROOT / "loadtests").rglob("*.py"),
+        *(PROJECT_ROOT / "clients").rglob("*.py"),
+        PROJECT_ROOT / "build_pipelines.py",
+    ]
     edits = [str(path) for path in sources if "sys.path" in path.read_text()]
     assert edits == []
 
 
 def test_no_module_outside_tests_over_500_lines():
-    sources = [*PACKAGE.rglob("*.py"), *(PROJECT_ROOT / "loadtests").rglob("*.py"),
-               *(PROJECT_ROOT / "clients").rglob("*.py"), *(PROJECT_ROOT / "deploy").rglob("*.py")]
+    sources = [
+        *PACKAGE.rglob("*.py"),
+        *(PROJECT_ROOT / "loadtests").rglob("*.py"),
+        *(PROJECT_ROOT / "clients").rglob("*.py"),
+        *(PROJECT_ROOT / "deploy").rglob("*.py"),
+    ]
     long = {str(path): n for path in sources if (n := len(path.read_text().splitlines())) > 500}
     assert long == {}
 
@@ -191,13 +232,18 @@ def test_copied_model_files_use_the_contract_tensor_names():
 
 
 def test_importing_the_client_loads_no_server_stack():
-    code = ("import json, sys\n"
-            "import tritonstack.client, tritonstack.client.classifier, tritonstack.client.aio\n"
-            "import tritonstack.client.runner, tritonstack.client.shm, tritonstack.client.images\n"
-            "import tritonstack.commands.classify, tritonstack.commands.evaluate\n"
-            "print(json.dumps(sorted(sys.modules)))")
-    loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                       text=True, cwd=PROJECT_ROOT).stdout)
+    code = (
+        "import json, sys\n"
+        "import tritonstack.client, tritonstack.client.classifier, tritonstack.client.aio\n"
+        "import tritonstack.client.runner, tritonstack.client.shm, tritonstack.client.images\n"
+        "import tritonstack.commands.classify, tritonstack.commands.evaluate\n"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    loaded = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=PROJECT_ROOT
+        ).stdout
+    )
     heavy = [name for name in loaded if any(name == m or name.startswith(m + ".") for m in SERVER_STACK)]
     assert heavy == []
     assert "tritonstack.client.classifier" in loaded  # the probe did import the client
@@ -254,18 +300,47 @@ def test_client_extra_installs_alone_and_classifies(tmp_path, server):
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PIP_CONSTRAINT")}
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheelhouse()),
-                    "-c", str(PROJECT_ROOT / "constraints.txt"), f"{PROJECT_ROOT}[client]"],
-                   check=True, env=env, cwd=tmp_path, timeout=540)
-    installed = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], check=True,
-                               capture_output=True, text=True, env=env).stdout
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--find-links",
+            str(wheelhouse()),
+            "-c",
+            str(PROJECT_ROOT / "constraints.txt"),
+            f"{PROJECT_ROOT}[client]",
+        ],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=540,
+    )
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True, env=env
+    ).stdout
     names = {package["name"].lower() for package in json.loads(installed)}
     assert not names & {"nvidia-pytriton", "nvidia-dali-cuda120", "onnxruntime", "torch", "psutil"}, names
 
     result = subprocess.run(
-        [str(python), str(PROJECT_ROOT / "clients" / "classify.py"), "--url", server.http_url,
-         "--format", "jsonl", str(photo_path("coffee.png"))],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        [
+            str(python),
+            str(PROJECT_ROOT / "clients" / "classify.py"),
+            "--url",
+            server.http_url,
+            "--format",
+            "jsonl",
+            str(photo_path("coffee.png")),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.splitlines()
     assert json.loads(line)["top"][0]["label"] == "espresso", line

@@ -29,10 +29,19 @@ STEPS = ("preprocess_dali_efficientnet_lite0", "efficientnet_lite0")
 def load(server, tmp_path, *options):
     """`tritonstack loadtest` against the session server; (exit code, report folder, seconds)."""
     started = time.monotonic()
-    code = loadtest.main([
-        "--url", server.http_url, "--grpc-url", server.grpc_url, "--metrics-url", server.metrics_url,
-        "--out", str(tmp_path), *options,
-    ])
+    code = loadtest.main(
+        [
+            "--url",
+            server.http_url,
+            "--grpc-url",
+            server.grpc_url,
+            "--metrics-url",
+            server.metrics_url,
+            "--out",
+            str(tmp_path),
+            *options,
+        ]
+    )
     return code, tmp_path, time.monotonic() - started
 
 
@@ -42,8 +51,20 @@ def stats(folder) -> dict[tuple[str, str], dict[str, str]]:
 
 
 def test_grpc_step_ramp_writes_the_report_and_ends_by_itself(server, tmp_path):
-    code, folder, seconds = load(server, tmp_path, "--user", "grpc", "--shape", "step",
-                                 "--step-users", "1", "--step-seconds", "2", "--steps", "2")
+    code, folder, seconds = load(
+        server,
+        tmp_path,
+        "--user",
+        "grpc",
+        "--shape",
+        "step",
+        "--step-users",
+        "1",
+        "--step-seconds",
+        "2",
+        "--steps",
+        "2",
+    )
     assert code == 0
     assert seconds < 4 + run.STOP_GRACE_S  # not killed at the deadline: it stopped by itself
     row = stats(folder)[("grpc", ENSEMBLE)]
@@ -70,8 +91,22 @@ def locust_wall_seconds(folder) -> float:
 
 def test_step_shape_stops_within_the_run_time(server, tmp_path, capfd):
     # Four steps that would take 40 s at the default step length: --run-time fits them into 4 s.
-    code, folder, _ = load(server, tmp_path, "--user", "grpc", "--shape", "step", "--steps", "4",
-                           "--step-users", "1", "--run-time", "4", "--live-seconds", "1")
+    code, folder, _ = load(
+        server,
+        tmp_path,
+        "--user",
+        "grpc",
+        "--shape",
+        "step",
+        "--steps",
+        "4",
+        "--step-users",
+        "1",
+        "--run-time",
+        "4",
+        "--live-seconds",
+        "1",
+    )
     assert code == 0
     assert locust_wall_seconds(folder) <= 4 + 5
     assert "- load: 1 users per 1 s step, 4 steps" in (folder / "summary.md").read_text()
@@ -81,13 +116,19 @@ def test_step_shape_stops_within_the_run_time(server, tmp_path, capfd):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tritonstack.commands.loadtest", *args], capture_output=True, text=True,
-                          timeout=120, cwd=PROJECT_ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "tritonstack.commands.loadtest", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=PROJECT_ROOT,
+    )
 
 
 def test_steps_that_do_not_fit_the_run_time_are_refused(tmp_path):
-    done = run_cli("--shape", "step", "--steps", "4", "--step-seconds", "10", "--run-time", "15",
-                   "--out", str(tmp_path / "report"))
+    done = run_cli(
+        "--shape", "step", "--steps", "4", "--step-seconds", "10", "--run-time", "15", "--out", str(tmp_path / "report")
+    )
     assert done.returncode == 2
     assert "4 steps of 10 s take 40 s, more than --run-time 15" in done.stderr
     assert not (tmp_path / "report").exists()
@@ -96,8 +137,9 @@ def test_steps_that_do_not_fit_the_run_time_are_refused(tmp_path):
 def test_closed_port_exits_2_before_any_report(tmp_path):
     http, grpc = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     started = time.monotonic()
-    done = run_cli("--url", http, "--grpc-url", grpc, "--shape", "closed", "--run-time", "60",
-                   "--out", str(tmp_path / "report"))
+    done = run_cli(
+        "--url", http, "--grpc-url", grpc, "--shape", "closed", "--run-time", "60", "--out", str(tmp_path / "report")
+    )
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"error: no Triton server at {grpc} (grpc): start one with `make serve`")
@@ -106,17 +148,27 @@ def test_closed_port_exits_2_before_any_report(tmp_path):
 
 
 def test_unknown_model_exits_2_before_any_report(server, tmp_path):
-    done = run_cli("--url", server.http_url, "--user", "http", "--model", "resnet50",
-                   "--out", str(tmp_path / "report"))
+    done = run_cli("--url", server.http_url, "--user", "http", "--model", "resnet50", "--out", str(tmp_path / "report"))
     assert done.returncode == 2
     assert "model 'resnet50' not found" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "report").exists()
 
 
-
 def test_http_open_loop_holds_the_rate(server, tmp_path):
-    code, folder, _ = load(server, tmp_path, "--user", "http", "--shape", "open",
-                           "--target-rps", "10", "--open-loop-users", "2", "--run-time", "4")
+    code, folder, _ = load(
+        server,
+        tmp_path,
+        "--user",
+        "http",
+        "--shape",
+        "open",
+        "--target-rps",
+        "10",
+        "--open-loop-users",
+        "2",
+        "--run-time",
+        "4",
+    )
     assert code == 0
     row = stats(folder)[("http", ENSEMBLE)]
     # The schedule bounds the count from above whatever the machine does: 10/s for
@@ -130,8 +182,20 @@ def test_http_open_loop_holds_the_rate(server, tmp_path):
 
 
 def test_request_count_bound_stops_the_run_early(server, tmp_path):
-    code, folder, seconds = load(server, tmp_path, "--user", "grpc", "--shape", "closed",
-                                 "--users", "2", "--run-time", "60", "--max-requests", "20")
+    code, folder, seconds = load(
+        server,
+        tmp_path,
+        "--user",
+        "grpc",
+        "--shape",
+        "closed",
+        "--users",
+        "2",
+        "--run-time",
+        "60",
+        "--max-requests",
+        "20",
+    )
     assert code == 0
     assert seconds < 30
     assert 20 <= int(stats(folder)[("grpc", ENSEMBLE)]["Request Count"]) <= 60
@@ -142,9 +206,23 @@ def test_http_errors_count_as_failures(server, tmp_path):
     # The preflight would refuse that model: skipped, to load the error path. Bounded
     # by a request count: Locust's run time starts before its users, so a short one
     # on a loaded machine may end before the first request.
-    code, folder, _ = load(server, tmp_path, "--user", "http", "--shape", "closed", "--users", "1",
-                           "--run-time", "20", "--max-requests", "5", "--model", "efficientnet_lite0",
-                           "--skip-preflight")
+    code, folder, _ = load(
+        server,
+        tmp_path,
+        "--user",
+        "http",
+        "--shape",
+        "closed",
+        "--users",
+        "1",
+        "--run-time",
+        "20",
+        "--max-requests",
+        "5",
+        "--model",
+        "efficientnet_lite0",
+        "--skip-preflight",
+    )
     assert code == 1  # Locust's exit code when requests failed
     row = stats(folder)[("http", "efficientnet_lite0")]
     assert int(row["Failure Count"]) == int(row["Request Count"]) > 0
@@ -154,8 +232,9 @@ def test_http_errors_count_as_failures(server, tmp_path):
 def test_distributed_master_and_workers(server, tmp_path):
     # 5 s: on a loaded machine (8 agents on 2 cores) workers took up to 3 s to start
     # their users, and a 3 s run then had no request (seen on main's code too).
-    code, folder, seconds = load(server, tmp_path, "--workers", "2", "--user", "both", "--shape", "closed",
-                                 "--users", "2", "--run-time", "5")
+    code, folder, seconds = load(
+        server, tmp_path, "--workers", "2", "--user", "both", "--shape", "closed", "--users", "2", "--run-time", "5"
+    )
     assert code == 0
     table = stats(folder)
     for protocol in ("grpc", "http"):  # one user of each class, on the two workers
@@ -184,9 +263,24 @@ def test_open_loop_latency_counts_from_the_scheduled_send(server, tmp_path):
     the freeze and show it in the maximum only."""
     before = answered(server)
     outcome = {}
-    runner = threading.Thread(target=lambda: outcome.update(result=load(
-        server, tmp_path, "--user", "http", "--shape", "open", "--target-rps", "10",
-        "--open-loop-users", "1", "--run-time", "7")))
+    runner = threading.Thread(
+        target=lambda: outcome.update(
+            result=load(
+                server,
+                tmp_path,
+                "--user",
+                "http",
+                "--shape",
+                "open",
+                "--target-rps",
+                "10",
+                "--open-loop-users",
+                "1",
+                "--run-time",
+                "7",
+            )
+        )
+    )
     runner.start()
     try:
         wait_for(lambda: answered(server) >= before + 5, timeout_s=60, what="the open loop's first answers")
@@ -218,8 +312,12 @@ class TruncatingProxy(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as Locust's client expects
 
     def forward(self, body: bytes | None = None):
-        request = urllib.request.Request(f"http://{self.upstream}{self.path}", data=body, method=self.command,
-                                         headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+        request = urllib.request.Request(
+            f"http://{self.upstream}{self.path}",
+            data=body,
+            method=self.command,
+            headers={k: v for k, v in self.headers.items() if k.lower() != "host"},
+        )
         with urllib.request.urlopen(request, timeout=30) as answer:
             status, headers, content = answer.status, dict(answer.headers), answer.read()
         if self.command == "POST":
@@ -248,9 +346,28 @@ def test_a_malformed_answer_counts_as_a_failure(server, tmp_path):
     serving = threading.Thread(target=proxy.serve_forever, daemon=True)
     serving.start()
     try:
-        code = loadtest.main(["--url", f"127.0.0.1:{proxy.server_address[1]}", "--grpc-url", server.grpc_url,
-                         "--metrics-url", server.metrics_url, "--out", str(tmp_path), "--user", "http",
-                         "--shape", "closed", "--users", "1", "--run-time", "5", "--max-requests", "10"])
+        code = loadtest.main(
+            [
+                "--url",
+                f"127.0.0.1:{proxy.server_address[1]}",
+                "--grpc-url",
+                server.grpc_url,
+                "--metrics-url",
+                server.metrics_url,
+                "--out",
+                str(tmp_path),
+                "--user",
+                "http",
+                "--shape",
+                "closed",
+                "--users",
+                "1",
+                "--run-time",
+                "5",
+                "--max-requests",
+                "10",
+            ]
+        )
     finally:
         proxy.shutdown()
         proxy.server_close()

@@ -63,11 +63,12 @@ def dali_server(request, model_repository):
 
 def round_images() -> tuple[list[bytes], frozenset[bytes]]:
     photos = sized_photos()  # 5 photos x 320/640/1280 px
-    bad = (bad_inputs() * 2)[:IMAGES - len(photos)]
+    bad = (bad_inputs() * 2)[: IMAGES - len(photos)]
     assert len(photos) == 15 and len({len(image) for image in photos}) == 15
     # Interleaved, so that bad inputs share dynamic batches with good ones.
     images = [image for pair in zip(photos[::3], bad) for image in pair] + [
-        image for index, image in enumerate(photos) if index % 3]
+        image for index, image in enumerate(photos) if index % 3
+    ]
     assert len(images) == IMAGES
     return images, frozenset(bad)
 
@@ -94,7 +95,7 @@ def test_dali_stub_rss_stays_flat_over_identical_rounds(dali_server):
         sender.close()
     print(f"{name}: {MODEL} RSS after each round: {[round(value, 2) for value in rss]} MiB; {parts}")
     assert stub_pid(server.pid, MODEL) == pid, "the stub was restarted during the test"
-    judged = rss[SETTLED_ROUNDS - 1:]
+    judged = rss[SETTLED_ROUNDS - 1 :]
     growth = [after - before for before, after in zip(judged, judged[1:])]
     assert min(growth) < MAX_ROUND_GROWTH_MIB[name], (rss, parts)
     assert judged[-1] - judged[0] < MAX_JUDGED_GROWTH_MIB[name], (rss, parts)

@@ -10,8 +10,13 @@ from tritonstack.benchmark import plan, results
 from tritonstack.commands import plan as plan_command
 
 # One replica: saturates at 100 req/s, 20 ms unloaded; at 70 req/s p50 30 ms, p99 60 ms.
-MEASURED = {"server_images_per_s": 100.0, "latency_ms_p50_concurrency_1": 20.0, "open_loop_rate": 70.0,
-            "open_loop_ms_p50": 30.0, "open_loop_ms_p99": 60.0}
+MEASURED = {
+    "server_images_per_s": 100.0,
+    "latency_ms_p50_concurrency_1": 20.0,
+    "open_loop_rate": 70.0,
+    "open_loop_ms_p50": 30.0,
+    "open_loop_ms_p99": 60.0,
+}
 
 
 def test_a_loose_budget_stays_at_the_measured_load():

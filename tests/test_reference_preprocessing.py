@@ -22,7 +22,8 @@ def served_preprocessing(server, model: str, images: list[bytes]) -> np.ndarray:
     client = httpclient.InferenceServerClient(server.http_url)
     try:
         return rf.infer_http(client, model, {"DALI_INPUT_0": pad_batch(images)}, ["DALI_OUTPUT_0"]).as_numpy(
-            "DALI_OUTPUT_0")
+            "DALI_OUTPUT_0"
+        )
     finally:
         client.close()
 
@@ -35,8 +36,10 @@ def photos():
 @pytest.fixture(scope="module")
 def served(server, photos):
     images = list(photos.values())
-    return {preprocessor: served_preprocessing(server, f"preprocess_{preprocessor}_efficientnet_lite0", images)
-            for preprocessor in ("dali", "python")}
+    return {
+        preprocessor: served_preprocessing(server, f"preprocess_{preprocessor}_efficientnet_lite0", images)
+        for preprocessor in ("dali", "python")
+    }
 
 
 @pytest.mark.parametrize("preprocessor", ["dali", "python"])
@@ -62,8 +65,10 @@ def test_served_dali_and_pillow_preprocessing_agree_to_one_level(served):
 
 def test_served_dali_and_pillow_ensembles_agree_on_log_probabilities(server, photos):
     images = list(photos.values())
-    with ClassifierClient(server.grpc_url, protocol="grpc", model="ensemble_dali_efficientnet_lite0") as dali, \
-            ClassifierClient(server.grpc_url, protocol="grpc", model="ensemble_python_efficientnet_lite0") as pillow:
+    with (
+        ClassifierClient(server.grpc_url, protocol="grpc", model="ensemble_dali_efficientnet_lite0") as dali,
+        ClassifierClient(server.grpc_url, protocol="grpc", model="ensemble_python_efficientnet_lite0") as pillow,
+    ):
         from_dali, from_pillow = dali.probabilities(images), pillow.probabilities(images)
     # Log-probabilities are the logits up to a per-image constant: compare them on
     # each image's top 5, where a wrong tensor would move them by far more.

@@ -18,17 +18,35 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 RENDER_TIMEOUT_S = 90
 # The page is a local file: Chromium's own traffic (component updates, sync, first-run
 # pings, QUIC) stays off, so the test talks to nothing beyond this machine.
-NO_NETWORK = ("--disable-background-networking", "--disable-component-update", "--disable-sync",
-              "--disable-quic", "--no-first-run", "--disable-default-apps")
+NO_NETWORK = (
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-default-apps",
+)
 
 
 def chromium(tmp_path, *options: str) -> str:
     """Run headless Chromium (its own profile, its own process group, killed at
     the end whatever happens); returns its stdout."""
     process = subprocess.Popen(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *NO_NETWORK,
-         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", *options],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            *NO_NETWORK,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=5000",
+            *options,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
     )
     try:
         out, _ = process.communicate(timeout=RENDER_TIMEOUT_S)
@@ -45,17 +63,36 @@ def chromium(tmp_path, *options: str) -> str:
 @pytest.fixture(scope="module")
 def report(server, tmp_path_factory):
     folder = tmp_path_factory.mktemp("report")
-    code = loadtest.main(["--url", server.http_url, "--grpc-url", server.grpc_url, "--user", "grpc",
-                     "--shape", "closed", "--users", "1", "--run-time", "3", "--out", str(folder)])
+    code = loadtest.main(
+        [
+            "--url",
+            server.http_url,
+            "--grpc-url",
+            server.grpc_url,
+            "--user",
+            "grpc",
+            "--shape",
+            "closed",
+            "--users",
+            "1",
+            "--run-time",
+            "3",
+            "--out",
+            str(folder),
+        ]
+    )
     assert code == 0
     return folder
 
 
 # `make test` installs chromium where it can (root and apt-get) and fails if that
 # install fails; only a machine where it cannot skips this one test, saying how to run it.
-@pytest.mark.skipif(CHROMIUM is None, reason="needs a headless Chromium to render report.html, and this machine "
-                                             "has none (`make test` installs it only as root with apt-get): "
-                                             "`sudo apt-get install chromium` runs this test")
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="needs a headless Chromium to render report.html, and this machine "
+    "has none (`make test` installs it only as root with apt-get): "
+    "`sudo apt-get install chromium` runs this test",
+)
 def test_report_html_renders_its_charts_and_the_real_endpoint(server, report, tmp_path):
     page = f"file://{report / 'report.html'}"
     screenshot = tmp_path / "report.png"
@@ -66,9 +103,16 @@ def test_report_html_renders_its_charts_and_the_real_endpoint(server, report, tm
     assert drawn > 0.02, f"only {drawn:.1%} of the page is drawn"
 
     dom = chromium(tmp_path, "--dump-dom", page)
-    for text in ("Locust Test Report", "Total Requests per Second", "Response Times (ms)", "<canvas",
-                 f"grpc://{server.grpc_url}",
-                 # our plots of the whole run, below Locust's charts of its last seconds
-                 'id="tritonstack-plots"', "ensemble_dali_efficientnet_lite0 over gRPC, closed shape",
-                 'src="over_time.png"', 'src="against_users.png"'):
+    for text in (
+        "Locust Test Report",
+        "Total Requests per Second",
+        "Response Times (ms)",
+        "<canvas",
+        f"grpc://{server.grpc_url}",
+        # our plots of the whole run, below Locust's charts of its last seconds
+        'id="tritonstack-plots"',
+        "ensemble_dali_efficientnet_lite0 over gRPC, closed shape",
+        'src="over_time.png"',
+        'src="against_users.png"',
+    ):
         assert text in dom, text

@@ -61,8 +61,9 @@ def test_unavailable_is_retried_until_it_succeeds(status):
     assert len(retried) == 2 and all(is_retryable(error) for error in retried)
 
 
-@pytest.mark.parametrize("status", ["400", "StatusCode.INVALID_ARGUMENT", "StatusCode.UNKNOWN",
-                                    "StatusCode.DEADLINE_EXCEEDED"])
+@pytest.mark.parametrize(
+    "status", ["400", "StatusCode.INVALID_ARGUMENT", "StatusCode.UNKNOWN", "StatusCode.DEADLINE_EXCEEDED"]
+)
 def test_rejections_and_timeouts_are_raised_at_once(status):
     calls = []
 
@@ -142,6 +143,7 @@ def test_timed_out_requests_are_not_retried(triton):
 
     client = httpclient.InferenceServerClient(triton.http_url, network_timeout=0.000_001)
     try:
+
         def http_attempt():
             calls.append("http")
             return identity_http(client, data)

@@ -34,8 +34,11 @@ def s3_endpoint(monkeypatch_module):
     moto = ThreadedMotoServer(ip_address=LOOPBACK, port=port, verbose=False)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per S3 request otherwise
     # Triton's S3 client and boto3 both read these; moto accepts any credentials.
-    for name, value in (("AWS_ACCESS_KEY_ID", "test-key-id"), ("AWS_SECRET_ACCESS_KEY", "test-secret"),
-                        ("AWS_DEFAULT_REGION", "us-east-1")):
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "test-key-id"),
+        ("AWS_SECRET_ACCESS_KEY", "test-secret"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         monkeypatch_module.setenv(name, value)
     moto.start()
     try:
@@ -69,8 +72,11 @@ def test_url_forms_parse_as_triton_reads_them():
 
 def test_upload_writes_every_repository_file(uploaded, model_repository):
     client = boto3.client("s3", endpoint_url=uploaded.endpoint_url)
-    listed = {item["Key"] for page in client.get_paginator("list_objects_v2").paginate(
-        Bucket=uploaded.bucket, Prefix=uploaded.prefix) for item in page.get("Contents", [])}
+    listed = {
+        item["Key"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=uploaded.bucket, Prefix=uploaded.prefix)
+        for item in page.get("Contents", [])
+    }
     expected = {uploaded.key(path.as_posix()) for path in repository_files(model_repository)}
     folders = {uploaded.key(path.as_posix()) + "/" for path in empty_folders(model_repository)}
     assert uploaded.key(f"{DEFAULT_MODEL}/1") + "/" in folders  # the ensemble's version
@@ -86,13 +92,15 @@ def test_served_from_s3_classifies_as_from_the_local_folder(uploaded, server):
         expected = local.classify(images, top_k=5)
 
     load = [f"--load-model={name}" for name in MODELS]
-    with TritonServer(ServerConfig(uploaded.url, extra_args=("--model-control-mode=explicit", *load)),
-                      startup_timeout_s=120) as from_s3:
+    with TritonServer(
+        ServerConfig(uploaded.url, extra_args=("--model-control-mode=explicit", *load)), startup_timeout_s=120
+    ) as from_s3:
         with ClassifierClient(from_s3.grpc_url, "grpc") as remote:
             served = remote.classify(images, top_k=5)
 
-    assert [[(p.index, p.label) for p in top] for top in served] == \
-        [[(p.index, p.label) for p in top] for top in expected]
+    assert [[(p.index, p.label) for p in top] for top in served] == [
+        [(p.index, p.label) for p in top] for top in expected
+    ]
     assert [[p.score for p in top] for top in served] == [[p.score for p in top] for top in expected]
     # And it is the right answer, where the photo has a known one (not merely the same).
     known = [(name, top) for name, top in zip(photos, served) if PHOTOS[name]]
@@ -104,10 +112,14 @@ def test_the_charts_cpu_mode_serves_from_s3_with_credentials_from_its_secret(upl
     URL, region and credentials reach tritonserver only through the pod's
     variables (the Secret's values given here), none from this process."""
     container = triton_container(render("cpu", f"modelRepository.s3.url={uploaded.url}", *free_server_ports()))
-    given = {("image-classifier-admin", "admin-key"): "k" * 24,
-             ("image-classifier-s3", "AWS_ACCESS_KEY_ID"): "test-key-id",
-             ("image-classifier-s3", "AWS_SECRET_ACCESS_KEY"): "test-secret"}
-    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"} <= set(pod_environment(container, given))
+    given = {
+        ("image-classifier-admin", "admin-key"): "k" * 24,
+        ("image-classifier-s3", "AWS_ACCESS_KEY_ID"): "test-key-id",
+        ("image-classifier-s3", "AWS_SECRET_ACCESS_KEY"): "test-secret",
+    }
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"} <= set(
+        pod_environment(container, given)
+    )
     with serve_rendered(container, given, tmp_path) as served:
         with ClassifierClient(served.grpc_url, "grpc") as client:
             top = client.classify([photo_bytes("coffee.png")], top_k=1)[0]

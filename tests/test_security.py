@@ -95,8 +95,17 @@ def test_restrictions_can_be_lifted(model_repository):
     assert "restricted" not in command
 
 
-@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("::1", True), ("localhost", True),
-                                            ("0.0.0.0", False), ("192.168.1.10", False), ("example.org", False)])
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("192.168.1.10", False),
+        ("example.org", False),
+    ],
+)
 def test_which_hosts_count_as_loopback(host, loopback):
     assert is_loopback(host) is loopback
 
@@ -118,7 +127,9 @@ SIZE_LIMIT = 1024 * 1024  # bytes: every sample photo fits, a padded one does no
 def size_limited_server(model_repository):
     """Only the DALI ensemble and its two models, with a small request size limit."""
     only_the_ensemble = ("--model-control-mode=explicit", f"--load-model={DEFAULT_MODEL}")
-    with TritonServer(ServerConfig(model_repository, max_input_bytes=SIZE_LIMIT, extra_args=only_the_ensemble)) as running:
+    with TritonServer(
+        ServerConfig(model_repository, max_input_bytes=SIZE_LIMIT, extra_args=only_the_ensemble)
+    ) as running:
         yield running
 
 
@@ -142,7 +153,8 @@ WRITES = {
     "load_model": lambda client, headers: client.load_model("efficientnet_lite0", headers=headers),
     "unload_model": lambda client, headers: client.unload_model("efficientnet_lite0", headers=headers),
     "register_system_shared_memory": lambda client, headers: client.register_system_shared_memory(
-        "not_allowed", "/not_allowed_region", 64, headers=headers),
+        "not_allowed", "/not_allowed_region", 64, headers=headers
+    ),
 }
 
 
@@ -169,9 +181,12 @@ def test_a_model_file_name_that_would_reach_a_shell_is_refused_before_the_server
     from tritonstack.serve.launcher import TritonServer, UnservableRepository
 
     witness = tmp_path / "ran"
-    name = rf.write_model(tmp_path / "repo", rf.identity_config("identity"),
-                          {"model.dali": rf.serialized(rf.identity_pipeline)},
-                          default_model_filename=f"model.dali$(touch${{IFS}}{witness})")
+    name = rf.write_model(
+        tmp_path / "repo",
+        rf.identity_config("identity"),
+        {"model.dali": rf.serialized(rf.identity_pipeline)},
+        default_model_filename=f"model.dali$(touch${{IFS}}{witness})",
+    )
     with pytest.raises(UnservableRepository) as refused:
         TritonServer(tmp_path / "repo").start()
     assert f"model '{name}'" in str(refused.value) and "invalid character: '$'" in str(refused.value)

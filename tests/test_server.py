@@ -77,8 +77,9 @@ def test_failed_start_shows_the_server_log(tmp_path):
 
 
 def held_stub_regions(pgid) -> set[Path]:
-    return {region for region in held_regions(process.pid for process in group_processes(pgid))
-            if region.match(REGION_GLOB)}
+    return {
+        region for region in held_regions(process.pid for process in group_processes(pgid)) if region.match(REGION_GLOB)
+    }
 
 
 def test_stop_after_a_crash_removes_the_stubs_shared_memory(model_repository):
@@ -112,8 +113,12 @@ def test_stop_while_a_restart_loads_leaves_no_shared_memory(lite0_repository):
         crashed = server.process
         os.killpg(crashed.pid, signal.SIGKILL)
         crashed.wait()
-        wait_for(lambda: server.process is not crashed and STUB in names_in_group(server.process.pid),
-                 timeout_s=60, interval_s=0.02, what="the restarted server's first stub")
+        wait_for(
+            lambda: server.process is not crashed and STUB in names_in_group(server.process.pid),
+            timeout_s=60,
+            interval_s=0.02,
+            what="the restarted server's first stub",
+        )
     finally:
         server.stop()
     assert stub_regions() - before == set()

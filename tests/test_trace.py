@@ -17,8 +17,7 @@ def test_a_traced_phase_splits_each_request(lite0_repository, tmp_path):
     traces = read_traces(trace_file)
     # Only the traced phase: the untraced first request and readiness calls left no trace.
     assert len([t for t in traces.values() if t.parent_id is None]) == COUNT
-    hops = request_hops(traces, client_times, settings.DALI_ENSEMBLE,
-                        (settings.DALI_PREPROCESS, settings.CLASSIFIER))
+    hops = request_hops(traces, client_times, settings.DALI_ENSEMBLE, (settings.DALI_PREPROCESS, settings.CLASSIFIER))
     assert set(hops) == set(PARTS) and all(len(values) == COUNT for values in hops.values())
     for index, (sent, received) in enumerate(client_times):
         parts = {part: hops[part][index] for part in PARTS}

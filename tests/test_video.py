@@ -56,20 +56,29 @@ def write_stream_model(repository, name: str, decoupled: bool) -> None:
 
 def video_preprocess_config(name: str, **parameters: str) -> ModelConfig:
     crop = EFFICIENTNET_LITE0.preprocessing.crop
-    return rf.dali_config(name, inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,), allow_ragged_batch=True),),
-                          outputs=(Tensor("DALI_OUTPUT_0", "FP32", (3, crop, crop)),),
-                          max_batch_size=CLIPS_PER_REQUEST, dynamic_batching=DynamicBatching(),
-                          parameters={"split_along_outer_axis": "DALI_OUTPUT_0", "num_threads": "2", **parameters})
+    return rf.dali_config(
+        name,
+        inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,), allow_ragged_batch=True),),
+        outputs=(Tensor("DALI_OUTPUT_0", "FP32", (3, crop, crop)),),
+        max_batch_size=CLIPS_PER_REQUEST,
+        dynamic_batching=DynamicBatching(),
+        parameters={"split_along_outer_axis": "DALI_OUTPUT_0", "num_threads": "2", **parameters},
+    )
 
 
 def ensemble_config() -> ModelConfig:
     return ModelConfig(
-        name=ENSEMBLE, platform="ensemble", max_batch_size=CLIPS_PER_REQUEST,
+        name=ENSEMBLE,
+        platform="ensemble",
+        max_batch_size=CLIPS_PER_REQUEST,
         inputs=(Tensor("INPUT", "UINT8", (-1,)),),
         outputs=(Tensor("OUTPUT", "FP32", (EFFICIENTNET_LITE0.num_classes,)),),
-        steps=(EnsembleStep(PREPROCESS, {"DALI_INPUT_0": "INPUT"}, {"DALI_OUTPUT_0": "frames"}),
-               EnsembleStep(CLASSIFIER, {EFFICIENTNET_LITE0.input_name: "frames"},
-                            {EFFICIENTNET_LITE0.output_name: "OUTPUT"})),
+        steps=(
+            EnsembleStep(PREPROCESS, {"DALI_INPUT_0": "INPUT"}, {"DALI_OUTPUT_0": "frames"}),
+            EnsembleStep(
+                CLASSIFIER, {EFFICIENTNET_LITE0.input_name: "frames"}, {EFFICIENTNET_LITE0.output_name: "OUTPUT"}
+            ),
+        ),
     )
 
 
@@ -89,13 +98,25 @@ def repository(tmp_path_factory, model_repository):
     shutil.copytree(MODEL_REPOSITORY / CLASSIFIER, out / CLASSIFIER)
     preprocessing = EFFICIENTNET_LITE0.preprocessing
     serialized = video_classification_pipeline(
-        resize_shorter=preprocessing.resize_shorter, crop=preprocessing.crop, mean=preprocessing.mean,
-        std=preprocessing.std, frames=FRAMES, stride=STRIDE, batch_size=CLIPS_PER_REQUEST, num_threads=2,
-        device_id=None).serialize()
+        resize_shorter=preprocessing.resize_shorter,
+        crop=preprocessing.crop,
+        mean=preprocessing.mean,
+        std=preprocessing.std,
+        frames=FRAMES,
+        stride=STRIDE,
+        batch_size=CLIPS_PER_REQUEST,
+        num_threads=2,
+        device_id=None,
+    ).serialize()
     rf.write_model(out, video_preprocess_config(PREPROCESS), {"model.dali": serialized})
     # 6 frames of 240x240 are 345 600 pixels: above this model's budget.
-    rf.write_model(out, video_preprocess_config(SMALL_BUDGET, max_pixels="300000", max_request_pixels="300000",
-                                                max_batch_pixels="300000"), {"model.dali": serialized})
+    rf.write_model(
+        out,
+        video_preprocess_config(
+            SMALL_BUDGET, max_pixels="300000", max_request_pixels="300000", max_batch_pixels="300000"
+        ),
+        {"model.dali": serialized},
+    )
     rf.write_model(out, ensemble_config(), {})
     write_stream_model(out, STREAM, decoupled=True)
     write_stream_model(out, NOT_DECOUPLED, decoupled=False)
@@ -119,7 +140,7 @@ def http(triton):
 def infer(client, model: str, encoded: list[bytes], module=httpclient) -> np.ndarray:
     batch = np.zeros((len(encoded), max(map(len, encoded))), np.uint8)
     for row, data in enumerate(encoded):
-        batch[row, :len(data)] = np.frombuffer(data, np.uint8)
+        batch[row, : len(data)] = np.frombuffer(data, np.uint8)
     tensor = module.InferInput("INPUT" if model == ENSEMBLE else "DALI_INPUT_0", list(batch.shape), "UINT8")
     tensor.set_data_from_numpy(batch)
     output = "OUTPUT" if model == ENSEMBLE else "DALI_OUTPUT_0"
@@ -146,16 +167,23 @@ def test_each_clip_of_a_request_gives_its_frames_in_order(http, clip_files):
     assert clip_label(frames[FRAMES:]) in PHOTOS["coffee.png"]
 
 
-@pytest.mark.parametrize("bad, words", [
-    ("h264", ["H.264", "VP9", "re-encode"]),
-    ("not_a_video", ["not a video"]),
-    ("cut_short", ["cut short"]),
-    ("no_frames", ["no frames"]),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ("h264", ["H.264", "VP9", "re-encode"]),
+        ("not_a_video", ["not a video"]),
+        ("cut_short", ["cut short"]),
+        ("no_frames", ["no frames"]),
+    ],
+)
 def test_a_bad_clip_is_refused_for_that_request_only(http, clip_files, bad, words):
     good = clip_files["chelsea"]
-    data = {"h264": clip_files["h264"], "not_a_video": b"this is no video" * 64,
-            "cut_short": good[:len(good) // 2], "no_frames": clips.without_frames(good)}[bad]
+    data = {
+        "h264": clip_files["h264"],
+        "not_a_video": b"this is no video" * 64,
+        "cut_short": good[: len(good) // 2],
+        "no_frames": clips.without_frames(good),
+    }[bad]
     with pytest.raises(InferenceServerException) as refused:
         infer(http, ENSEMBLE, [data])
     message = str(refused.value)
@@ -196,6 +224,7 @@ def stream(url: str, clip: bytes) -> list[np.ndarray]:
 
 def reference_sequences(clip: bytes) -> np.ndarray:
     """The clip's frames decoded at once, zero-padded to whole sequences, as the QA client's reference."""
+
     @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1)
     def decode():
         frames = fn.decoders.video(fn.external_source(name="data"), device="cpu")
@@ -209,10 +238,13 @@ def reference_sequences(clip: bytes) -> np.ndarray:
     return frames.reshape(-1, SEQUENCE, *frames.shape[1:])
 
 
-@pytest.mark.parametrize("clip_name, sequences, responses", [
-    ("chelsea", 5, [3, 2]),  # 24 frames: the last run is short
-    ("sample", 6, [3, 3]),  # 30 frames: the last run is full, the input is found consumed after it
-])
+@pytest.mark.parametrize(
+    "clip_name, sequences, responses",
+    [
+        ("chelsea", 5, [3, 2]),  # 24 frames: the last run is short
+        ("sample", 6, [3, 3]),  # 30 frames: the last run is full, the input is found consumed after it
+    ],
+)
 def test_a_decoupled_model_streams_a_clip_run_by_run(triton, clip_files, clip_name, sequences, responses):
     """qa/L0_video_input_decoupled; src/dali_model_instance.cc ProcessRequest (a
     response per run until the input is consumed)."""

@@ -20,8 +20,11 @@ def vp9_mp4(tmp_path_factory):
 def remux(data: bytes, tmp_path, suffix: str, codec: list[str]) -> bytes:
     source, out = tmp_path / "in.mp4", tmp_path / f"out{suffix}"
     source.write_bytes(data)
-    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-y", "-i", str(source), *codec, str(out)],
-                   check=True, timeout=120)
+    subprocess.run(
+        [imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-y", "-i", str(source), *codec, str(out)],
+        check=True,
+        timeout=120,
+    )
     return out.read_bytes()
 
 
@@ -38,14 +41,17 @@ def test_webm_and_matroska_headers_give_codec_and_size(vp9_mp4, tmp_path):
     assert "H.264" in unreadable_reason(mkv, CPU_CODECS) and unreadable_reason(mkv, GPU_CODECS) is None
 
 
-@pytest.mark.parametrize("data, words", [
-    (b"", "not a video"),
-    (b"\x89PNG\r\n\x1a\n" + bytes(64), "not a video"),
-])
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (b"", "not a video"),
+        (b"\x89PNG\r\n\x1a\n" + bytes(64), "not a video"),
+    ],
+)
 def test_what_is_no_video_says_so(data, words):
     assert words in unreadable_reason(data)
 
 
 def test_a_clip_cut_before_its_header_or_without_frames_is_named(vp9_mp4):
-    assert "cut short" in unreadable_reason(vp9_mp4[:len(vp9_mp4) // 2])
+    assert "cut short" in unreadable_reason(vp9_mp4[: len(vp9_mp4) // 2])
     assert unreadable_reason(clips.without_frames(vp9_mp4)) == "it has no frames"

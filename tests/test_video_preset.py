@@ -66,8 +66,10 @@ def test_dali_py_format_autoserializes_the_video_pipeline(tmp_path, model_reposi
     spec.loader.exec_module(module)
     invoke_autoserialize(module, str(tmp_path / "autoserialized.dali"))
     shipped = (model_repository / PREPROCESS / "1/model.dali").read_bytes()
-    np.testing.assert_array_equal(run_pipeline((tmp_path / "autoserialized.dali").read_bytes(), sample_clip()),
-                                  run_pipeline(shipped, sample_clip()))
+    np.testing.assert_array_equal(
+        run_pipeline((tmp_path / "autoserialized.dali").read_bytes(), sample_clip()),
+        run_pipeline(shipped, sample_clip()),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,20 +98,40 @@ def test_classify_mixes_photos_and_clips_with_a_line_per_frame(server, tmp_path,
     (folder / "a_photo.png").write_bytes(photo_bytes("coffee.png"))
     (folder / "b_clip.mp4").write_bytes(sample_clip())
     (folder / "c_clip_named_otherwise").write_bytes(sample_clip())
-    code = classify_main([str(folder), "--url", server.grpc_url, "--protocol", "grpc", "--format", "jsonl",
-                          "--per-frame", "--top-k", "3", "--batch-size", "2"])
+    code = classify_main(
+        [
+            str(folder),
+            "--url",
+            server.grpc_url,
+            "--protocol",
+            "grpc",
+            "--format",
+            "jsonl",
+            "--per-frame",
+            "--top-k",
+            "3",
+            "--batch-size",
+            "2",
+        ]
+    )
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0
     assert [(line["path"].rsplit("/", 1)[1], line.get("frame")) for line in lines] == [
         ("a_photo.png", None),
-        ("b_clip.mp4", None), *(("b_clip.mp4", n) for n in range(FRAMES)),
-        ("c_clip_named_otherwise", None), *(("c_clip_named_otherwise", n) for n in range(FRAMES)),
+        ("b_clip.mp4", None),
+        *(("b_clip.mp4", n) for n in range(FRAMES)),
+        ("c_clip_named_otherwise", None),
+        *(("c_clip_named_otherwise", n) for n in range(FRAMES)),
     ]
     photo, clip = lines[0], lines[1]
     assert photo["top"][0]["label"] in PHOTOS["coffee.png"] and "frames" not in photo
     assert clip["frames"] == FRAMES and clip["top"][0]["label"] in SAMPLE_CLIP_LABELS
-    mean = np.mean([[next((p["score"] for p in line["top"] if p["index"] == clip["top"][0]["index"]), np.nan)]
-                    for line in lines[2:2 + FRAMES]])
+    mean = np.mean(
+        [
+            [next((p["score"] for p in line["top"] if p["index"] == clip["top"][0]["index"]), np.nan)]
+            for line in lines[2 : 2 + FRAMES]
+        ]
+    )
     if not np.isnan(mean):  # the clip's top class is in every frame's top 3: its score is their mean
         assert mean == pytest.approx(clip["top"][0]["score"], abs=1e-5)
 
@@ -120,8 +142,19 @@ def test_a_bad_clip_fails_alone_and_video_model_can_be_given_as_model(server, tm
     (folder / "a.mp4").write_bytes(sample_clip())
     (folder / "b.mp4").write_bytes(sample_clip()[:2000])  # cut short
     (folder / "c.webm").write_bytes(b"no video at all" * 100)
-    code = classify_main([str(folder), "--url", server.http_url, "--model", DEFAULT_VIDEO_MODEL,
-                          "--format", "jsonl", "--batch-size", "3"])
+    code = classify_main(
+        [
+            str(folder),
+            "--url",
+            server.http_url,
+            "--model",
+            DEFAULT_VIDEO_MODEL,
+            "--format",
+            "jsonl",
+            "--batch-size",
+            "3",
+        ]
+    )
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 1
     assert lines[0]["top"][0]["label"] in SAMPLE_CLIP_LABELS

@@ -58,13 +58,13 @@ def parse_address(text: str, allowed_paths: tuple[str, ...] = ("", "/")) -> Addr
         parts = urlsplit(f"//{rest}")
         port = parts.port
     except ValueError:  # a port that is not a number, or out of range
-        raise AddressError(f"address {text!r}: the port must be a number from 0 to 65535, "
-                           "e.g. 127.0.0.1:8000") from None
+        raise AddressError(
+            f"address {text!r}: the port must be a number from 0 to 65535, e.g. 127.0.0.1:8000"
+        ) from None
     if not parts.hostname or port is None:
         raise AddressError(f"address {text!r}: expected host:port, e.g. 127.0.0.1:8000")
     if parts.path not in allowed_paths or parts.query or parts.fragment:
-        raise AddressError(f"address {text!r}: unexpected path {parts.path or '?' + parts.query!r}; "
-                           "expected host:port")
+        raise AddressError(f"address {text!r}: unexpected path {parts.path or '?' + parts.query!r}; expected host:port")
     return Address(parts.hostname, port, scheme or None)
 
 
@@ -79,8 +79,10 @@ def parse_metrics_url(text: str) -> str:
 def resolve_protocol(address: Address | None, protocol: str | None, default: str = "http") -> str:
     """The protocol the scheme or --protocol names (they must agree), else `default`."""
     if address and address.scheme and protocol and address.scheme != protocol:
-        raise AddressError(f"address {address.scheme}://{address.hostport} and protocol {protocol} disagree: "
-                           "drop the scheme or the protocol (--protocol)")
+        raise AddressError(
+            f"address {address.scheme}://{address.hostport} and protocol {protocol} disagree: "
+            "drop the scheme or the protocol (--protocol)"
+        )
     return (address.scheme if address else None) or protocol or default
 
 

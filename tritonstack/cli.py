@@ -98,8 +98,15 @@ def error(message: str) -> None:
 
 # Errors that are the user's to fix, not the program's: one line, exit 2.
 # ConnectionError: no server answers (tritonstack.client.retry.ServerUnavailableError is one).
-_USER_ERRORS = (UsageError, AddressError, ConnectionError, FileNotFoundError, NotADirectoryError,
-                PermissionError, IsADirectoryError)
+_USER_ERRORS = (
+    UsageError,
+    AddressError,
+    ConnectionError,
+    FileNotFoundError,
+    NotADirectoryError,
+    PermissionError,
+    IsADirectoryError,
+)
 
 
 def run(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:

@@ -62,6 +62,7 @@ DEFAULT_VIDEO_MODEL = ensemble_name(f"{VIDEO_PREPROCESSOR}_efficientnet_lite0")
 def is_video_model(name: str) -> bool:
     return name.startswith(VIDEO_ENSEMBLE_PREFIX)
 
+
 # --- the wire format of a batch of images ------------------------------------------------
 
 
@@ -79,23 +80,51 @@ def pad_batch(images: list[bytes]) -> np.ndarray:
 
 # Triton data type (config spelling) -> NumPy dtype.
 TRITON_TO_NUMPY = {
-    "TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64, "TYPE_INT8": np.int8, "TYPE_INT16": np.int16, "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64, "TYPE_FP16": np.float16, "TYPE_FP32": np.float32, "TYPE_FP64": np.float64,
+    "TYPE_BOOL": np.bool_,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
 }
 # DALI's DALIDataType values (nvidia.dali.types) -> Triton data type.
 DALI_TO_TRITON = {
-    0: "TYPE_UINT8", 1: "TYPE_UINT16", 2: "TYPE_UINT32", 3: "TYPE_UINT64", 4: "TYPE_INT8",
-    5: "TYPE_INT16", 6: "TYPE_INT32", 7: "TYPE_INT64", 8: "TYPE_FP16", 9: "TYPE_FP32",
-    10: "TYPE_FP64", 11: "TYPE_BOOL", 12: "TYPE_STRING",
+    0: "TYPE_UINT8",
+    1: "TYPE_UINT16",
+    2: "TYPE_UINT32",
+    3: "TYPE_UINT64",
+    4: "TYPE_INT8",
+    5: "TYPE_INT16",
+    6: "TYPE_INT32",
+    7: "TYPE_INT64",
+    8: "TYPE_FP16",
+    9: "TYPE_FP32",
+    10: "TYPE_FP64",
+    11: "TYPE_BOOL",
+    12: "TYPE_STRING",
 }
 # ONNX element types: (ONNX Runtime's spelling, onnx.TensorProto number) -> Triton data type.
 ONNX_TO_TRITON = {
-    ("tensor(float)", 1): "TYPE_FP32", ("tensor(uint8)", 2): "TYPE_UINT8", ("tensor(int8)", 3): "TYPE_INT8",
-    ("tensor(uint16)", 4): "TYPE_UINT16", ("tensor(int16)", 5): "TYPE_INT16", ("tensor(int32)", 6): "TYPE_INT32",
-    ("tensor(int64)", 7): "TYPE_INT64", ("tensor(string)", 8): "TYPE_STRING", ("tensor(bool)", 9): "TYPE_BOOL",
-    ("tensor(float16)", 10): "TYPE_FP16", ("tensor(double)", 11): "TYPE_FP64", ("tensor(uint32)", 12): "TYPE_UINT32",
-    ("tensor(uint64)", 13): "TYPE_UINT64", ("tensor(bfloat16)", 16): "TYPE_BF16",
+    ("tensor(float)", 1): "TYPE_FP32",
+    ("tensor(uint8)", 2): "TYPE_UINT8",
+    ("tensor(int8)", 3): "TYPE_INT8",
+    ("tensor(uint16)", 4): "TYPE_UINT16",
+    ("tensor(int16)", 5): "TYPE_INT16",
+    ("tensor(int32)", 6): "TYPE_INT32",
+    ("tensor(int64)", 7): "TYPE_INT64",
+    ("tensor(string)", 8): "TYPE_STRING",
+    ("tensor(bool)", 9): "TYPE_BOOL",
+    ("tensor(float16)", 10): "TYPE_FP16",
+    ("tensor(double)", 11): "TYPE_FP64",
+    ("tensor(uint32)", 12): "TYPE_UINT32",
+    ("tensor(uint64)", 13): "TYPE_UINT64",
+    ("tensor(bfloat16)", 16): "TYPE_BF16",
 }
 
 

@@ -33,9 +33,16 @@ VIDEO_DECODERS = {"decoders__Video", "experimental__decoders__Video"}
 # takes one encoded clip and gives its frames in sequences, `batch_size` sequences a run.
 INPUT_OPERATORS = {"experimental__inputs__Video", "inputs__Video"}
 # Operators whose first input is an encoded image.
-DECODERS = {"decoders__Image", "decoders__ImageCrop", "decoders__ImageSlice",
-            "decoders__ImageRandomCrop", "ImageDecoder", "ImageDecoderCrop",
-            "ImageDecoderSlice", "ImageDecoderRandomCrop"}
+DECODERS = {
+    "decoders__Image",
+    "decoders__ImageCrop",
+    "decoders__ImageSlice",
+    "decoders__ImageRandomCrop",
+    "ImageDecoder",
+    "ImageDecoderCrop",
+    "ImageDecoderSlice",
+    "ImageDecoderRandomCrop",
+}
 
 
 @dataclass(frozen=True)
@@ -92,8 +99,14 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
             # DALI infers a source's rank from its layout ("HWC": 3) when ndim is not given.
             ndim = _int(args.get("ndim", []), _ARG_INTS)
             layout = _string(args.get("layout", []), _ARG_STRINGS)
-            inputs.append(Port(output, _triton_dtype(_int(args.get("dtype", []), _ARG_INTS)),
-                               ndim if ndim is not None or not layout else len(layout), device))
+            inputs.append(
+                Port(
+                    output,
+                    _triton_dtype(_int(args.get("dtype", []), _ARG_INTS)),
+                    ndim if ndim is not None or not layout else len(layout),
+                    device,
+                )
+            )
         elif name in INPUT_OPERATORS:  # encoded clips: one dimension of bytes
             output = _string(_fields(_first(op, _OP_OUTPUT)), _IO_NAME)
             inputs.append(Port(output, "TYPE_UINT8", 1, device))
@@ -106,15 +119,27 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
             videos.add(_string(_fields(_first(op, _OP_INPUT)), _IO_NAME))
             clip_frames = _int(args.get("sequence_length", []), _ARG_INTS)
     outputs = tuple(
-        Port(_string(output, _IO_NAME), _triton_dtype(_int(output, _IO_DTYPE)),
-             _int(output, _IO_NDIM), _string(output, _IO_DEVICE))
+        Port(
+            _string(output, _IO_NAME),
+            _triton_dtype(_int(output, _IO_DTYPE)),
+            _int(output, _IO_NDIM),
+            _string(output, _IO_DEVICE),
+        )
         for output in (_fields(data) for number, data in pipeline if number == _PIPE_OUTPUT)
     )
     if not outputs:
         raise ValueError("no pipeline outputs found")
     sources = {port.name for port in inputs}
-    return PipelineSpec(tuple(inputs), outputs, tuple(operators), frozenset(decoded & sources),
-                        _int(pipeline, _BATCH_SIZE), frozenset(videos & sources), clip_frames, frozenset(streamed))
+    return PipelineSpec(
+        tuple(inputs),
+        outputs,
+        tuple(operators),
+        frozenset(decoded & sources),
+        _int(pipeline, _BATCH_SIZE),
+        frozenset(videos & sources),
+        clip_frames,
+        frozenset(streamed),
+    )
 
 
 def _triton_dtype(value: int | None) -> str | None:
@@ -152,10 +177,10 @@ def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
                 value, position = _varint(data, position)
             elif wire_type == 2:
                 length, position = _varint(data, position)
-                value, position = data[position:position + length], position + length
+                value, position = data[position : position + length], position + length
             elif wire_type in (1, 5):
                 width = 8 if wire_type == 1 else 4
-                value, position = data[position:position + width], position + width
+                value, position = data[position : position + width], position + width
             else:
                 raise ValueError(f"unexpected protobuf wire type {wire_type}")
             fields.append((number, value))

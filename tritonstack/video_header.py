@@ -24,11 +24,27 @@ from dataclasses import dataclass
 # decoder reads H.264, H.265, AV1 and MPEG-4 too.
 CPU_CODECS = frozenset({"VP8", "VP9", "MJPEG"})
 GPU_CODECS = CPU_CODECS | {"H.264", "H.265", "AV1", "MPEG-4"}
-_MP4_CODECS = {b"avc1": "H.264", b"avc3": "H.264", b"hvc1": "H.265", b"hev1": "H.265", b"av01": "AV1",
-               b"mp4v": "MPEG-4", b"vp08": "VP8", b"vp09": "VP9", b"jpeg": "MJPEG", b"mjpa": "MJPEG",
-               b"mjpb": "MJPEG"}
-_MKV_CODECS = {"V_VP8": "VP8", "V_VP9": "VP9", "V_MJPEG": "MJPEG", "V_MPEG4/ISO/AVC": "H.264",
-               "V_MPEGH/ISO/HEVC": "H.265", "V_AV1": "AV1"}
+_MP4_CODECS = {
+    b"avc1": "H.264",
+    b"avc3": "H.264",
+    b"hvc1": "H.265",
+    b"hev1": "H.265",
+    b"av01": "AV1",
+    b"mp4v": "MPEG-4",
+    b"vp08": "VP8",
+    b"vp09": "VP9",
+    b"jpeg": "MJPEG",
+    b"mjpa": "MJPEG",
+    b"mjpb": "MJPEG",
+}
+_MKV_CODECS = {
+    "V_VP8": "VP8",
+    "V_VP9": "VP9",
+    "V_MJPEG": "MJPEG",
+    "V_MPEG4/ISO/AVC": "H.264",
+    "V_MPEGH/ISO/HEVC": "H.265",
+    "V_AV1": "AV1",
+}
 _MP4_CONTAINERS = {b"moov", b"trak", b"mdia", b"minf", b"stbl"}
 _EBML_MAGIC = b"\x1a\x45\xdf\xa3"
 # Matroska element ids: Segment, Tracks, TrackEntry, Video (descended into); the rest read.
@@ -64,15 +80,18 @@ def unreadable_reason(data: bytes, codecs: frozenset[str] = CPU_CODECS) -> str |
     if header is None:
         return "it is not a video, or it is cut short (no MP4 or WebM/Matroska header with a video track)"
     if header.codec not in codecs:
-        return (f"it is {header.codec} video in {header.container}: this model's video decoder reads "
-                f"{', '.join(sorted(codecs))} (DALI's CPU decoder does not read {header.codec}; "
-                "re-encode it, e.g. ffmpeg -c:v libvpx-vp9, or serve on a GPU)")
+        return (
+            f"it is {header.codec} video in {header.container}: this model's video decoder reads "
+            f"{', '.join(sorted(codecs))} (DALI's CPU decoder does not read {header.codec}; "
+            "re-encode it, e.g. ffmpeg -c:v libvpx-vp9, or serve on a GPU)"
+        )
     if header.frames == 0:
         return "it has no frames"
     return None
 
 
 # --- MP4 (ISO base media file format) ---------------------------------------------------------
+
 
 def _boxes(data: bytes, start: int, end: int):
     """(type, payload start, payload end) of each box in data[start:end]."""
@@ -93,10 +112,10 @@ def _mp4(data: bytes) -> ClipHeader | None:
     for track in _find_all(data, 0, len(data), b"trak"):
         fields = {kind: (begin, stop) for kind, begin, stop in _walk(data, *track)}
         hdlr, stsd = fields.get(b"hdlr"), fields.get(b"stsd")
-        if not hdlr or data[hdlr[0] + 8:hdlr[0] + 12] != b"vide" or not stsd:
+        if not hdlr or data[hdlr[0] + 8 : hdlr[0] + 12] != b"vide" or not stsd:
             continue
         entry = stsd[0] + 8  # version/flags, entry count
-        fourcc = data[entry + 4:entry + 8]
+        fourcc = data[entry + 4 : entry + 8]
         width, height = struct.unpack_from(">HH", data, entry + 32) if entry + 36 <= len(data) else (None, None)
         stsz = fields.get(b"stsz")
         frames = struct.unpack_from(">I", data, stsz[0] + 8)[0] if stsz and stsz[0] + 12 <= len(data) else None
@@ -122,11 +141,12 @@ def _walk(data: bytes, start: int, end: int):
 
 # --- Matroska / WebM ----------------------------------------------------------------------
 
+
 def _vint(data: bytes, position: int, keep_marker: bool) -> tuple[int, int]:
     first = data[position]
     length = next((n for n in range(8) if first & (0x80 >> n)), 8) + 1
     value = first if keep_marker else first & (0xFF >> length)
-    for byte in data[position + 1:position + length]:
+    for byte in data[position + 1 : position + length]:
         value = (value << 8) | byte
     return value, position + length
 
@@ -161,4 +181,6 @@ def _matroska(data: bytes) -> ClipHeader | None:
     if video is None:
         return None
     codec_id = video.get(_MKV_CODEC_ID, "")
-    return ClipHeader("WebM/Matroska", _MKV_CODECS.get(codec_id, codec_id), video.get(_MKV_WIDTH), video.get(_MKV_HEIGHT), None)
+    return ClipHeader(
+        "WebM/Matroska", _MKV_CODECS.get(codec_id, codec_id), video.get(_MKV_WIDTH), video.get(_MKV_HEIGHT), None
+    )

@@ -16,5 +16,7 @@ def entry_point(backend: str) -> str:
     """The text of `<backend-directory>/<backend>/model.py`."""
     if backend not in BACKENDS:
         raise ValueError(f"no backend {backend!r} in tritonstack.backends: {', '.join(BACKENDS)}")
-    return (f'"""Triton\'s entry to the "{backend}" backend: its code is tritonstack.backends.{backend}."""\n\n'
-            f"from tritonstack.backends.{backend}.model import TritonPythonModel  # noqa: F401\n")
+    return (
+        f'"""Triton\'s entry to the "{backend}" backend: its code is tritonstack.backends.{backend}."""\n\n'
+        f"from tritonstack.backends.{backend}.model import TritonPythonModel  # noqa: F401\n"
+    )

@@ -163,8 +163,7 @@ class PoolResidency:
         one), or the anonymous memory rose: pages of a burst's block reached. The
         rise alone missed new blocks: the last look may have counted a batch's
         transient buffers, up to 22 MiB at 12 clients, which later batches free."""
-        return (statm.size != self._looked_at.size
-                or _anonymous(statm) - _anonymous(self._looked_at) >= _RISE_BYTES)
+        return statm.size != self._looked_at.size or _anonymous(statm) - _anonymous(self._looked_at) >= _RISE_BYTES
 
 
 def _populate(start: int, end: int) -> None:

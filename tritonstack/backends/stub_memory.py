@@ -15,8 +15,9 @@ METRIC = "tritonstack_stub_rss_bytes"
 class StubMemoryGauge:
     def __init__(self, model: str, instance: str):
         # Every stub registers the same family; Triton keeps one, with a series per label set.
-        self._family = pb_utils.MetricFamily(name=METRIC, description="Resident memory of a backend stub process",
-                                             kind=pb_utils.MetricFamily.GAUGE)
+        self._family = pb_utils.MetricFamily(
+            name=METRIC, description="Resident memory of a backend stub process", kind=pb_utils.MetricFamily.GAUGE
+        )
         self._gauge = self._family.Metric(labels={"model": model, "instance": instance})
         self.update()
 

@@ -60,9 +60,13 @@ def interleaved_sides(measure, models: list[str], rounds: int, log=print) -> dic
         for model in models:
             for side in order:
                 phases[(side, model)].append(measure(side, model, index))
-        log(f"  round {index + 1}/{rounds}: " + ", ".join(
-            f"{model} A {phases[('a', model)][-1].images_per_s:.1f} B {phases[('b', model)][-1].images_per_s:.1f}"
-            for model in models))
+        log(
+            f"  round {index + 1}/{rounds}: "
+            + ", ".join(
+                f"{model} A {phases[('a', model)][-1].images_per_s:.1f} B {phases[('b', model)][-1].images_per_s:.1f}"
+                for model in models
+            )
+        )
     return phases
 
 
@@ -77,10 +81,22 @@ def summary(phases: dict[tuple[str, str], list[Phase]], models: list[str]) -> di
             write_median(figures, f"{side}_ms_p50", [phase.percentile_ms(50) for phase in measured])
             write_median(figures, f"{side}_ms_p99", [phase.percentile_ms(99) for phase in measured])
             figures[f"{side}_errors"] = sum(phase.errors for phase in phases[(side, model)])
-        write_median(figures, "b_over_a", ratios([phase.images_per_s for phase in phases[("b", model)]],
-                                                  [phase.images_per_s for phase in phases[("a", model)]]))
-        write_median(figures, "b_over_a_ms_p99", ratios([phase.percentile_ms(99) for phase in phases[("b", model)]],
-                                                         [phase.percentile_ms(99) for phase in phases[("a", model)]]))
+        write_median(
+            figures,
+            "b_over_a",
+            ratios(
+                [phase.images_per_s for phase in phases[("b", model)]],
+                [phase.images_per_s for phase in phases[("a", model)]],
+            ),
+        )
+        write_median(
+            figures,
+            "b_over_a_ms_p99",
+            ratios(
+                [phase.percentile_ms(99) for phase in phases[("b", model)]],
+                [phase.percentile_ms(99) for phase in phases[("a", model)]],
+            ),
+        )
         results[model] = figures
     return results
 
@@ -98,26 +114,52 @@ def compare(args: argparse.Namespace, log=print) -> dict:
     environments = {"a": dict(args.a_env), "b": dict(args.b_env)}
     recycles = {"a": recycle_policy(args.a_recycle_above_mib), "b": recycle_policy(args.b_recycle_above_mib)}
     with contextlib.ExitStack() as stack:
-        servers = {side: stack.enter_context(TritonServer(repositories[side], Supervision(recycle=recycles[side]),
-                                                          environment=environments[side]))
-                   for side in SIDES}
+        servers = {
+            side: stack.enter_context(
+                TritonServer(repositories[side], Supervision(recycle=recycles[side]), environment=environments[side])
+            )
+            for side in SIDES
+        }
 
         def measure(side: str, model: str, round_index: int) -> Phase:
             if args.rate:
-                return asyncio.run(open_loop(servers[side].grpc_url, model, images, args.rate, args.seconds,
-                                             args.warmup_s, poisson_seed=round_index))
-            return asyncio.run(closed_loop(servers[side].grpc_url, "grpc", model, images, args.concurrency,
-                                           args.seconds, args.warmup_s))
+                return asyncio.run(
+                    open_loop(
+                        servers[side].grpc_url,
+                        model,
+                        images,
+                        args.rate,
+                        args.seconds,
+                        args.warmup_s,
+                        poisson_seed=round_index,
+                    )
+                )
+            return asyncio.run(
+                closed_loop(
+                    servers[side].grpc_url, "grpc", model, images, args.concurrency, args.seconds, args.warmup_s
+                )
+            )
 
         load = f"Poisson arrivals at {args.rate:g}/s" if args.rate else f"{args.concurrency} in flight"
         log(f"{args.rounds} rounds of {', '.join(args.model)} at {load}, {args.seconds:g} s per side...")
         phases = interleaved_sides(measure, args.model, args.rounds, log)
         memory = {side: server_rss_mb_by_process(servers[side]) for side in SIDES}
     return {
-        **{side: {"repository": str(repositories[side]), "environment": environments[side],
-                  "recycle_above_mib": recycles[side].above_mib if recycles[side] else None} for side in SIDES},
-        "settings": {"rounds": args.rounds, "seconds": args.seconds, "warmup_s": args.warmup_s,
-                     "concurrency": None if args.rate else args.concurrency, "rate": args.rate},
+        **{
+            side: {
+                "repository": str(repositories[side]),
+                "environment": environments[side],
+                "recycle_above_mib": recycles[side].above_mib if recycles[side] else None,
+            }
+            for side in SIDES
+        },
+        "settings": {
+            "rounds": args.rounds,
+            "seconds": args.seconds,
+            "warmup_s": args.warmup_s,
+            "concurrency": None if args.rate else args.concurrency,
+            "rate": args.rate,
+        },
         "models": summary(phases, args.model),
         "server_rss_mb_by_process": memory,
         "server_rss_mb": {side: sum(memory[side].values()) if memory[side] else None for side in SIDES},
@@ -125,14 +167,18 @@ def compare(args: argparse.Namespace, log=print) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = ["| model | A images/s | B images/s | B/A median [min, max] | A p99 ms | B p99 ms | B/A p99 |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| model | A images/s | B images/s | B/A median [min, max] | A p99 ms | B p99 ms | B/A p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for model, figures in results["models"].items():
         low, high = figures["b_over_a_spread"] or (float("nan"), float("nan"))
         p99_low, p99_high = figures["b_over_a_ms_p99_spread"] or (float("nan"), float("nan"))
-        lines.append(f"| {model} | {figures['a_images_per_s']:.1f} | {figures['b_images_per_s']:.1f} | "
-                     f"{figures['b_over_a']:.3f} [{low:.3f}, {high:.3f}] | {figures['a_ms_p99']:.0f} | "
-                     f"{figures['b_ms_p99']:.0f} | {figures['b_over_a_ms_p99']:.3f} [{p99_low:.3f}, {p99_high:.3f}] |")
+        lines.append(
+            f"| {model} | {figures['a_images_per_s']:.1f} | {figures['b_images_per_s']:.1f} | "
+            f"{figures['b_over_a']:.3f} [{low:.3f}, {high:.3f}] | {figures['a_ms_p99']:.0f} | "
+            f"{figures['b_ms_p99']:.0f} | {figures['b_over_a_ms_p99']:.3f} [{p99_low:.3f}, {p99_high:.3f}] |"
+        )
     memory = results["server_rss_mb"]
     lines.append(f"\nserver RSS after the rounds: A {memory['a']:.0f} MB, B {memory['b']:.0f} MB")
     return "\n".join(lines)

@@ -40,7 +40,7 @@ class CpuCost:
     """CPU milliseconds per image of one measure; `images` fixed, every call the same work."""
 
     def __init__(self, run_batch: Callable[[list[bytes]], object], images: list[bytes]):
-        self._run_batch, self._batches = run_batch, [images[i:i + BATCH] for i in range(0, len(images), BATCH)]
+        self._run_batch, self._batches = run_batch, [images[i : i + BATCH] for i in range(0, len(images), BATCH)]
         self._run_batch(self._batches[0])  # warm-up: first-run allocations and kernel selection
 
     def __call__(self) -> float:
@@ -56,6 +56,7 @@ def _dali(repository: Path) -> Callable[[list[bytes]], object]:
     def run_batch(batch: list[bytes]):
         pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch(batch)))
         return pipeline.run()
+
     return run_batch
 
 
@@ -70,9 +71,10 @@ def _classifier(repository: Path, preset_name: str, tensors: np.ndarray) -> Call
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the served models
-    session = ort.InferenceSession(str(repository / classifier.name / VERSION / ONNX_MODEL_FILENAME), options,
-                                   providers=["CPUExecutionProvider"])
-    return lambda batch: session.run(None, {classifier.input_name: tensors[:len(batch)]})
+    session = ort.InferenceSession(
+        str(repository / classifier.name / VERSION / ONNX_MODEL_FILENAME), options, providers=["CPUExecutionProvider"]
+    )
+    return lambda batch: session.run(None, {classifier.input_name: tensors[: len(batch)]})
 
 
 def write_cost_ceilings(results: dict, repository: Path, images: list[bytes], repeats: int, log=print) -> None:
@@ -90,9 +92,16 @@ def write_cost_ceilings(results: dict, repository: Path, images: list[bytes], re
     rounds = interleaved(measures, repeats, log)
     costs = {name: np.asarray(values) for name, values in rounds.items()}
     results["cpu_ms_per_image"] = {name: round(float(np.median(values)), 3) for name, values in costs.items()}
-    results["cpu_ms_per_image_spread"] = {name: [round(float(values.min()), 3), round(float(values.max()), 3)]
-                                          for name, values in costs.items()}
-    write_median(results, "int8_vs_fp32_ensemble_ceiling",
-                 ratios(list(costs["dali"] + costs["fp32"]), list(costs["dali"] + costs["int8"])))
-    write_median(results, "dali_vs_pil_ensemble_ceiling",
-                 ratios(list(costs["pil"] + costs["fp32"]), list(costs["dali"] + costs["fp32"])))
+    results["cpu_ms_per_image_spread"] = {
+        name: [round(float(values.min()), 3), round(float(values.max()), 3)] for name, values in costs.items()
+    }
+    write_median(
+        results,
+        "int8_vs_fp32_ensemble_ceiling",
+        ratios(list(costs["dali"] + costs["fp32"]), list(costs["dali"] + costs["int8"])),
+    )
+    write_median(
+        results,
+        "dali_vs_pil_ensemble_ceiling",
+        ratios(list(costs["pil"] + costs["fp32"]), list(costs["dali"] + costs["fp32"])),
+    )

@@ -1,7 +1,6 @@
 """The reference limit of this machine: the same serialized DALI pipeline and ONNX session
 run in one process without a server, preprocessing and classification overlapped."""
 
-
 from __future__ import annotations
 
 import queue
@@ -20,8 +19,10 @@ from tritonstack.contract import pad_batch
 
 def inprocess_best_setting(repository: Path, images: list[bytes], settings: Settings) -> dict:
     """The thread/batch setting of the grid with the best in-process rate."""
-    rates = {setting: _inprocess_run(repository, images, *setting, settings).images_per_s
-             for setting in settings.inprocess_grid}
+    rates = {
+        setting: _inprocess_run(repository, images, *setting, settings).images_per_s
+        for setting in settings.inprocess_grid
+    }
     batch, dali_threads, ort_threads = max(rates, key=rates.get)
     return {"batch": batch, "dali_threads": dali_threads, "ort_threads": ort_threads}
 
@@ -29,15 +30,19 @@ def inprocess_best_setting(repository: Path, images: list[bytes], settings: Sett
 def inprocess_phase(repository: Path, images: list[bytes], setting: dict, settings: Settings) -> Phase:
     """The same model.dali and model.onnx in this process, DALI and ONNX Runtime in
     two threads (both release the GIL), as the server overlaps its two models."""
-    return _inprocess_run(repository, images, setting["batch"], setting["dali_threads"], setting["ort_threads"],
-                          settings)
+    return _inprocess_run(
+        repository, images, setting["batch"], setting["dali_threads"], setting["ort_threads"], settings
+    )
 
 
 def dali_preprocessing(repository: Path, batch: int, threads: int) -> Pipeline:
     """The served DALI preprocessing model's pipeline, built here on the CPU."""
     pipeline = Pipeline.deserialize(
         serialized_pipeline=(repository / DALI_PREPROCESS / "1" / "model.dali").read_bytes(),
-        batch_size=batch, num_threads=threads, device_id=None, prefetch_queue_depth=1,
+        batch_size=batch,
+        num_threads=threads,
+        device_id=None,
+        prefetch_queue_depth=1,
     )
     pipeline.build()
     return pipeline
@@ -47,10 +52,12 @@ def _inprocess_run(repository, images, batch, dali_threads, ort_threads, setting
     pipeline = dali_preprocessing(repository, batch, dali_threads)
     options = ort.SessionOptions()
     options.intra_op_num_threads = ort_threads
-    session = ort.InferenceSession(str(repository / CLASSIFIER / "1" / "model.onnx"), options,
-                                   providers=ort.get_available_providers())  # CUDA first where installed
-    batches = [pad_batch([images[(start + i) % len(images)] for i in range(batch)])
-               for start in range(0, len(images), batch)]
+    session = ort.InferenceSession(
+        str(repository / CLASSIFIER / "1" / "model.onnx"), options, providers=ort.get_available_providers()
+    )  # CUDA first where installed
+    batches = [
+        pad_batch([images[(start + i) % len(images)] for i in range(batch)]) for start in range(0, len(images), batch)
+    ]
     handoff: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
 

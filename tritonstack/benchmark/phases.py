@@ -1,7 +1,6 @@
 """Load phases against a server: closed loops (N in flight), open loops (a rate, optionally
 Poisson), saturation, capacity under an SLO, and the interleaving of rounds A, B, A, B."""
 
-
 from __future__ import annotations
 
 import asyncio
@@ -48,8 +47,9 @@ class Phase:
         return float(np.percentile(self.latencies_s, q)) * 1000 if self.latencies_s else float("nan")
 
 
-async def closed_loop(url: str, protocol: str, model: str, images: list[bytes], concurrency: int,
-                      seconds: float, warmup_s: float) -> Phase:
+async def closed_loop(
+    url: str, protocol: str, model: str, images: list[bytes], concurrency: int, seconds: float, warmup_s: float
+) -> Phase:
     """`concurrency` requests always in flight, one image each, for `seconds` after warm-up."""
     phase = Phase()
     async with AsyncClassifierClient(url, protocol, model, retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S) as client:
@@ -81,8 +81,15 @@ async def closed_loop(url: str, protocol: str, model: str, images: list[bytes], 
     return phase
 
 
-async def open_loop(url: str, model: str, images: list[bytes], rate: float, seconds: float, warmup_s: float,
-                    poisson_seed: int | None = None) -> Phase:
+async def open_loop(
+    url: str,
+    model: str,
+    images: list[bytes],
+    rate: float,
+    seconds: float,
+    warmup_s: float,
+    poisson_seed: int | None = None,
+) -> Phase:
     """Requests sent at a fixed rate whatever the answers do; latency counts from the
     scheduled send time (no coordinated omission). With `poisson_seed`, the gaps
     between sends are exponential (Poisson arrivals at that mean rate) instead of equal."""
@@ -122,8 +129,9 @@ def saturate(url: str, protocol: str, model: str, images: list[bytes], settings:
     """The best throughput over the concurrency levels tried, that level, and the
     failures of all levels."""
     phases = {
-        concurrency: asyncio.run(closed_loop(url, protocol, model, images, concurrency,
-                                             settings.seconds, settings.warmup_s))
+        concurrency: asyncio.run(
+            closed_loop(url, protocol, model, images, concurrency, settings.seconds, settings.warmup_s)
+        )
         for concurrency in settings.concurrency
     }
     best = max(phases, key=lambda concurrency: phases[concurrency].images_per_s)
@@ -147,8 +155,9 @@ def server_rss_mb(server) -> float | None:
     return processes.tree_rss_mib(server.pid)
 
 
-def measured_phase(server, protocol: str, model: str, images: list[bytes], concurrency: int,
-                   settings: Settings) -> Phase:
+def measured_phase(
+    server, protocol: str, model: str, images: list[bytes], concurrency: int, settings: Settings
+) -> Phase:
     """One closed-loop phase on `model`, with the server's CPU time over it."""
     cpu = server_cpu_seconds(server)
     url = server.http_url if protocol == "http" else server.grpc_url
@@ -186,12 +195,14 @@ def current_saturation(server, images: list[bytes], concurrency: int, settings: 
     saturation measured just before it: this machine's speed drifts by 10-25 % within
     minutes, and at 70 % of a stale saturation the real load can be 80 %, where the
     tail is twice as long."""
-    return asyncio.run(closed_loop(server.grpc_url, "grpc", DALI_ENSEMBLE, images, concurrency,
-                                   settings.seconds, settings.warmup_s))
+    return asyncio.run(
+        closed_loop(server.grpc_url, "grpc", DALI_ENSEMBLE, images, concurrency, settings.seconds, settings.warmup_s)
+    )
 
 
-def capacity_at_slo(server, images: list[bytes], concurrency: int, slo_ms: float,
-                    settings: Settings) -> tuple[float, list[dict]]:
+def capacity_at_slo(
+    server, images: list[bytes], concurrency: int, slo_ms: float, settings: Settings
+) -> tuple[float, list[dict]]:
     """The highest fraction of closed-loop saturation (at `concurrency`, measured
     right before each probe) whose open loop (Poisson arrivals) keeps p99 under
     `slo_ms` with no failure: the upper bound CAPACITY_MAX_FRACTION first, then a
@@ -202,12 +213,29 @@ def capacity_at_slo(server, images: list[bytes], concurrency: int, slo_ms: float
     def meets(fraction: float) -> bool:
         saturation = current_saturation(server, images, concurrency, settings)
         rate = fraction * saturation.images_per_s or 1.0
-        phase = asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, rate,
-                                      settings.capacity_s, settings.warmup_s, poisson_seed=len(probes)))
+        phase = asyncio.run(
+            open_loop(
+                server.grpc_url,
+                DALI_ENSEMBLE,
+                images,
+                rate,
+                settings.capacity_s,
+                settings.warmup_s,
+                poisson_seed=len(probes),
+            )
+        )
         p99 = phase.percentile_ms(99)
         met = phase.errors == 0 and bool(phase.latencies_s) and p99 < slo_ms
-        probes.append({"fraction": fraction, "saturation": saturation.images_per_s, "rate": rate, "p99_ms": p99,
-                       "errors": phase.errors + saturation.errors, "met": met})
+        probes.append(
+            {
+                "fraction": fraction,
+                "saturation": saturation.images_per_s,
+                "rate": rate,
+                "p99_ms": p99,
+                "errors": phase.errors + saturation.errors,
+                "met": met,
+            }
+        )
         return met
 
     return highest_passing(meets, CAPACITY_MAX_FRACTION, settings.capacity_probes), probes

@@ -26,8 +26,13 @@ import math
 from dataclasses import dataclass
 
 # What the plan reads from a benchmark JSON (tritonstack/benchmark writes them).
-PLAN_KEYS = ("server_images_per_s", "latency_ms_p50_concurrency_1", "open_loop_rate",
-             "open_loop_ms_p50", "open_loop_ms_p99")
+PLAN_KEYS = (
+    "server_images_per_s",
+    "latency_ms_p50_concurrency_1",
+    "open_loop_rate",
+    "open_loop_ms_p50",
+    "open_loop_ms_p99",
+)
 
 
 class InfeasiblePlan(ValueError):
@@ -70,8 +75,11 @@ class Plan:
             f"{(self.p99_budget_ms - self.unloaded_ms) / k if k > 0 else math.inf:.3f}  =>  "
             f"u <= {self.model_utilization:.3f}",
             f"operating point: u = {self.utilization:.3f}"
-            + (f" (capped at the measured {u_m:.2f}: nothing was measured beyond it)"
-               if self.utilization < self.model_utilization else ""),
+            + (
+                f" (capped at the measured {u_m:.2f}: nothing was measured beyond it)"
+                if self.utilization < self.model_utilization
+                else ""
+            ),
             f"per replica: {self.utilization:.3f} * {self.saturation_rps:.1f} = {self.replica_rps:.1f} req/s",
             f"replicas: ceil({self.target_rps:.1f} / {self.replica_rps:.1f}) = {self.replicas}"
             f"  (maxReplicas >= {self.replicas + 1} keeps the target with one replica down)",
@@ -92,8 +100,10 @@ def plan(results: dict, target_rps: float, p99_budget_ms: float) -> Plan:
     measured_u = float(results["open_loop_rate"]) / saturation
     p50, p99 = float(results["open_loop_ms_p50"]), float(results["open_loop_ms_p99"])
     if p99_budget_ms <= unloaded:
-        raise InfeasiblePlan(f"a p99 budget of {p99_budget_ms} ms is below the unloaded latency "
-                             f"{unloaded:.1f} ms: more replicas cannot help; a faster replica (GPU) can")
+        raise InfeasiblePlan(
+            f"a p99 budget of {p99_budget_ms} ms is below the unloaded latency "
+            f"{unloaded:.1f} ms: more replicas cannot help; a faster replica (GPU) can"
+        )
     # p99(u) = unloaded + k * u/(1-u), k fitted at the measured point.
     k = max(p99 - unloaded, 1e-9) / waiting_factor(measured_u)
     ratio = (p99_budget_ms - unloaded) / k
@@ -101,5 +111,16 @@ def plan(results: dict, target_rps: float, p99_budget_ms: float) -> Plan:
     utilization = min(model_u, measured_u)
     replicas = max(1, math.ceil(target_rps / (utilization * saturation)))
     queue_ms = max(p50 - unloaded, 0.0) * waiting_factor(utilization) / waiting_factor(measured_u)
-    return Plan(target_rps, p99_budget_ms, saturation, unloaded, measured_u, p50, p99,
-                utilization, model_u, replicas, max(1, round(queue_ms * 1000)))
+    return Plan(
+        target_rps,
+        p99_budget_ms,
+        saturation,
+        unloaded,
+        measured_u,
+        p50,
+        p99,
+        utilization,
+        model_u,
+        replicas,
+        max(1, round(queue_ms * 1000)),
+    )

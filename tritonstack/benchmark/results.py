@@ -1,7 +1,6 @@
 """The benchmark's JSON: the machine and versions, the keys every run writes, the targets
 and which ones a run missed."""
 
-
 from __future__ import annotations
 
 import json
@@ -34,8 +33,21 @@ def cpu_model() -> str:
 
 # The x86 instruction-set extensions that change which kernels ONNX Runtime and DALI
 # run (the INT8 ones above all: VNNI or not), as /proc/cpuinfo names them.
-ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
-             "avx512_bf16", "amx_int8", "amx_tile")
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_int8",
+    "amx_tile",
+)
 
 
 def cpu_flags() -> list[str]:
@@ -50,24 +62,54 @@ def cpu_flags() -> list[str]:
 # Every key the benchmark promises, besides versions and settings (docs/performance.md explains each).
 # Each of RATIO_KEYS comes with `<key>_spread`: [min, max] over the rounds.
 RATIO_KEYS = (
-    "serving_efficiency", "dali_vs_pil_preprocess", "dali_vs_pil_per_cpu_second", "dali_vs_pil_ensemble",
-    "http_vs_grpc", "int8_vs_fp32_ensemble", "ensemble_overhead_ms_p50", "ensemble_overhead_share",
-    "p99_over_p50", "int8_vs_fp32_ensemble_ceiling", "dali_vs_pil_ensemble_ceiling",
+    "serving_efficiency",
+    "dali_vs_pil_preprocess",
+    "dali_vs_pil_per_cpu_second",
+    "dali_vs_pil_ensemble",
+    "http_vs_grpc",
+    "int8_vs_fp32_ensemble",
+    "ensemble_overhead_ms_p50",
+    "ensemble_overhead_share",
+    "p99_over_p50",
+    "int8_vs_fp32_ensemble_ceiling",
+    "dali_vs_pil_ensemble_ceiling",
 )
 
 
 REQUIRED_KEYS = (
-    "inprocess_images_per_s", "server_images_per_s", "dali_preprocess_images_per_s", "pil_preprocess_images_per_s",
-    *RATIO_KEYS, *(f"{key}_spread" for key in RATIO_KEYS),
-    "capacity_at_slo", "int8_top1_agreement", "int8_top5_overlap",
-    "int8_top1_agreement_crops", "int8_top5_overlap_crops", "int8_top1_agreement_clear_crops",
+    "inprocess_images_per_s",
+    "server_images_per_s",
+    "dali_preprocess_images_per_s",
+    "pil_preprocess_images_per_s",
+    *RATIO_KEYS,
+    *(f"{key}_spread" for key in RATIO_KEYS),
+    "capacity_at_slo",
+    "int8_top1_agreement",
+    "int8_top5_overlap",
+    "int8_top1_agreement_crops",
+    "int8_top5_overlap_crops",
+    "int8_top1_agreement_clear_crops",
     # what tritonstack/benchmark/plan.py reads
-    "latency_ms_p50_concurrency_1", "open_loop_rate", "open_loop_ms_p50", "open_loop_ms_p99",
-    "server_rss_mb", "errors", "versions", "cpu_model", "cpu_flags", "cpu_count",
+    "latency_ms_p50_concurrency_1",
+    "open_loop_rate",
+    "open_loop_ms_p50",
+    "open_loop_ms_p99",
+    "server_rss_mb",
+    "errors",
+    "versions",
+    "cpu_model",
+    "cpu_flags",
+    "cpu_count",
     # cost per image against the two libraries, capacity against an ideal queue
-    "inprocess_images_per_cpu_s", "server_images_per_cpu_s", "cpu_efficiency", "cpu_efficiency_spread",
-    "ideal_queue_capacity", "capacity_vs_ideal_queue", "open_loop_requests",
-    "cpu_ms_per_image", "cpu_ms_per_image_spread",  # the ceilings' parts (tritonstack/benchmark/cost.py)
+    "inprocess_images_per_cpu_s",
+    "server_images_per_cpu_s",
+    "cpu_efficiency",
+    "cpu_efficiency_spread",
+    "ideal_queue_capacity",
+    "capacity_vs_ideal_queue",
+    "open_loop_requests",
+    "cpu_ms_per_image",
+    "cpu_ms_per_image_spread",  # the ceilings' parts (tritonstack/benchmark/cost.py)
 )
 
 
@@ -90,8 +132,10 @@ TARGETS = {
 
 
 # A served ratio and the most this CPU allows it (tritonstack/benchmark/cost.py).
-CEILINGS = {"int8_vs_fp32_ensemble": "int8_vs_fp32_ensemble_ceiling",
-            "dali_vs_pil_ensemble": "dali_vs_pil_ensemble_ceiling"}
+CEILINGS = {
+    "int8_vs_fp32_ensemble": "int8_vs_fp32_ensemble_ceiling",
+    "dali_vs_pil_ensemble": "dali_vs_pil_ensemble_ceiling",
+}
 
 
 def missed_targets(results: dict) -> list[str]:

@@ -27,7 +27,6 @@ used is written too (`client_cpu_share`). Every request is one image drawn from
 the load tests' weighted corpus of real photos.
 """
 
-
 from __future__ import annotations
 
 import asyncio
@@ -84,8 +83,12 @@ def run(settings: Settings, repository: Path, log=print, server: TritonServer | 
     """All measurements; on `server` if given (it must serve `repository`), else on
     a server started and stopped here."""
     images = weighted_images(400)
-    results: dict = {"settings": settings.__dict__ | {"quick": settings is QUICK}, "cpu_model": cpu_model(),
-                     "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count()}
+    results: dict = {
+        "settings": settings.__dict__ | {"quick": settings is QUICK},
+        "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "cpu_count": os.cpu_count(),
+    }
     log("in-process reference (DALI + ONNX Runtime, no server): the best thread/batch setting...")
     setting = results["inprocess_best_setting"] = inprocess_best_setting(repository, images, settings)
     with tempfile.TemporaryDirectory(prefix="benchmark-") as folder:
@@ -99,20 +102,32 @@ def run(settings: Settings, repository: Path, log=print, server: TritonServer | 
     return results
 
 
-def _run_on_server(results: dict, settings: Settings, repository: Path, images: list[bytes], setting: dict, log,
-                   server, trace_file: Path) -> list[tuple[int, int]]:
+def _run_on_server(
+    results: dict,
+    settings: Settings,
+    repository: Path,
+    images: list[bytes],
+    setting: dict,
+    log,
+    server,
+    trace_file: Path,
+) -> list[tuple[int, int]]:
     """Every measurement through a server; the client's times of the traced
     requests (none on a given server: its trace file, if any, is not ours)."""
     own = server is None
-    with contextlib.nullcontext(server) if server else target_server(repository, extra_args=trace_args(trace_file)) \
-            as server:
+    with (
+        contextlib.nullcontext(server)
+        if server
+        else target_server(repository, extra_args=trace_args(trace_file)) as server
+    ):
         results["versions"] = versions(server)
         log("DALI ensemble over gRPC: the concurrency that saturates it...")
         _, concurrency, errors = saturate(server.grpc_url, "grpc", DALI_ENSEMBLE, images, settings)
         results["server_best_concurrency"] = concurrency
         log(f"interleaved rounds at concurrency {concurrency} (preprocessing alone at {max(settings.concurrency)})...")
-        rounds = interleaved(_round_measures(server, repository, images, setting, concurrency, settings),
-                             settings.repeats, log)
+        rounds = interleaved(
+            _round_measures(server, repository, images, setting, concurrency, settings), settings.repeats, log
+        )
         errors += sum(phase.errors for phases in rounds.values() for phase in phases)
         _write_rounds(results, rounds, settings)
         results["server_rss_mb"] = server_rss_mb(server)  # right after the rounds: steady state
@@ -125,8 +140,9 @@ def _run_on_server(results: dict, settings: Settings, repository: Path, images: 
         return traced_single_requests(server, settings.traced_requests) if own else []
 
 
-def _round_measures(server, repository: Path, images: list[bytes], setting: dict, concurrency: int,
-                    settings: Settings) -> dict[str, Callable[[], Phase]]:
+def _round_measures(
+    server, repository: Path, images: list[bytes], setting: dict, concurrency: int, settings: Settings
+) -> dict[str, Callable[[], Phase]]:
     """What each interleaved round measures, in order."""
     alone = max(settings.concurrency)  # a preprocessing model alone: many in flight feed its batches
     measures = {
@@ -138,8 +154,7 @@ def _round_measures(server, repository: Path, images: list[bytes], setting: dict
         "pil_preprocess": lambda: measured_phase(server, "grpc", PIL_PREPROCESS, images, alone, settings),
     }
     if (repository / INT8_ENSEMBLE).is_dir():  # a repository built without the INT8 preset: no INT8 figures
-        measures["int8_ensemble"] = lambda: measured_phase(server, "grpc", INT8_ENSEMBLE, images, concurrency,
-                                                           settings)
+        measures["int8_ensemble"] = lambda: measured_phase(server, "grpc", INT8_ENSEMBLE, images, concurrency, settings)
     return measures
 
 
@@ -154,9 +169,13 @@ ROUND_RATIOS = {
 
 
 ROUND_RATES = {
-    "inprocess_images_per_s": "inprocess", "server_images_per_s": "grpc", "http_images_per_s": "http",
-    "pil_ensemble_images_per_s": "pil_ensemble", "dali_preprocess_images_per_s": "dali_preprocess",
-    "pil_preprocess_images_per_s": "pil_preprocess", "int8_ensemble_images_per_s": "int8_ensemble",
+    "inprocess_images_per_s": "inprocess",
+    "server_images_per_s": "grpc",
+    "http_images_per_s": "http",
+    "pil_ensemble_images_per_s": "pil_ensemble",
+    "dali_preprocess_images_per_s": "dali_preprocess",
+    "pil_preprocess_images_per_s": "pil_preprocess",
+    "int8_ensemble_images_per_s": "int8_ensemble",
 }
 
 
@@ -180,18 +199,28 @@ def _write_rounds(results: dict, rounds: dict[str, list[Phase]], settings: Setti
     write_median(results, "inprocess_images_per_cpu_s", [r for r in per_cpu("inprocess") if r])
     write_median(results, "server_images_per_cpu_s", [r for r in per_cpu("grpc") if r])
     write_median(results, "cpu_efficiency", ratios(per_cpu("grpc"), per_cpu("inprocess")))
-    results["client_cpu_share"] = float(np.median([phase.client_cpu_s / (settings.seconds + settings.warmup_s)
-                                                   for phase in rounds["grpc"]]))
+    results["client_cpu_share"] = float(
+        np.median([phase.client_cpu_s / (settings.seconds + settings.warmup_s) for phase in rounds["grpc"]])
+    )
 
 
 def _write_single_requests(results: dict, server, settings: Settings) -> int:
     """`repeats` phases at concurrency 1; returns their failures."""
-    measured = [single_requests(server, DALI_ENSEMBLE, (DALI_PREPROCESS, CLASSIFIER), typical_image(),
-                                settings.seconds, settings.warmup_s) for _ in range(settings.repeats)]
-    write_median(results, "ensemble_overhead_ms_p50", [m.overhead_ms_p50 for m in measured if m.overhead_ms_p50 is not None])
-    write_median(results, "ensemble_overhead_share", [m.overhead_share for m in measured if m.overhead_share is not None])
-    write_median(results, "latency_ms_p50_concurrency_1", [m.phase.percentile_ms(50) for m in measured
-                                                           if m.phase.latencies_s])
+    measured = [
+        single_requests(
+            server, DALI_ENSEMBLE, (DALI_PREPROCESS, CLASSIFIER), typical_image(), settings.seconds, settings.warmup_s
+        )
+        for _ in range(settings.repeats)
+    ]
+    write_median(
+        results, "ensemble_overhead_ms_p50", [m.overhead_ms_p50 for m in measured if m.overhead_ms_p50 is not None]
+    )
+    write_median(
+        results, "ensemble_overhead_share", [m.overhead_share for m in measured if m.overhead_share is not None]
+    )
+    write_median(
+        results, "latency_ms_p50_concurrency_1", [m.phase.percentile_ms(50) for m in measured if m.phase.latencies_s]
+    )
     results["grpc_round_trip_ms_p50"] = grpc_round_trip_ms(server)
     hops = {hop: [value for m in measured for value in m.hops_ms.get(hop, [])] for hop in measured[0].hops_ms}
     results["ensemble_hops_ms_p50"] = {hop: float(np.median(values)) for hop, values in hops.items() if values}
@@ -209,8 +238,7 @@ def _write_open_loop(results: dict, server, images: list[bytes], settings: Setti
         # One gap more than the minimum: sends at equal gaps within [0, seconds) are
         # floor(seconds x rate), which float rounding took to 999 of 1000.
         seconds = max(settings.open_loop_s, (settings.open_loop_min_requests + 1) / rate)
-        phases.append(asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, rate, seconds,
-                                            settings.warmup_s)))
+        phases.append(asyncio.run(open_loop(server.grpc_url, DALI_ENSEMBLE, images, rate, seconds, settings.warmup_s)))
         errors += saturation.errors
     measured = [phase for phase in phases if phase.latencies_s]
     results["open_loop_requests"] = min(len(phase.latencies_s) + phase.errors for phase in phases)
@@ -234,8 +262,9 @@ def _write_capacity(results: dict, server, images: list[bytes], settings: Settin
     # The same SLO, arrivals and probe length on an ideal queue with the measured
     # service rate and single-request latency (tritonstack.benchmark.ideal_queue).
     saturation = float(np.median([probe["saturation"] for probe in probes]))
-    ideal = results["ideal_queue_capacity"] = ideal_capacity(saturation, single_p50, slo_ms, settings.capacity_s,
-                                                             CAPACITY_MAX_FRACTION)
+    ideal = results["ideal_queue_capacity"] = ideal_capacity(
+        saturation, single_p50, slo_ms, settings.capacity_s, CAPACITY_MAX_FRACTION
+    )
     results["capacity_vs_ideal_queue"] = fraction / ideal if ideal else None
     return sum(probe["errors"] for probe in probes)
 

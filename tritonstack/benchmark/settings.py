@@ -1,7 +1,6 @@
 """What the benchmark measures and for how long: the models (named by tritonstack.contract),
 the phases' durations (FULL, QUICK, SMOKE), the SLO and load fractions."""
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,17 +54,28 @@ class Settings:
     open_loop_min_requests: int = 1000  # per open-loop phase: a p99 from ~10 slowest, not from one
 
 
-FULL = Settings(20.0, 3.0, (8, 16, 32, 48), ((1, 1, 1), (8, 1, 1), (32, 1, 1), (8, 2, 1), (8, 1, 2), (32, 2, 2)),
-                30.0, repeats=5, capacity_probes=6, capacity_s=20.0, traced_requests=300)
+FULL = Settings(
+    20.0,
+    3.0,
+    (8, 16, 32, 48),
+    ((1, 1, 1), (8, 1, 1), (32, 1, 1), (8, 2, 1), (8, 1, 2), (32, 2, 2)),
+    30.0,
+    repeats=5,
+    capacity_probes=6,
+    capacity_s=20.0,
+    traced_requests=300,
+)
 
 
-QUICK = Settings(5.0, 1.0, (8, 24), ((8, 1, 1), (32, 1, 1), (8, 2, 2)), 10.0, repeats=3, capacity_probes=4,
-                 capacity_s=6.0)
+QUICK = Settings(
+    5.0, 1.0, (8, 24), ((8, 1, 1), (32, 1, 1), (8, 2, 2)), 10.0, repeats=3, capacity_probes=4, capacity_s=6.0
+)
 
 
 # For the test suite: every key, in the least time that still measures something.
-SMOKE = Settings(1.0, 0.3, (4,), ((8, 2, 2),), 1.5, repeats=3, capacity_probes=1, capacity_s=1.0,
-                 open_loop_min_requests=0)
+SMOKE = Settings(
+    1.0, 0.3, (4,), ((8, 2, 2),), 1.5, repeats=3, capacity_probes=1, capacity_s=1.0, open_loop_min_requests=0
+)
 
 
 # capacity_at_slo: the p99 budget, in single-request medians, and the search's upper bound.

@@ -1,7 +1,6 @@
 """Single requests at concurrency 1: where a request's time goes (Triton's statistics and
 trace), per hop and per ensemble step."""
 
-
 from __future__ import annotations
 
 import time
@@ -54,13 +53,15 @@ STEP_PARTS = ("queue", "compute_input", "compute_infer", "compute_output")
 COMPUTE_PARTS = ("compute_input", "compute_infer", "compute_output")
 
 
-def single_requests(server, model: str, steps: tuple[str, ...], image: bytes, seconds: float,
-                    warmup_s: float) -> SingleRequests:
+def single_requests(
+    server, model: str, steps: tuple[str, ...], image: bytes, seconds: float, warmup_s: float
+) -> SingleRequests:
     measured = SingleRequests(Phase(), {})
     headers = server.admin_headers("grpc")  # the statistics API is restricted
-    with ClassifierClient(server.grpc_url, "grpc", model, retry=NO_RETRY,
-                          timeout_s=REQUEST_TIMEOUT_S) as client, \
-            grpcclient.InferenceServerClient(server.grpc_url) as statistics:
+    with (
+        ClassifierClient(server.grpc_url, "grpc", model, retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S) as client,
+        grpcclient.InferenceServerClient(server.grpc_url) as statistics,
+    ):
         measure_from = time.monotonic() + warmup_s
         end = measure_from + seconds
         while time.monotonic() < end or not measured.phase.latencies_s:
@@ -82,8 +83,9 @@ def single_requests(server, model: str, steps: tuple[str, ...], image: bytes, se
     return measured
 
 
-def hop_costs(latency_ms: float, spent_ms: dict[tuple[str, str], float], model: str,
-              steps: tuple[str, ...]) -> dict[str, float]:
+def hop_costs(
+    latency_ms: float, spent_ms: dict[tuple[str, str], float], model: str, steps: tuple[str, ...]
+) -> dict[str, float]:
     compute = sum(spent_ms[(step, part)] for step in steps for part in COMPUTE_PARTS)
     return {
         "overhead": latency_ms - compute,
@@ -110,8 +112,9 @@ def traced_single_requests(server, count: int) -> list[tuple[int, int]]:
     """`count` requests at concurrency 1 with Triton's tracing on: the client's
     (sent, received) CLOCK_MONOTONIC ns of each, to match with the trace file."""
     times = []
-    with ClassifierClient(server.grpc_url, "grpc", DALI_ENSEMBLE, retry=NO_RETRY,
-                          timeout_s=REQUEST_TIMEOUT_S) as client:
+    with ClassifierClient(
+        server.grpc_url, "grpc", DALI_ENSEMBLE, retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S
+    ) as client:
         image = typical_image()
         client.probabilities([image])  # the connection's first request, untraced
         with traced(server.grpc_url, server.admin_headers("grpc"), DALI_ENSEMBLE, count):
@@ -127,8 +130,7 @@ def trace_medians(trace_file: Path, client_times: list[tuple[int, int]]) -> dict
     hops = request_hops(read_traces(trace_file), client_times, DALI_ENSEMBLE, (DALI_PREPROCESS, CLASSIFIER))
     if not hops["steps_compute"]:
         return None
-    return {part: float(np.median(values)) for part, values in hops.items()} | {
-        "requests": len(hops["steps_compute"])}
+    return {part: float(np.median(values)) for part, values in hops.items()} | {"requests": len(hops["steps_compute"])}
 
 
 def request_statistics(statistics, headers: dict[str, str], models: tuple[str, ...]) -> dict[tuple[str, str], int]:

@@ -46,16 +46,16 @@ SEND_START = ("GRPC_SEND_START", "HTTP_SEND_START")
 def trace_args(trace_file: Path) -> tuple[str, ...]:
     """tritonserver flags: Triton's trace mode writing to `trace_file`, level OFF
     until `traced()` turns it on."""
-    return ("--trace-config", f"triton,file={trace_file}", "--trace-config", "level=OFF",
-            "--trace-config", "rate=1")
+    return ("--trace-config", f"triton,file={trace_file}", "--trace-config", "level=OFF", "--trace-config", "rate=1")
 
 
 @contextlib.contextmanager
 def traced(grpc_url: str, headers: dict[str, str], model: str, count: int) -> Iterator[None]:
     """Every request to `model` traced (at most `count`), then tracing off again."""
     with grpcclient.InferenceServerClient(grpc_url) as client:
-        client.update_trace_settings(model, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1",
-                                             "trace_count": str(count)}, headers=headers)
+        client.update_trace_settings(
+            model, {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": str(count)}, headers=headers
+        )
         try:
             yield
         finally:
@@ -79,8 +79,9 @@ def read_traces(trace_file: Path) -> dict[int, Trace]:
     `trace_file` and the `<trace_file>.<n>` Triton starts when settings change."""
     traces: dict[int, Trace] = {}
     files = [trace_file, *trace_file.parent.glob(f"{trace_file.name}.*")] if trace_file.parent.is_dir() else []
-    records = [record for file in files if file.is_file() and file.stat().st_size
-               for record in json.loads(file.read_text())]
+    records = [
+        record for file in files if file.is_file() and file.stat().st_size for record in json.loads(file.read_text())
+    ]
     for record in records:
         trace = traces.setdefault(int(record["id"]), Trace())
         trace.model = record.get("model_name", trace.model)
@@ -90,16 +91,19 @@ def read_traces(trace_file: Path) -> dict[int, Trace]:
     return traces
 
 
-def request_hops(traces: dict[int, Trace], client_times: list[tuple[int, int]], model: str,
-                 steps: tuple[str, ...]) -> dict[str, list[float]]:
+def request_hops(
+    traces: dict[int, Trace], client_times: list[tuple[int, int]], model: str, steps: tuple[str, ...]
+) -> dict[str, list[float]]:
     """Per part, ms per request: each of `model`'s top-level traces, in order,
     matched to the client's (sent, received) ns of the same requests."""
     children: dict[int, dict[str, Trace]] = {}
     for trace in traces.values():
         if trace.parent_id is not None:
             children.setdefault(trace.parent_id, {})[trace.model] = trace
-    tops = sorted((trace_id for trace_id, trace in traces.items() if trace.model == model and trace.parent_id is None),
-                  key=lambda trace_id: traces[trace_id].ns.get("REQUEST_START", 0))
+    tops = sorted(
+        (trace_id for trace_id, trace in traces.items() if trace.model == model and trace.parent_id is None),
+        key=lambda trace_id: traces[trace_id].ns.get("REQUEST_START", 0),
+    )
     hops: dict[str, list[float]] = {part: [] for part in PARTS}
     for (sent, received), trace_id in zip(client_times, tops):
         top, step_traces = traces[trace_id], children.get(trace_id, {})
@@ -108,11 +112,14 @@ def request_hops(traces: dict[int, Trace], client_times: list[tuple[int, int]], 
             continue
         span = (read, replying)
         busy = covered([(step_traces[s].ns["QUEUE_START"], step_traces[s].ns["COMPUTE_END"]) for s in steps], span)
-        compute = covered([(step_traces[s].ns["COMPUTE_START"], step_traces[s].ns["COMPUTE_END"]) for s in steps],
-                          span)
-        for part, ns in (("client_to_server", read - sent), ("steps_queue", busy - compute),
-                         ("steps_compute", compute), ("server_other", replying - read - busy),
-                         ("server_to_client", received - replying)):
+        compute = covered([(step_traces[s].ns["COMPUTE_START"], step_traces[s].ns["COMPUTE_END"]) for s in steps], span)
+        for part, ns in (
+            ("client_to_server", read - sent),
+            ("steps_queue", busy - compute),
+            ("steps_compute", compute),
+            ("server_other", replying - read - busy),
+            ("server_to_client", received - replying),
+        ):
             hops[part].append(ns / 1e6)
     return hops
 

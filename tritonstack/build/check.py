@@ -82,35 +82,71 @@ def _read_config(model_dir: Path) -> tuple[pb.ModelConfig | None, list[Problem]]
     if not (model_dir / CONFIG_FILENAME).exists():
         if model_dir.name.endswith(DALI_FOLDER_SUFFIX):  # the dali backend completes it at load
             return None, []
-        return None, [Problem(model_dir.name, CONFIG_FILENAME, "", "missing (the server refuses to start "
-                              "with a model folder without one)", "build the model or remove the folder")]
+        return None, [
+            Problem(
+                model_dir.name,
+                CONFIG_FILENAME,
+                "",
+                "missing (the server refuses to start with a model folder without one)",
+                "build the model or remove the folder",
+            )
+        ]
     try:
         config = read_config(model_dir)
     except ConfigError as error:
-        return None, [Problem(model_dir.name, CONFIG_FILENAME, "", f"does not parse: {error}",
-                              "fix the protobuf text (or rebuild it with build_pipelines.py)")]
+        return None, [
+            Problem(
+                model_dir.name,
+                CONFIG_FILENAME,
+                "",
+                f"does not parse: {error}",
+                "fix the protobuf text (or rebuild it with build_pipelines.py)",
+            )
+        ]
     if config.name and config.name != model_dir.name:
-        return config, [Problem(model_dir.name, "name", config.name, "differs from the folder name",
-                                f"rename the folder or set name: \"{model_dir.name}\"")]
+        return config, [
+            Problem(
+                model_dir.name,
+                "name",
+                config.name,
+                "differs from the folder name",
+                f'rename the folder or set name: "{model_dir.name}"',
+            )
+        ]
     return config, []
 
 
 def _check_files(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
     versions = version_dirs(model_dir)
     if not versions:
-        return [Problem(model_dir.name, "version folder", "", "no numeric version folder (e.g. 1/)",
-                        "create <model>/1/ with the model file in it, or " + BUILD_FIX)]
+        return [
+            Problem(
+                model_dir.name,
+                "version folder",
+                "",
+                "no numeric version folder (e.g. 1/)",
+                "create <model>/1/ with the model file in it, or " + BUILD_FIX,
+            )
+        ]
     refusal = invalid_filename(config.default_model_filename) if config.default_model_filename else None
     if refusal:
-        return [Problem(model_dir.name, "default_model_filename", "", refusal.replace("\n", "; "),
-                        "rename the model file with those characters only")]
+        return [
+            Problem(
+                model_dir.name,
+                "default_model_filename",
+                "",
+                refusal.replace("\n", "; "),
+                "rename the model file with those characters only",
+            )
+        ]
     kind = "ensemble" if config.platform == "ensemble" else config.backend
     expected = (config.default_model_filename,) if config.default_model_filename else MODEL_FILES.get(kind, ())
     if not expected:
         return []
     return [
-        Problem(model_dir.name, "model file", version.name, f"none of {', '.join(expected)} in {version.name}/",
-                BUILD_FIX)
+        Problem(
+            model_dir.name, "model file", version.name, f"none of {', '.join(expected)} in {version.name}/", BUILD_FIX
+        )
         for version in versions
         if not any((version / name).exists() for name in expected)
     ]
@@ -123,15 +159,28 @@ def _check_labels(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
             continue
         path = model_dir / output.label_filename
         if not path.exists():
-            problems.append(Problem(model_dir.name, "output.label_filename", output.name,
-                                    f"{output.label_filename} is missing", "add the label file next to config.pbtxt"))
+            problems.append(
+                Problem(
+                    model_dir.name,
+                    "output.label_filename",
+                    output.name,
+                    f"{output.label_filename} is missing",
+                    "add the label file next to config.pbtxt",
+                )
+            )
             continue
         lines = len(path.read_text().splitlines())
         classes = output.dims[-1] if output.dims else 0
         if lines != classes:
-            problems.append(Problem(model_dir.name, "output.label_filename", output.name,
-                                    f"{output.label_filename} has {lines} lines but the output has {classes} classes",
-                                    "give exactly one label a line, in class index order"))
+            problems.append(
+                Problem(
+                    model_dir.name,
+                    "output.label_filename",
+                    output.name,
+                    f"{output.label_filename} has {lines} lines but the output has {classes} classes",
+                    "give exactly one label a line, in class index order",
+                )
+            )
     return problems
 
 
@@ -144,14 +193,28 @@ def _check_warmup(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
             path = model_dir / WARMUP_DIR / tensor.input_data_file
             field = f"model_warmup[{warmup.name}].inputs"
             if not path.exists():
-                problems.append(Problem(model_dir.name, field, name, f"warmup/{tensor.input_data_file} is missing",
-                                        "add the file, or rebuild"))
+                problems.append(
+                    Problem(
+                        model_dir.name,
+                        field,
+                        name,
+                        f"warmup/{tensor.input_data_file} is missing",
+                        "add the file, or rebuild",
+                    )
+                )
                 continue
             size = int(np.prod(tensor.dims)) * np.dtype(TRITON_TO_NUMPY[pb.DataType.Name(tensor.data_type)]).itemsize
             if path.stat().st_size != size:
-                problems.append(Problem(model_dir.name, field, name,
-                                        f"warmup/{tensor.input_data_file} has {path.stat().st_size} bytes, dims "
-                                        f"{list(tensor.dims)} need {size}", "set dims to the file's size"))
+                problems.append(
+                    Problem(
+                        model_dir.name,
+                        field,
+                        name,
+                        f"warmup/{tensor.input_data_file} has {path.stat().st_size} bytes, dims "
+                        f"{list(tensor.dims)} need {size}",
+                        "set dims to the file's size",
+                    )
+                )
             elif config.backend in ("dali", "python") and tensor.data_type == pb.TYPE_UINT8:
                 problems += _check_warmup_sample(model_dir.name, field, name, path, _instance_kinds(config))
     return problems
@@ -165,12 +228,26 @@ def _check_warmup_sample(model: str, field: str, name: str, path: Path, kinds: s
         codecs = video_header.GPU_CODECS if kinds == {"KIND_GPU"} else video_header.CPU_CODECS
         reason = video_header.unreadable_reason(data, codecs)
         if reason:
-            return [Problem(model, field, name, f"warmup/{path.name}: {reason}: the model would fail its warmup "
-                                                "and not load", "use a clip the decoder reads")]
+            return [
+                Problem(
+                    model,
+                    field,
+                    name,
+                    f"warmup/{path.name}: {reason}: the model would fail its warmup and not load",
+                    "use a clip the decoder reads",
+                )
+            ]
         return []
     if not _decodes(data):
-        return [Problem(model, field, name, f"warmup/{path.name} is not a decodable image: the model would fail "
-                                            "its warmup and not load", "use a real encoded JPEG or PNG")]
+        return [
+            Problem(
+                model,
+                field,
+                name,
+                f"warmup/{path.name} is not a decodable image: the model would fail its warmup and not load",
+                "use a real encoded JPEG or PNG",
+            )
+        ]
     return []
 
 
@@ -182,8 +259,9 @@ def _check_decode_budget(model_dir: Path, config: pb.ModelConfig) -> list[Proble
         budget = DecodeBudget.from_parameters(config_dict(config).get("parameters", {}))
     except ValueError as error:
         return [Problem(model_dir.name, "parameters", "", f"decode budget: {error}", fix)]
-    problems = [Problem(model_dir.name, "parameters", "", f"decode budget: {problem}", fix)
-                for problem in budget.problems()]
+    problems = [
+        Problem(model_dir.name, "parameters", "", f"decode budget: {problem}", fix) for problem in budget.problems()
+    ]
     for warmup in config.model_warmup:
         for name, tensor in warmup.inputs.items():
             path = model_dir / WARMUP_DIR / tensor.input_data_file
@@ -191,8 +269,15 @@ def _check_decode_budget(model_dir: Path, config: pb.ModelConfig) -> list[Proble
                 try:
                     budget.request_pixels([path.read_bytes()], name)
                 except BudgetError as error:
-                    problems.append(Problem(model_dir.name, f"model_warmup[{warmup.name}].inputs", name, str(error),
-                                            "raise the budget or use a smaller warmup image"))
+                    problems.append(
+                        Problem(
+                            model_dir.name,
+                            f"model_warmup[{warmup.name}].inputs",
+                            name,
+                            str(error),
+                            "raise the budget or use a smaller warmup image",
+                        )
+                    )
     return problems
 
 
@@ -219,13 +304,19 @@ def _check_dali(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
     try:
         spec = dali_proto.parse_pipeline(serialized_path.read_bytes())
     except ValueError as error:
-        return [Problem(model_dir.name, filename, "", f"is not a serialized DALI pipeline ({error})",
-                        "rebuild it with build_pipelines.py build")]
+        return [
+            Problem(
+                model_dir.name,
+                filename,
+                "",
+                f"is not a serialized DALI pipeline ({error})",
+                "rebuild it with build_pipelines.py build",
+            )
+        ]
     kinds = _instance_kinds(config)
     # A real JPEG is fed only where every input is an encoded image (feeds a decoder):
     # any other pipeline would fail on it for no fault of its own.
-    runs_here = (not spec.gpu_operators and kinds == {"KIND_CPU"}
-                 and set(spec.input_names) <= spec.decoded_inputs)
+    runs_here = not spec.gpu_operators and kinds == {"KIND_CPU"} and set(spec.input_names) <= spec.decoded_inputs
     if runs_here:  # what the pipeline does not declare, learnt from running it
         spec, failure = _observed(model_dir.name, spec, config, serialized_path.read_bytes())
         if failure:
@@ -233,31 +324,42 @@ def _check_dali(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
     # Complete the config as the backend will (the C++ backend's merge), the
     # pipeline's batch size filling a missing max_batch_size.
     stated = stated_max_batch_size((model_dir / CONFIG_FILENAME).read_text())
-    as_dict, problems = dali_rules.dali_autocomplete(_named_dict(model_dir, config), spec,
-                                                     spec.max_batch_size or 1, stated)
+    as_dict, problems = dali_rules.dali_autocomplete(
+        _named_dict(model_dir, config), spec, spec.max_batch_size or 1, stated
+    )
     problems += [problem for kind in sorted(kinds) for problem in dali_rules.dali_problems(as_dict, spec, kind)]
     return list(dict.fromkeys(problems))  # one line per problem, whatever the instance groups
 
 
-def _observed(name: str, spec: dali_proto.PipelineSpec, config: pb.ModelConfig,
-              serialized: bytes) -> tuple[dali_proto.PipelineSpec, Problem | None]:
+def _observed(
+    name: str, spec: dali_proto.PipelineSpec, config: pb.ModelConfig, serialized: bytes
+) -> tuple[dali_proto.PipelineSpec, Problem | None]:
     """Run the CPU pipeline on one real JPEG per input: its outputs' types and
     ranks, where the serialized pipeline leaves them undeclared."""
     from nvidia.dali import Pipeline
 
     try:
-        pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=1, num_threads=1,
-                                        device_id=None, prefetch_queue_depth=1)
+        pipeline = Pipeline.deserialize(
+            serialized_pipeline=serialized, batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1
+        )
         pipeline.build()
         for port in spec.inputs:
             pipeline.feed_input(port.name, [np.frombuffer(sample_jpeg(), np.uint8)])
         outputs = pipeline.run()
     except RuntimeError as error:
-        return spec, Problem(name, DALI_MODEL_FILENAME, "", f"fails on a real JPEG: {_first_cause(error)}",
-                             "fix the pipeline and rebuild")
+        return spec, Problem(
+            name,
+            DALI_MODEL_FILENAME,
+            "",
+            f"fails on a real JPEG: {_first_cause(error)}",
+            "fix the pipeline and rebuild",
+        )
     ports = tuple(
-        replace(port, dtype=port.dtype or DALI_TO_TRITON.get(int(output.dtype)),
-                ndim=port.ndim if port.ndim is not None else len(output.as_array().shape) - 1)
+        replace(
+            port,
+            dtype=port.dtype or DALI_TO_TRITON.get(int(output.dtype)),
+            ndim=port.ndim if port.ndim is not None else len(output.as_array().shape) - 1,
+        )
         for port, output in zip(spec.outputs, outputs)
     )
     return replace(spec, outputs=ports), None
@@ -280,7 +382,9 @@ def _check_onnx(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
     initializers = {t.name for t in graph.initializer}
     inputs = [_graph_tensor(t) for t in graph.input if t.name not in initializers]
     outputs = [_graph_tensor(t) for t in graph.output]
-    as_dict, problems = onnx_rules.onnx_autocomplete(_named_dict(model_dir, config), inputs, outputs)  # as the backend will
+    as_dict, problems = onnx_rules.onnx_autocomplete(
+        _named_dict(model_dir, config), inputs, outputs
+    )  # as the backend will
     return problems + onnx_rules.onnx_problems(as_dict, inputs, outputs)
 
 
@@ -299,8 +403,9 @@ def _dims_agree(a, b) -> bool:
     return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
 
 
-def _check_step_inputs(name: str, field: str, step, model: pb.ModelConfig, known: dict,
-                       steps: list, configs: dict[str, pb.ModelConfig]) -> list[Problem]:
+def _check_step_inputs(
+    name: str, field: str, step, model: pb.ModelConfig, known: dict, steps: list, configs: dict[str, pb.ModelConfig]
+) -> list[Problem]:
     """A step's input_map: each names an input of its model and a tensor of the chain
     (an ensemble input, or some step's output) of the same type and dims."""
     problems = []
@@ -312,14 +417,26 @@ def _check_step_inputs(name: str, field: str, step, model: pb.ModelConfig, known
             continue
         source = known.get(ensemble_tensor) or _produced_later(ensemble_tensor, steps, configs)
         if source is None:
-            problems.append(Problem(name, f"{field}.input_map", ensemble_tensor,
-                                    "no ensemble input or step output has this name",
-                                    "map an ensemble input or another step's output to it"))
+            problems.append(
+                Problem(
+                    name,
+                    f"{field}.input_map",
+                    ensemble_tensor,
+                    "no ensemble input or step output has this name",
+                    "map an ensemble input or another step's output to it",
+                )
+            )
         elif source[0] != target.data_type or not _dims_agree(source[1], list(target.dims)):
-            problems.append(Problem(name, f"{field}.input_map", ensemble_tensor,
-                                    f"is {type_name(source[0])} {source[1]} but {step.model_name} input "
-                                    f"{model_tensor!r} takes {type_name(target.data_type)} {list(target.dims)}",
-                                    "make the types and dims agree along the chain"))
+            problems.append(
+                Problem(
+                    name,
+                    f"{field}.input_map",
+                    ensemble_tensor,
+                    f"is {type_name(source[0])} {source[1]} but {step.model_name} input "
+                    f"{model_tensor!r} takes {type_name(target.data_type)} {list(target.dims)}",
+                    "make the types and dims agree along the chain",
+                )
+            )
     return problems
 
 
@@ -334,19 +451,34 @@ def _check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) 
         field = f"ensemble_scheduling.step[{index}]"
         model = configs.get(step.model_name)
         if model is None:
-            problems.append(Problem(name, f"{field}.model_name", step.model_name, "no such model in the repository",
-                                    f"build it or use one of {', '.join(sorted(configs))}"))
+            problems.append(
+                Problem(
+                    name,
+                    f"{field}.model_name",
+                    step.model_name,
+                    "no such model in the repository",
+                    f"build it or use one of {', '.join(sorted(configs))}",
+                )
+            )
             continue
         if config.max_batch_size > model.max_batch_size or (config.max_batch_size > 0) != (model.max_batch_size > 0):
-            problems.append(Problem(name, "max_batch_size", step.model_name,
-                                    f"ensemble has {config.max_batch_size}, step model {model.max_batch_size}",
-                                    "make the ensemble's max_batch_size at most every step's, both > 0 or both 0"))
+            problems.append(
+                Problem(
+                    name,
+                    "max_batch_size",
+                    step.model_name,
+                    f"ensemble has {config.max_batch_size}, step model {model.max_batch_size}",
+                    "make the ensemble's max_batch_size at most every step's, both > 0 or both 0",
+                )
+            )
         model_outputs = {t.name: t for t in model.output}
         problems += _check_step_inputs(name, field, step, model, known, steps, configs)
         for model_tensor, ensemble_tensor in step.output_map.items():
             origin = model_outputs.get(model_tensor)
             if origin is None:
-                problems.append(_not_a_tensor(name, f"{field}.output_map", model_tensor, step.model_name, model_outputs))
+                problems.append(
+                    _not_a_tensor(name, f"{field}.output_map", model_tensor, step.model_name, model_outputs)
+                )
                 continue
             known[ensemble_tensor] = produced[ensemble_tensor] = (origin.data_type, list(origin.dims))
     if any(step.model_name not in configs for step in steps):
@@ -354,18 +486,28 @@ def _check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) 
     for output in config.output:
         source = produced.get(output.name)
         if source is None:
-            problems.append(Problem(name, "output", output.name, "no step's output_map produces it",
-                                    "map a step output to it"))
+            problems.append(
+                Problem(name, "output", output.name, "no step's output_map produces it", "map a step output to it")
+            )
         elif source[0] != output.data_type or not _dims_agree(source[1], list(output.dims)):
-            problems.append(Problem(name, "output", output.name,
-                                    f"declared {type_name(output.data_type)} {list(output.dims)}, the step gives "
-                                    f"{type_name(source[0])} {source[1]}", "make them agree"))
+            problems.append(
+                Problem(
+                    name,
+                    "output",
+                    output.name,
+                    f"declared {type_name(output.data_type)} {list(output.dims)}, the step gives "
+                    f"{type_name(source[0])} {source[1]}",
+                    "make them agree",
+                )
+            )
     return problems
 
 
 def _not_a_tensor(ensemble: str, field: str, tensor: str, model: str, tensors: dict) -> Problem:
     kind = "input" if field.endswith("input_map") else "output"
-    return Problem(ensemble, field, tensor, f"not an {kind} of {model}", f"map one of its {kind}s: {', '.join(tensors)}")
+    return Problem(
+        ensemble, field, tensor, f"not an {kind} of {model}", f"map one of its {kind}s: {', '.join(tensors)}"
+    )
 
 
 def _produced_later(tensor: str, steps, configs) -> tuple[int, list[int]] | None:

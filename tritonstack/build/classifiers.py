@@ -99,8 +99,9 @@ def efficientnet_lite(variant: int, crop: int, resize_shorter: int) -> Classifie
 
 EFFICIENTNET_LITE0 = efficientnet_lite(0, crop=224, resize_shorter=256)
 # Lite0 quantized to INT8 for CPUs (the `dali_efficientnet_lite0_int8` preset).
-EFFICIENTNET_LITE0_INT8 = dataclasses.replace(EFFICIENTNET_LITE0, name="efficientnet_lite0_int8", int8=True,
-                                              derived_from=EFFICIENTNET_LITE0.name)
+EFFICIENTNET_LITE0_INT8 = dataclasses.replace(
+    EFFICIENTNET_LITE0, name="efficientnet_lite0_int8", int8=True, derived_from=EFFICIENTNET_LITE0.name
+)
 # Lite2 was trained at 260; resize by the same crop ratio as Lite0 (224/256 = 0.875).
 EFFICIENTNET_LITE2 = efficientnet_lite(2, crop=260, resize_shorter=297)
 
@@ -114,22 +115,32 @@ def from_onnx(name: str, onnx_file: Path, labels_file: Path, preprocessing: Prep
     initializers = {tensor.name for tensor in graph.initializer}
     inputs = [tensor for tensor in graph.input if tensor.name not in initializers]
     if len(inputs) != 1 or len(graph.output) != 1:
-        raise ValueError(f"{onnx_file}: need one input and one output, found "
-                         f"{[t.name for t in inputs]} -> {[t.name for t in graph.output]}")
+        raise ValueError(
+            f"{onnx_file}: need one input and one output, found "
+            f"{[t.name for t in inputs]} -> {[t.name for t in graph.output]}"
+        )
     input_dims = [d.dim_value or -1 for d in inputs[0].type.tensor_type.shape.dim]
     size = preprocessing.crop
     if input_dims[1:] not in ([3, size, size], [3, -1, -1]):
-        raise ValueError(f"{onnx_file}: input {inputs[0].name!r} has shape {input_dims}, "
-                         f"expected [batch, 3, {size}, {size}] (NCHW at --input-size {size})")
+        raise ValueError(
+            f"{onnx_file}: input {inputs[0].name!r} has shape {input_dims}, "
+            f"expected [batch, 3, {size}, {size}] (NCHW at --input-size {size})"
+        )
     labels = Path(labels_file).read_text().splitlines()
     output_dims = [d.dim_value or -1 for d in graph.output[0].type.tensor_type.shape.dim]
     if output_dims[-1] not in (-1, len(labels)):
-        raise ValueError(f"{labels_file} has {len(labels)} lines but output {graph.output[0].name!r} "
-                         f"of {onnx_file} has {output_dims[-1]} classes: give one label a class")
+        raise ValueError(
+            f"{labels_file} has {len(labels)} lines but output {graph.output[0].name!r} "
+            f"of {onnx_file} has {output_dims[-1]} classes: give one label a class"
+        )
     return Classifier(
-        name=name, preprocessing=preprocessing, onnx_file=Path(onnx_file).resolve(),
-        labels_file=Path(labels_file).resolve(), input_name=inputs[0].name,
-        output_name=graph.output[0].name, num_classes=len(labels),
+        name=name,
+        preprocessing=preprocessing,
+        onnx_file=Path(onnx_file).resolve(),
+        labels_file=Path(labels_file).resolve(),
+        input_name=inputs[0].name,
+        output_name=graph.output[0].name,
+        num_classes=len(labels),
     )
 
 

@@ -30,8 +30,7 @@ def classification(resize_shorter, crop, mean, std, device="cpu"):
     """
     encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
     if device == "gpu":
-        images = fn.decoders.image(encoded, device="mixed", output_type=types.RGB,
-                                   hw_decoder_load=HW_DECODER_LOAD)
+        images = fn.decoders.image(encoded, device="mixed", output_type=types.RGB, hw_decoder_load=HW_DECODER_LOAD)
     else:
         images = fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
     return _resize_crop_normalize(images, resize_shorter, crop, mean, std, "CHW")
@@ -40,8 +39,9 @@ def classification(resize_shorter, crop, mean, std, device="cpu"):
 def _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout):
     """Resize the shorter side, center-crop, normalize to FP32 in `layout` (frames too: FCHW)."""
     images = fn.resize(images, resize_shorter=resize_shorter, antialias=True)
-    return fn.crop_mirror_normalize(images, crop=(crop, crop), mean=list(mean), std=list(std),
-                                    dtype=types.FLOAT, output_layout=layout)
+    return fn.crop_mirror_normalize(
+        images, crop=(crop, crop), mean=list(mean), std=list(std), dtype=types.FLOAT, output_layout=layout
+    )
 
 
 classification_pipeline = pipeline_def(classification)
@@ -54,8 +54,9 @@ def video_classification(resize_shorter, crop, mean, std, frames, stride, device
     classifier. DALI's CPU decoder reads VP8, VP9 and MJPEG; `device="gpu"` decodes
     with NVDEC (H.264, H.265, AV1 too)."""
     encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
-    sequence = fn.decoders.video(encoded, device="mixed" if device == "gpu" else "cpu",
-                                 sequence_length=frames, stride=stride, pad_mode="edge")
+    sequence = fn.decoders.video(
+        encoded, device="mixed" if device == "gpu" else "cpu", sequence_length=frames, stride=stride, pad_mode="edge"
+    )
     return _resize_crop_normalize(sequence, resize_shorter, crop, mean, std, "FCHW")
 
 
@@ -66,10 +67,14 @@ if _PARAMETERS_FILE.exists():  # only as a model's dali.py, never as tritonstack
     _parameters = json.loads(_PARAMETERS_FILE.read_text())
 
     @autoserialize
-    @pipeline_def(batch_size=_parameters["max_batch_size"], num_threads=_parameters["num_threads"],
-                  device_id=None if _parameters["device"] == "cpu" else 0)
+    @pipeline_def(
+        batch_size=_parameters["max_batch_size"],
+        num_threads=_parameters["num_threads"],
+        device_id=None if _parameters["device"] == "cpu" else 0,
+    )
     def preprocessing_pipeline():
         if "clips" in _parameters:  # a video preset's: {"frames": ..., "stride": ...}
-            return video_classification(**_parameters["preprocessing"], **_parameters["clips"],
-                                        device=_parameters["device"])
+            return video_classification(
+                **_parameters["preprocessing"], **_parameters["clips"], device=_parameters["device"]
+            )
         return classification(**_parameters["preprocessing"], device=_parameters["device"])

@@ -133,8 +133,7 @@ class Accelerator:
     parameters: dict[str, str] = field(default_factory=dict)
 
     def to_proto(self) -> pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator:
-        return pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator(
-            name=self.name, parameters=self.parameters)
+        return pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator(name=self.name, parameters=self.parameters)
 
 
 # TensorRT through ONNX Runtime in FP16, the documented starting point for the
@@ -186,7 +185,8 @@ class ModelConfig:
             message.ensemble_scheduling.step.extend(step.to_proto() for step in self.steps)
         if self.gpu_accelerators:
             message.optimization.execution_accelerators.gpu_execution_accelerator.extend(
-                accelerator.to_proto() for accelerator in self.gpu_accelerators)
+                accelerator.to_proto() for accelerator in self.gpu_accelerators
+            )
         return message
 
     def to_pbtxt(self) -> str:

@@ -64,10 +64,15 @@ class ParityReport:
         return float(np.mean([r.mean_abs_levels for r in self.images]))
 
     def to_json(self) -> str:
-        summary = {"top1_agreement": self.top1_agreement, "top5_agreement": self.top5_agreement,
-                   "max_abs_levels": self.max_abs_levels, "mean_abs_levels": self.mean_abs_levels}
-        return json.dumps({"preset": self.preset, **summary, "images": [asdict(r) for r in self.images]},
-                          indent=2) + "\n"
+        summary = {
+            "top1_agreement": self.top1_agreement,
+            "top5_agreement": self.top5_agreement,
+            "max_abs_levels": self.max_abs_levels,
+            "mean_abs_levels": self.mean_abs_levels,
+        }
+        return (
+            json.dumps({"preset": self.preset, **summary, "images": [asdict(r) for r in self.images]}, indent=2) + "\n"
+        )
 
 
 def parity_images() -> dict[str, bytes]:
@@ -75,8 +80,10 @@ def parity_images() -> dict[str, bytes]:
     from PIL import Image
 
     images = {name: photo_bytes(name) for name in (*PHOTOS, "camera.png")}
-    with Image.open(io.BytesIO(photo_bytes("coffee.png"))) as coffee, \
-            Image.open(io.BytesIO(photo_bytes("rocket.jpg"))) as rocket:
+    with (
+        Image.open(io.BytesIO(photo_bytes("coffee.png"))) as coffee,
+        Image.open(io.BytesIO(photo_bytes("rocket.jpg"))) as rocket,
+    ):
         coffee, rocket = coffee.convert("RGB"), rocket.convert("RGB")
         variants = {
             "coffee_small_upscaled.jpg": (coffee.resize((150, 100)), "JPEG"),
@@ -95,11 +102,28 @@ def parity_images() -> dict[str, bytes]:
 
 
 # scikit-image's photos of real scenes and textures, colour and grey, for crop_images().
-CROP_SOURCES = ("chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png",
-                "motorcycle_right.png", "hubble_deep_field.jpg", "ihc.png", "retina.jpg", "brick.png", "grass.png",
-                "gravel.png", "camera.png", "coins.png", "clock_motion.png", "moon.png", "cell.png", "page.png")
+CROP_SOURCES = (
+    "chelsea.png",
+    "coffee.png",
+    "rocket.jpg",
+    "astronaut.png",
+    "motorcycle_left.png",
+    "motorcycle_right.png",
+    "hubble_deep_field.jpg",
+    "ihc.png",
+    "retina.jpg",
+    "brick.png",
+    "grass.png",
+    "gravel.png",
+    "camera.png",
+    "coins.png",
+    "clock_motion.png",
+    "moon.png",
+    "cell.png",
+    "page.png",
+)
 # (left, top, side) of each square crop, as fractions of the photo's width and height.
-CROP_WINDOWS = ((0, 0, .6), (.4, 0, .6), (0, .4, .6), (.4, .4, .6), (.2, .2, .6), (.1, .1, .8))
+CROP_WINDOWS = ((0, 0, 0.6), (0.4, 0, 0.6), (0, 0.4, 0.6), (0.4, 0.4, 0.6), (0.2, 0.2, 0.6), (0.1, 0.1, 0.8))
 
 
 def crop_images() -> dict[str, bytes]:
@@ -116,8 +140,9 @@ def crop_images() -> dict[str, bytes]:
             photo = photo.convert("RGB")
         width, height = photo.size
         for index, (left, top, side) in enumerate(CROP_WINDOWS):
-            crop = photo.crop((int(left * width), int(top * height),
-                               int((left + side) * width), int((top + side) * height)))
+            crop = photo.crop(
+                (int(left * width), int(top * height), int((left + side) * width), int((top + side) * height))
+            )
             for mirrored in (False, True):
                 encoded = io.BytesIO()
                 (ImageOps.mirror(crop) if mirrored else crop).save(encoded, format="JPEG", quality=90)
@@ -125,8 +150,9 @@ def crop_images() -> dict[str, bytes]:
     return images
 
 
-def compare(repository: Path, preset_name: str = "dali_efficientnet_lite0",
-            images: dict[str, bytes] | None = None) -> ParityReport:
+def compare(
+    repository: Path, preset_name: str = "dali_efficientnet_lite0", images: dict[str, bytes] | None = None
+) -> ParityReport:
     from PIL import Image
 
     preset = preset_named(preset_name)
@@ -145,13 +171,17 @@ def compare(repository: Path, preset_name: str = "dali_efficientnet_lite0",
             size = image.size
         top5_dali = np.argsort(scores_dali[index])[::-1][:5]
         top5_pillow = np.argsort(scores_pillow[index])[::-1][:5]
-        results.append(ImageResult(
-            name=name, size=size,
-            max_abs_levels=round(float(levels[index].max()), 3),
-            mean_abs_levels=round(float(levels[index].mean()), 4),
-            top1_dali=int(top5_dali[0]), top1_pillow=int(top5_pillow[0]),
-            top5_overlap=len(set(top5_dali) & set(top5_pillow)),
-        ))
+        results.append(
+            ImageResult(
+                name=name,
+                size=size,
+                max_abs_levels=round(float(levels[index].max()), 3),
+                mean_abs_levels=round(float(levels[index].mean()), 4),
+                top1_dali=int(top5_dali[0]),
+                top1_pillow=int(top5_pillow[0]),
+                top5_overlap=len(set(top5_dali) & set(top5_pillow)),
+            )
+        )
     return ParityReport(preset=preset.name, images=tuple(results))
 
 
@@ -167,8 +197,9 @@ def classify(repository: Path, preset_name: str, batch: np.ndarray) -> np.ndarra
     import onnxruntime as ort
 
     classifier = preset_named(preset_name).classifier
-    session = ort.InferenceSession(str(Path(repository) / classifier.name / VERSION / ONNX_MODEL_FILENAME),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(Path(repository) / classifier.name / VERSION / ONNX_MODEL_FILENAME), providers=["CPUExecutionProvider"]
+    )
     return session.run([classifier.output_name], {classifier.input_name: batch})[0]
 
 
@@ -201,8 +232,9 @@ class ClassifierAgreement:
         return float(np.mean(self.top5_overlaps))
 
 
-def compare_classifiers(repository: Path, reference: str, candidate: str,
-                        images: dict[str, bytes] | None = None) -> ClassifierAgreement:
+def compare_classifiers(
+    repository: Path, reference: str, candidate: str, images: dict[str, bytes] | None = None
+) -> ClassifierAgreement:
     """Two presets' classifiers (e.g. FP32 and INT8) fed the reference preset's DALI
     tensors for the parity corpus: top-1 agreement and top-5 overlap per image.
     Agreement with a reference, not accuracy against ground truth."""
@@ -212,7 +244,8 @@ def compare_classifiers(repository: Path, reference: str, candidate: str,
     top5 = [np.argsort(each, axis=1)[:, ::-1][:, :5] for each in scores]
     leading = np.sort(scores[0], axis=1)
     return ClassifierAgreement(
-        reference=reference, candidate=candidate,
+        reference=reference,
+        candidate=candidate,
         top1_same=tuple(bool(a[0] == b[0]) for a, b in zip(*top5)),
         top5_overlaps=tuple(len(set(a) & set(b)) for a, b in zip(*top5)),
         reference_margins=tuple(float(lead) for lead in leading[:, -1] - leading[:, -2]),
@@ -220,13 +253,19 @@ def compare_classifiers(repository: Path, reference: str, candidate: str,
 
 
 def format_report(report: ParityReport) -> str:
-    lines = [f"DALI ({report.preset}) vs Pillow, |difference| in 0..255 levels",
-             f"{'image':28} {'size':>11} {'max':>6} {'mean':>7}  top-1 DALI/Pillow  top-5 shared"]
+    lines = [
+        f"DALI ({report.preset}) vs Pillow, |difference| in 0..255 levels",
+        f"{'image':28} {'size':>11} {'max':>6} {'mean':>7}  top-1 DALI/Pillow  top-5 shared",
+    ]
     for r in report.images:
-        lines.append(f"{r.name:28} {r.size[0]:>5}x{r.size[1]:<5} {r.max_abs_levels:6.2f} {r.mean_abs_levels:7.4f}"
-                     f"  {r.top1_dali:>5}/{r.top1_pillow:<5}{'' if r.top1_dali == r.top1_pillow else ' DIFFER':7}"
-                     f"      {r.top5_overlap}/5")
-    lines.append(f"top-1 agreement {report.top1_agreement:.0%}, identical top-5 sets {report.top5_agreement:.0%}, "
-                 f"max {report.max_abs_levels:.2f} levels, mean {report.mean_abs_levels:.4f} levels "
-                 f"over {len(report.images)} images")
+        lines.append(
+            f"{r.name:28} {r.size[0]:>5}x{r.size[1]:<5} {r.max_abs_levels:6.2f} {r.mean_abs_levels:7.4f}"
+            f"  {r.top1_dali:>5}/{r.top1_pillow:<5}{'' if r.top1_dali == r.top1_pillow else ' DIFFER':7}"
+            f"      {r.top5_overlap}/5"
+        )
+    lines.append(
+        f"top-1 agreement {report.top1_agreement:.0%}, identical top-5 sets {report.top5_agreement:.0%}, "
+        f"max {report.max_abs_levels:.2f} levels, mean {report.mean_abs_levels:.4f} levels "
+        f"over {len(report.images)} images"
+    )
     return "\n".join(lines)

@@ -24,7 +24,10 @@ DALI_VERSION = nvidia.dali.__version__
 
 
 def serialize_pipeline(
-    preprocessing: Preprocessing, max_batch_size: int, num_threads: int, device: str = "cpu",
+    preprocessing: Preprocessing,
+    max_batch_size: int,
+    num_threads: int,
+    device: str = "cpu",
     clips: FrameSampling | None = None,
 ) -> bytes:
     """Serialize without building: works on a machine with no GPU, for the GPU
@@ -40,18 +43,32 @@ def serialize_pipeline(
     dali_trace.set_tracing(enabled=False)
     try:
         if clips is None:
-            pipe = classification_pipeline(**asdict(preprocessing), device=device,
-                                           batch_size=max_batch_size, num_threads=num_threads, device_id=None)
+            pipe = classification_pipeline(
+                **asdict(preprocessing),
+                device=device,
+                batch_size=max_batch_size,
+                num_threads=num_threads,
+                device_id=None,
+            )
         else:
-            pipe = video_classification_pipeline(**asdict(preprocessing), **asdict(clips), device=device,
-                                                 batch_size=max_batch_size, num_threads=num_threads, device_id=None)
+            pipe = video_classification_pipeline(
+                **asdict(preprocessing),
+                **asdict(clips),
+                device=device,
+                batch_size=max_batch_size,
+                num_threads=num_threads,
+                device_id=None,
+            )
         return pipe.serialize()
     finally:
         dali_trace.set_tracing(enabled=True)
 
 
 def dali_py_files(
-    preprocessing: Preprocessing, max_batch_size: int, num_threads: int, device: str = "cpu",
+    preprocessing: Preprocessing,
+    max_batch_size: int,
+    num_threads: int,
+    device: str = "cpu",
     clips: FrameSampling | None = None,
 ) -> dict[str, bytes]:
     """The `dali.py` model format: the pipeline's source file and its parameters."""
@@ -74,8 +91,9 @@ def run_pipeline(serialized: bytes, encoded: list[bytes]) -> np.ndarray:
     the DALI backend would give (for parity checks and INT8 calibration)."""
     from nvidia.dali import Pipeline
 
-    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=len(encoded), num_threads=2,
-                                    device_id=None, prefetch_queue_depth=1)
+    pipeline = Pipeline.deserialize(
+        serialized_pipeline=serialized, batch_size=len(encoded), num_threads=2, device_id=None, prefetch_queue_depth=1
+    )
     pipeline.build()
     pipeline.feed_input(PREPROCESS_INPUT, list(pad_batch(encoded)))
     (output,) = pipeline.run()

@@ -50,8 +50,7 @@ class BuildOptions:
             raise ValueError(f"device must be one of {DEVICES}, not {self.device!r}")
         if self.format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, not {self.format!r}")
-        for name in ("max_batch_size", "num_threads", "intra_op_threads", "instances", "clip_frames",
-                     "frame_stride"):
+        for name in ("max_batch_size", "num_threads", "intra_op_threads", "instances", "clip_frames", "frame_stride"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.classifier_batch < 0:
@@ -67,8 +66,10 @@ class BuildOptions:
     def clips_per_request(self) -> int:
         """A video model's max_batch_size: as many clips as the classifier's batch holds frames of."""
         if self.clip_frames > self.max_batch_size:
-            raise ValueError(f"clip_frames {self.clip_frames} exceeds max_batch_size {self.max_batch_size}: "
-                             "the classifier takes a clip's frames in one batch")
+            raise ValueError(
+                f"clip_frames {self.clip_frames} exceeds max_batch_size {self.max_batch_size}: "
+                "the classifier takes a clip's frames in one batch"
+            )
         return self.max_batch_size // self.clip_frames
 
     @property

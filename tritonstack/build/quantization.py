@@ -54,8 +54,9 @@ def calibration_tensors(classifier: Classifier) -> np.ndarray:
     from tritonstack.build.pipelines import run_pipeline, serialize_pipeline
 
     encoded = [photo_bytes(name) for name in CALIBRATION_PHOTOS]
-    return run_pipeline(serialize_pipeline(classifier.preprocessing, max_batch_size=len(encoded), num_threads=1),
-                        encoded)
+    return run_pipeline(
+        serialize_pipeline(classifier.preprocessing, max_batch_size=len(encoded), num_threads=1), encoded
+    )
 
 
 def quantize_int8(classifier: Classifier, fp32_path: Path, int8_path: Path) -> None:
@@ -74,7 +75,7 @@ def quantize_int8(classifier: Classifier, fp32_path: Path, int8_path: Path) -> N
 
     class Photos(CalibrationDataReader):
         def __init__(self):
-            self._feeds = iter([{classifier.input_name: tensors[index:index + 1]} for index in range(len(tensors))])
+            self._feeds = iter([{classifier.input_name: tensors[index : index + 1]} for index in range(len(tensors))])
 
         def get_next(self):
             return next(self._feeds, None)
@@ -86,10 +87,15 @@ def quantize_int8(classifier: Classifier, fp32_path: Path, int8_path: Path) -> N
         kept_in_float = [node.name for node in graph.node if node.op_type in ("Softmax", "Gemm", "MatMul")]
         kept_in_float += [node.name for node in graph.node if node.op_type == "Conv"][:1]
         quantize_static(
-            str(prepared_path), str(int8_path), Photos(),
-            quant_format=QuantFormat.QDQ, per_channel=True,
-            weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8,
-            calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=kept_in_float,
+            str(prepared_path),
+            str(int8_path),
+            Photos(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            weight_type=QuantType.QInt8,
+            activation_type=QuantType.QUInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+            nodes_to_exclude=kept_in_float,
             calibration_providers=["CPUExecutionProvider"],
         )
         bound_neighbouring_weights(prepared_path, int8_path)

@@ -72,8 +72,9 @@ def _sample_warmup(sample: bytes, filename: str = WARMUP_SAMPLE, name: str = "sa
     return (Warmup(name=name, batch_size=1, inputs=(tensor,)),)
 
 
-def _preprocessing_config(preset: Preset, options: BuildOptions, sample: bytes, backend: str, kind: str,
-                          parameters: dict[str, str]) -> ModelConfig:
+def _preprocessing_config(
+    preset: Preset, options: BuildOptions, sample: bytes, backend: str, kind: str, parameters: dict[str, str]
+) -> ModelConfig:
     return ModelConfig(
         name=preset.preprocessing_name,
         backend=backend,
@@ -88,8 +89,9 @@ def _preprocessing_config(preset: Preset, options: BuildOptions, sample: bytes, 
 
 
 def dali_config(preset: Preset, options: BuildOptions, sample: bytes) -> ModelConfig:
-    return _preprocessing_config(preset, options, sample, "dali", options.instance_kind,
-                                 {"num_threads": str(options.num_threads)})
+    return _preprocessing_config(
+        preset, options, sample, "dali", options.instance_kind, {"num_threads": str(options.num_threads)}
+    )
 
 
 def video_config(preset: Preset, options: BuildOptions) -> ModelConfig:
@@ -111,12 +113,19 @@ def video_config(preset: Preset, options: BuildOptions) -> ModelConfig:
 def python_config(preset: Preset, options: BuildOptions, sample: bytes) -> ModelConfig:
     preprocessing = preset.classifier.preprocessing
     # Pillow runs on the CPU whatever the device of the rest.
-    return _preprocessing_config(preset, options, sample, "python", "KIND_CPU", {
-        "resize_shorter": str(preprocessing.resize_shorter),
-        "crop": str(preprocessing.crop),
-        "mean": ",".join(f"{value:g}" for value in preprocessing.mean),
-        "std": ",".join(f"{value:g}" for value in preprocessing.std),
-    })
+    return _preprocessing_config(
+        preset,
+        options,
+        sample,
+        "python",
+        "KIND_CPU",
+        {
+            "resize_shorter": str(preprocessing.resize_shorter),
+            "crop": str(preprocessing.crop),
+            "mean": ",".join(f"{value:g}" for value in preprocessing.mean),
+            "std": ",".join(f"{value:g}" for value in preprocessing.std),
+        },
+    )
 
 
 def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelConfig:
@@ -127,17 +136,18 @@ def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelCon
         backend="onnxruntime",
         max_batch_size=options.max_batch_size,
         inputs=(Tensor(classifier.input_name, "FP32", image, format="FORMAT_NCHW"),),
-        outputs=(
-            Tensor(classifier.output_name, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),
-        ),
+        outputs=(Tensor(classifier.output_name, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),),
         dynamic_batching=_batching(options, options.classifier_preferred_batches),
         instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
         parameters={"intra_op_thread_count": str(options.intra_op_threads)},
         # Only the GPU variant: the C++ backend builds TensorRT engines from it on
         # KIND_GPU; our CPU backend ignores it (untested on a GPU here).
         gpu_accelerators=(TENSORRT_FP16,) if options.device == "gpu" else (),
-        warmup=(Warmup(name="zeros", batch_size=1,
-                       inputs=(WarmupInput(classifier.input_name, "FP32", image, zero_data=True),)),),
+        warmup=(
+            Warmup(
+                name="zeros", batch_size=1, inputs=(WarmupInput(classifier.input_name, "FP32", image, zero_data=True),)
+            ),
+        ),
     )
 
 
@@ -150,9 +160,7 @@ def ensemble_config(preset: Preset, options: BuildOptions) -> ModelConfig:
         # A video ensemble answers with clip_frames rows per clip.
         max_batch_size=options.clips_per_request if preset.video else options.max_batch_size,
         inputs=(Tensor(ENSEMBLE_INPUT, "UINT8", (-1,)),),
-        outputs=(
-            Tensor(ENSEMBLE_OUTPUT, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),
-        ),
+        outputs=(Tensor(ENSEMBLE_OUTPUT, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),),
         steps=(
             EnsembleStep(
                 model_name=preset.preprocessing_name,
@@ -193,8 +201,9 @@ def write_repository(
     return changed
 
 
-def write_model_folder(repository: Path, config: ModelConfig, files: dict[str, bytes | str],
-                       version: str = VERSION) -> Path:
+def write_model_folder(
+    repository: Path, config: ModelConfig, files: dict[str, bytes | str], version: str = VERSION
+) -> Path:
     """One model of any kind: its config.pbtxt, and `files` (names relative to the
     version folder, text or bytes). For repositories that are not presets."""
     model_dir = Path(repository) / config.name
@@ -215,16 +224,18 @@ def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions,
         changed += _write_if_changed(version_dir / PYTHON_MODEL_FILENAME, Path(pillow_model.__file__).read_bytes())
         # model.py imports nothing of this project (it serves in the NGC container
         # too): its decode budget travels beside it.
-        return changed + _write_if_changed(version_dir / decode_budget.MODULE_FILENAME,
-                                           Path(decode_budget.__file__).read_bytes())
+        return changed + _write_if_changed(
+            version_dir / decode_budget.MODULE_FILENAME, Path(decode_budget.__file__).read_bytes()
+        )
     if preset.video:
         config, clips = video_config(preset, options), options.frame_sampling
     else:
         config, clips = dali_config(preset, options, sample), None
     changed += _write_model(model_dir, config)
     if options.format == DALI_SCRIPT_FILENAME:
-        files = pipelines.dali_py_files(preprocessing, config.max_batch_size, options.num_threads, options.device,
-                                        clips)
+        files = pipelines.dali_py_files(
+            preprocessing, config.max_batch_size, options.num_threads, options.device, clips
+        )
         stale = (DALI_MODEL_FILENAME, DALI_VERSION_FILENAME)
     else:
         serialized = pipelines.serialize_pipeline(

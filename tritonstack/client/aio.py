@@ -71,12 +71,16 @@ class AsyncClassifierClient(ClientBase):
             raise self._unreachable(error) from error
 
     async def _check_ready(self) -> None:
-        self._not_ready(await self._client.is_server_ready(headers=self._headers()),
-                        await self._client.is_model_ready(self.model, headers=self._headers()))
+        self._not_ready(
+            await self._client.is_server_ready(headers=self._headers()),
+            await self._client.is_model_ready(self.model, headers=self._headers()),
+        )
 
     async def _fetch_model_info(self) -> tuple[dict, dict]:
-        return (await self._client.get_model_metadata(self.model, **self._metadata_options()),
-                await self._client.get_model_config(self.model, **self._metadata_options()))
+        return (
+            await self._client.get_model_metadata(self.model, **self._metadata_options()),
+            await self._client.get_model_config(self.model, **self._metadata_options()),
+        )
 
     async def classify(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction]]:
         return [top for chunk in self.info.chunks(images) for top in await self._classify_chunk(chunk, top_k)]
@@ -191,8 +195,9 @@ class AsyncClassifierClient(ClientBase):
         if allocate:
             region.allocate(byte_size)
         if register:
-            await self._client.register_system_shared_memory(region.name, region.key, region.byte_size,
-                                                             headers=self._headers())
+            await self._client.register_system_shared_memory(
+                region.name, region.key, region.byte_size, headers=self._headers()
+            )
             region.registered = True
 
     async def _unregister(self, region: SharedMemoryRegion) -> None:

@@ -88,12 +88,16 @@ class ClassifierClient(ClientBase):
             raise self._unreachable(error) from error
 
     def _check_ready(self) -> None:
-        self._not_ready(self._client.is_server_ready(headers=self._headers()),
-                        self._client.is_model_ready(self.model, headers=self._headers()))
+        self._not_ready(
+            self._client.is_server_ready(headers=self._headers()),
+            self._client.is_model_ready(self.model, headers=self._headers()),
+        )
 
     def _fetch_model_info(self) -> tuple[dict, dict]:
-        return (self._client.get_model_metadata(self.model, **self._metadata_options()),
-                self._client.get_model_config(self.model, **self._metadata_options()))
+        return (
+            self._client.get_model_metadata(self.model, **self._metadata_options()),
+            self._client.get_model_config(self.model, **self._metadata_options()),
+        )
 
     def classify(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction]]:
         return [top for chunk in self.info.chunks(images) for top in self._classify_chunk(chunk, top_k)]
@@ -181,8 +185,9 @@ class ClassifierClient(ClientBase):
         if allocate:
             region.allocate(byte_size)
         if register:
-            self._client.register_system_shared_memory(region.name, region.key, region.byte_size,
-                                                       headers=self._headers())
+            self._client.register_system_shared_memory(
+                region.name, region.key, region.byte_size, headers=self._headers()
+            )
             region.registered = True
 
     def _unregister(self, region: SharedMemoryRegion) -> None:

@@ -54,6 +54,7 @@ def image_files(paths: Iterable[Path], clips: bool = False) -> list[Path]:
     """Folders expanded recursively to their images (and clips, when asked), in
     natural order (c1, c2, c10); files named explicitly are kept as they are (a
     broken one gets its own error)."""
+
     def wanted(path: Path) -> bool:
         return is_image_file(path) or (clips and is_clip_file(path))
 

@@ -38,8 +38,9 @@ def classifies_images(metadata: dict) -> bool:
     return takes_encoded_images(metadata) and len(outputs) >= 1 and len(outputs[0]["shape"]) <= 2
 
 
-def check_model(url: str, protocol: str, model: str, headers: dict[str, str] | None = None,
-                retry: RetryPolicy = RetryPolicy()) -> None:
+def check_model(
+    url: str, protocol: str, model: str, headers: dict[str, str] | None = None, retry: RetryPolicy = RetryPolicy()
+) -> None:
     """Return when `model` is ready at `url` and takes encoded images; raise
     ServerUnavailableError (no server, wrong port or protocol, not ready) or
     ModelError (unknown model, not an image model) otherwise."""
@@ -52,8 +53,10 @@ def check_model(url: str, protocol: str, model: str, headers: dict[str, str] | N
                 raise ServerUnavailableError(wrong_protocol_message(url, protocol, None)) from error
             raise ServerUnavailableError(explain_unreachable(url, protocol, error)) from error
         if not ready:
-            raise ServerUnavailableError(f"Triton at {url} is not ready yet (models still loading?): "
-                                         "try again in a few seconds, or read the server's log")
+            raise ServerUnavailableError(
+                f"Triton at {url} is not ready yet (models still loading?): "
+                "try again in a few seconds, or read the server's log"
+            )
         try:
             metadata = client.metadata(model)
         except InferenceServerException as error:
@@ -62,12 +65,15 @@ def check_model(url: str, protocol: str, model: str, headers: dict[str, str] | N
             raise ModelError(f"model {model!r} not found at {url}; {client.image_models_text()}") from None
         if not takes_encoded_images(metadata):
             taken = ", ".join(f"{i['datatype']} {i['name']!r}" for i in metadata.get("inputs", []))
-            raise ModelError(f"model {model!r} takes {taken or 'no input'}, not encoded images; "
-                             f"{client.image_models_text()}")
+            raise ModelError(
+                f"model {model!r} takes {taken or 'no input'}, not encoded images; {client.image_models_text()}"
+            )
         if not classifies_images(metadata):
             answer = ", ".join(f"{o['datatype']} {o['shape']}" for o in metadata.get("outputs", []))
-            raise ModelError(f"model {model!r} takes encoded images but answers {answer}, not class scores; "
-                             f"{client.image_models_text()}")
+            raise ModelError(
+                f"model {model!r} takes encoded images but answers {answer}, not class scores; "
+                f"{client.image_models_text()}"
+            )
         if not client.model_ready(model):
             raise ServerUnavailableError(f"model {model!r} is not ready at {url}: read the server's log")
     finally:
@@ -90,7 +96,8 @@ class _Client:
         self.headers = headers
         if protocol == "http":
             self._client = httpclient.InferenceServerClient(
-                url, connection_timeout=PREFLIGHT_TIMEOUT_S, network_timeout=PREFLIGHT_TIMEOUT_S)
+                url, connection_timeout=PREFLIGHT_TIMEOUT_S, network_timeout=PREFLIGHT_TIMEOUT_S
+            )
             self._json: dict = {}
         else:
             self._client = grpcclient.InferenceServerClient(url)
@@ -120,8 +127,9 @@ class _Client:
         names = self.image_models()
         if names is None:
             return f"set ${ADMIN_KEY_ENV} (the server's admin key) to see the models it serves"
-        return (f"available image classifiers: {', '.join(names)}" if names
-                else "the server has no image classifier ready")
+        return (
+            f"available image classifiers: {', '.join(names)}" if names else "the server has no image classifier ready"
+        )
 
     def close(self) -> None:
         self._client.close()

@@ -82,15 +82,18 @@ class ClipPredictions:
     frames: list[list[Prediction]]  # each frame's own ranking, in the clip's order
 
 
-def clip_predictions(probabilities: np.ndarray, clip_count: int, top_k: int,
-                     labels: Sequence[str]) -> list[ClipPredictions]:
+def clip_predictions(
+    probabilities: np.ndarray, clip_count: int, top_k: int, labels: Sequence[str]
+) -> list[ClipPredictions]:
     """A video model answers with the same number of frames for every clip (its
     pipeline repeats a short clip's last frame), the clips' rows in order."""
     if clip_count == 0 or len(probabilities) % clip_count:
         raise ValueError(f"{len(probabilities)} frames of probabilities do not divide among {clip_count} clips")
     return [
-        ClipPredictions(top=top_predictions(frames.mean(axis=0, keepdims=True), top_k, labels)[0],
-                        frames=top_predictions(frames, top_k, labels))
+        ClipPredictions(
+            top=top_predictions(frames.mean(axis=0, keepdims=True), top_k, labels)[0],
+            frames=top_predictions(frames, top_k, labels),
+        )
         for frames in np.split(probabilities, clip_count)
     ]
 

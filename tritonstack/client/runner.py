@@ -140,8 +140,10 @@ def _classify_files_threads(files: Sequence[Path], settings: RunSettings) -> Ite
         jobs.put(job)
     finished: queue.SimpleQueue = queue.SimpleQueue()
 
-    workers = [threading.Thread(target=_work, args=(jobs, finished, settings), name=f"classify-{n}", daemon=True)
-               for n in range(settings.concurrency)]
+    workers = [
+        threading.Thread(target=_work, args=(jobs, finished, settings), name=f"classify-{n}", daemon=True)
+        for n in range(settings.concurrency)
+    ]
     for worker in workers:
         worker.start()
     arrived: dict[int, list[FileResult]] = {}
@@ -199,9 +201,12 @@ def _classify_files_async(files: Sequence[Path], settings: RunSettings) -> Itera
 
     async def produce() -> None:
         async with contextlib.AsyncExitStack() as stack:
-            clients = {model: await stack.enter_async_context(
-                           AsyncClassifierClient(settings.url, settings.protocol, model, **settings.client_options()))
-                       for model in settings.models_for(files)}
+            clients = {
+                model: await stack.enter_async_context(
+                    AsyncClassifierClient(settings.url, settings.protocol, model, **settings.client_options())
+                )
+                for model in settings.models_for(files)
+            }
             in_flight = asyncio.Semaphore(settings.concurrency)
 
             async def run(paths: list[Path]) -> list[FileResult]:
@@ -248,8 +253,15 @@ class Progress:
         self.failed = 0
         self.started = time.monotonic()
         visible = total > shown_above and _is_terminal(self.stream)
-        self.bar = tqdm(total=total, unit="file", file=self.stream, disable=not visible, leave=False,
-                        dynamic_ncols=True, mininterval=0.1)
+        self.bar = tqdm(
+            total=total,
+            unit="file",
+            file=self.stream,
+            disable=not visible,
+            leave=False,
+            dynamic_ncols=True,
+            mininterval=0.1,
+        )
 
     @property
     def elapsed_s(self) -> float:

@@ -33,8 +33,12 @@ def benchmark(argv: list[str] | None) -> int:
     parser.add_argument("--quick", action="store_true", help="short phases: at most 4 minutes on 2 cores")
     parser.add_argument("--smoke", action="store_true", help="shortest phases (tests): every key, rough figures")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"),
-                        help="what the server serves; model.dali and model.onnx for the in-process reference")
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        default=Path("model_repository"),
+        help="what the server serves; model.dali and model.onnx for the in-process reference",
+    )
     running = parser.add_argument_group("a running server instead of starting one (e.g. the NGC container)")
     running.add_argument("--url", help="HTTP host:port (or http://host:port)")
     running.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port; default: --url's host:port)")

@@ -60,7 +60,9 @@ def _presets(args: argparse.Namespace) -> tuple[Preset, ...]:
     if args.classifier_onnx:
         preprocessing = classifiers.Preprocessing(
             resize_shorter=args.resize_shorter or round(args.input_size / 0.875),
-            crop=args.input_size, mean=args.mean, std=args.std,
+            crop=args.input_size,
+            mean=args.mean,
+            std=args.std,
         )
         classifier = classifiers.from_onnx(
             args.name or args.classifier_onnx.stem, args.classifier_onnx, args.labels, preprocessing
@@ -73,8 +75,10 @@ def list_presets(args: argparse.Namespace) -> int:
     print(f"{'preset':28} {'ensemble':36} {'preprocessing':38} classifier (crop, resize shorter)")
     for preset in PRESETS:
         p = preset.classifier.preprocessing
-        print(f"{preset.name:28} {preset.ensemble_name:36} {preset.preprocessing_name:38} "
-              f"{preset.classifier.name} ({p.crop}, {p.resize_shorter})")
+        print(
+            f"{preset.name:28} {preset.ensemble_name:36} {preset.preprocessing_name:38} "
+            f"{preset.classifier.name} ({p.crop}, {p.resize_shorter})"
+        )
     return 0
 
 
@@ -124,56 +128,124 @@ def _floats3(text: str) -> tuple[float, float, float]:
 def _add_build_parser(commands) -> None:
     defaults = BuildOptions()
     parser = cli.subcommand(
-        commands, "build", help="write the model repository",
-        description="Write the presets' models (all when none is named) into --out.")
-    parser.add_argument("presets", nargs="*", metavar="PRESET",
-                        help=f"presets to build (default: all): {', '.join(p.name for p in PRESETS)}")
+        commands,
+        "build",
+        help="write the model repository",
+        description="Write the presets' models (all when none is named) into --out.",
+    )
+    parser.add_argument(
+        "presets",
+        nargs="*",
+        metavar="PRESET",
+        help=f"presets to build (default: all): {', '.join(p.name for p in PRESETS)}",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_REPOSITORY, help="repository folder")
-    parser.add_argument("--device", choices=presets.DEVICES, default=defaults.device,
-                        help="gpu: nvJPEG decoding (device=mixed, hw_decoder_load), resize and normalize on "
-                             "the GPU, KIND_GPU instances; serializes on a machine without a GPU")
-    parser.add_argument("--format", choices=FORMATS, default=defaults.format,
-                        help="model.dali: the pipeline serialized now (the DALI version is recorded next to it); "
-                             "dali.py: the pipeline's source, serialized by the DALI backend at load")
-    parser.add_argument("--max-batch-size", type=cli.positive_int, default=defaults.max_batch_size,
-                        help="every model's max_batch_size, and the DALI pipeline's batch")
-    parser.add_argument("--instances", type=cli.positive_int, default=defaults.instances,
-                        help="instances of each model (each one is a process on CPU machines)")
-    parser.add_argument("--num-threads", type=cli.positive_int, default=defaults.num_threads,
-                        help="DALI CPU worker threads per instance (default fixed, not this machine's cores, "
-                             "so the committed repository is the same everywhere)")
-    parser.add_argument("--intra-op-threads", type=cli.positive_int, default=defaults.intra_op_threads,
-                        help="ONNX Runtime threads per classifier instance, the intra_op_thread_count "
-                             "parameter, fixed like --num-threads")
-    parser.add_argument("--max-queue-delay-us", type=int, default=defaults.max_queue_delay_us,
-                        help="how long the dynamic batcher waits to fill a batch")
-    parser.add_argument("--classifier-batch", type=cli.non_negative_int, default=defaults.classifier_batch, metavar="N",
-                        help="on the CPU, the batch the classifier's dynamic batcher forms from queued "
-                             "requests (preferred_batch_size; 0: none): ONNX Runtime's best rate per image "
-                             "and a bounded arena. Requests of more images still run whole")
-    video = parser.add_argument_group("video presets", "A clip per sample, decoded by DALI (VP8, VP9, MJPEG on "
-                                      "the CPU; H.264, H.265, AV1 too with --device gpu); every frame kept is "
-                                      "classified and answered, a row each, in order.")
-    video.add_argument("--clip-frames", type=cli.positive_int, default=defaults.clip_frames, metavar="N",
-                       help="frames kept per clip (the last one repeated when a clip is shorter); a request "
-                            "holds max_batch_size // N clips")
-    video.add_argument("--frame-stride", type=cli.positive_int, default=defaults.frame_stride, metavar="N",
-                       help="distance between kept frames")
+    parser.add_argument(
+        "--device",
+        choices=presets.DEVICES,
+        default=defaults.device,
+        help="gpu: nvJPEG decoding (device=mixed, hw_decoder_load), resize and normalize on "
+        "the GPU, KIND_GPU instances; serializes on a machine without a GPU",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=defaults.format,
+        help="model.dali: the pipeline serialized now (the DALI version is recorded next to it); "
+        "dali.py: the pipeline's source, serialized by the DALI backend at load",
+    )
+    parser.add_argument(
+        "--max-batch-size",
+        type=cli.positive_int,
+        default=defaults.max_batch_size,
+        help="every model's max_batch_size, and the DALI pipeline's batch",
+    )
+    parser.add_argument(
+        "--instances",
+        type=cli.positive_int,
+        default=defaults.instances,
+        help="instances of each model (each one is a process on CPU machines)",
+    )
+    parser.add_argument(
+        "--num-threads",
+        type=cli.positive_int,
+        default=defaults.num_threads,
+        help="DALI CPU worker threads per instance (default fixed, not this machine's cores, "
+        "so the committed repository is the same everywhere)",
+    )
+    parser.add_argument(
+        "--intra-op-threads",
+        type=cli.positive_int,
+        default=defaults.intra_op_threads,
+        help="ONNX Runtime threads per classifier instance, the intra_op_thread_count "
+        "parameter, fixed like --num-threads",
+    )
+    parser.add_argument(
+        "--max-queue-delay-us",
+        type=int,
+        default=defaults.max_queue_delay_us,
+        help="how long the dynamic batcher waits to fill a batch",
+    )
+    parser.add_argument(
+        "--classifier-batch",
+        type=cli.non_negative_int,
+        default=defaults.classifier_batch,
+        metavar="N",
+        help="on the CPU, the batch the classifier's dynamic batcher forms from queued "
+        "requests (preferred_batch_size; 0: none): ONNX Runtime's best rate per image "
+        "and a bounded arena. Requests of more images still run whole",
+    )
+    video = parser.add_argument_group(
+        "video presets",
+        "A clip per sample, decoded by DALI (VP8, VP9, MJPEG on "
+        "the CPU; H.264, H.265, AV1 too with --device gpu); every frame kept is "
+        "classified and answered, a row each, in order.",
+    )
+    video.add_argument(
+        "--clip-frames",
+        type=cli.positive_int,
+        default=defaults.clip_frames,
+        metavar="N",
+        help="frames kept per clip (the last one repeated when a clip is shorter); a request "
+        "holds max_batch_size // N clips",
+    )
+    video.add_argument(
+        "--frame-stride",
+        type=cli.positive_int,
+        default=defaults.frame_stride,
+        metavar="N",
+        help="distance between kept frames",
+    )
     own = parser.add_argument_group(
         "bring your own classifier",
         "An ONNX classifier taking FP32 NCHW images (0..255 RGB normalized with --mean/--std) gets its "
-        "preprocessing model and ensemble; named after the file unless --name is given.")
+        "preprocessing model and ensemble; named after the file unless --name is given.",
+    )
     own.add_argument("--classifier-onnx", type=Path, metavar="FILE")
     own.add_argument("--labels", type=Path, metavar="FILE", help="one class name a line, in index order")
     own.add_argument("--name", help="Triton model name of the classifier")
     own.add_argument("--input-size", type=cli.positive_int, default=224, metavar="N", help="center crop side")
-    own.add_argument("--resize-shorter", type=cli.positive_int, metavar="N",
-                     help="shorter side before the crop (default input size / 0.875)")
-    own.add_argument("--mean", type=_floats3, default=(123.675, 116.28, 103.53), metavar="R,G,B",
-                     help="in 0..255 pixel units (default: torchvision's ImageNet mean)")
+    own.add_argument(
+        "--resize-shorter",
+        type=cli.positive_int,
+        metavar="N",
+        help="shorter side before the crop (default input size / 0.875)",
+    )
+    own.add_argument(
+        "--mean",
+        type=_floats3,
+        default=(123.675, 116.28, 103.53),
+        metavar="R,G,B",
+        help="in 0..255 pixel units (default: torchvision's ImageNet mean)",
+    )
     own.add_argument("--std", type=_floats3, default=(58.395, 57.12, 57.375), metavar="R,G,B")
-    own.add_argument("--preprocessors", nargs="+", choices=presets.PREPROCESSORS, default=("dali",),
-                     help="which preprocessing models to build for it")
+    own.add_argument(
+        "--preprocessors",
+        nargs="+",
+        choices=presets.PREPROCESSORS,
+        default=("dali",),
+        help="which preprocessing models to build for it",
+    )
     parser.set_defaults(run=build)
 
 
@@ -190,16 +262,22 @@ def run(argv: list[str] | None) -> int:
     cli.subcommand(commands, "list", help="list the presets").set_defaults(run=list_presets)
 
     check_parser = cli.subcommand(
-        commands, "check", help="validate a repository offline, as the backends will at load time",
+        commands,
+        "check",
+        help="validate a repository offline, as the backends will at load time",
         description="One line per problem (model: field 'tensor': what is wrong; what to do). "
-                    "Exit 1 when there is any, 0 when the repository is clean.")
+        "Exit 1 when there is any, 0 when the repository is clean.",
+    )
     check_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
     check_parser.set_defaults(run=check)
 
     parity_parser = cli.subcommand(
-        commands, "parity", help="compare DALI and Pillow preprocessing on real photos",
+        commands,
+        "parity",
+        help="compare DALI and Pillow preprocessing on real photos",
         description="Tensor differences and classifier top-1/top-5 agreement, DALI vs the Pillow baseline, "
-                    "on scikit-image's photos and generated variants. Exit 1 unless top-1 agrees on all.")
+        "on scikit-image's photos and generated variants. Exit 1 unless top-1 agrees on all.",
+    )
     parity_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
     parity_parser.add_argument("--preset", default="dali_efficientnet_lite0", help="the DALI preset to compare")
     parity_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")

@@ -46,26 +46,28 @@ FORMATS = ("table", "jsonl", "csv")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = cli.parser(__doc__)
     parser.add_argument("paths", nargs="+", type=Path, help="image files, video clips or folders")
-    add_server_options(parser, model_help="the model for photos, or for clips when it is a video model "
-                                          f"(default: {DEFAULT_MODEL})")
-    parser.add_argument("--video-model", default=DEFAULT_VIDEO_MODEL,
-                        help="the model for clips, unless --model is a video model")
+    add_server_options(
+        parser, model_help=f"the model for photos, or for clips when it is a video model (default: {DEFAULT_MODEL})"
+    )
+    parser.add_argument(
+        "--video-model", default=DEFAULT_VIDEO_MODEL, help="the model for clips, unless --model is a video model"
+    )
     parser.add_argument("--per-frame", action="store_true", help="a clip's frames' rankings too, a line each")
     parser.add_argument("--top-k", type=cli.positive_int, default=5, help="classes shown per image")
     parser.add_argument("--batch-size", type=cli.positive_int, default=1, help="images per request")
     parser.add_argument("--concurrency", type=cli.positive_int, default=1, help="requests in flight")
     parser.add_argument("--shm", choices=SHM_MODES, default="none", help="send and receive tensors in shared memory")
     parser.add_argument("--async", dest="use_async", action="store_true", help="asyncio client instead of threads")
-    parser.add_argument("--format", choices=FORMATS, default="table", help="table: aligned text; jsonl and csv: "
-                        "one record per file")
+    parser.add_argument(
+        "--format", choices=FORMATS, default="table", help="table: aligned text; jsonl and csv: one record per file"
+    )
     return parser.parse_intermixed_args(argv)
 
 
 class ResultWriter:
     """Formats results on stdout: one line (or CSV row) per file."""
 
-    def __init__(self, fmt: str, top_k: int, out: TextIO | None = None, path_width: int = 0,
-                 per_frame: bool = False):
+    def __init__(self, fmt: str, top_k: int, out: TextIO | None = None, path_width: int = 0, per_frame: bool = False):
         self.fmt = fmt
         self.per_frame = per_frame
         self.out = out or sys.stdout
@@ -82,8 +84,14 @@ class ResultWriter:
                 self._write_line(result.path, None, top, frame=frame)
         self.out.flush()
 
-    def _write_line(self, path: Path, error: str | None, top: list[Prediction] | None,
-                    frame: int | None = None, frames: int | None = None) -> None:
+    def _write_line(
+        self,
+        path: Path,
+        error: str | None,
+        top: list[Prediction] | None,
+        frame: int | None = None,
+        frames: int | None = None,
+    ) -> None:
         if self.fmt == "jsonl":
             self.out.write(json.dumps(_as_dict(path, error, top, frame, frames)) + "\n")
         elif self.fmt == "csv":
@@ -97,8 +105,9 @@ class ResultWriter:
             self.out.write(f"{shown:<{self.path_width}}  {answer}\n")
 
 
-def _as_dict(path: Path, error: str | None, top: list[Prediction] | None, frame: int | None,
-             frames: int | None) -> dict:
+def _as_dict(
+    path: Path, error: str | None, top: list[Prediction] | None, frame: int | None, frames: int | None
+) -> dict:
     record = {"path": str(path)}
     if frame is not None:
         record["frame"] = frame
@@ -139,8 +148,12 @@ def classify(argv: list[str] | None) -> int:
     for model in settings.models_for(files):
         check_model(url, protocol, model, settings.headers, settings.retry)
     frame_width = len(" [frame 99]") if args.per_frame else 0
-    writer = ResultWriter(args.format, args.top_k, path_width=max(len(str(path)) for path in files) + frame_width,
-                          per_frame=args.per_frame)
+    writer = ResultWriter(
+        args.format,
+        args.top_k,
+        path_width=max(len(str(path)) for path in files) + frame_width,
+        per_frame=args.per_frame,
+    )
     progress = Progress(len(files))
     for result in classify_files(files, settings):
         with progress.above():

@@ -26,9 +26,13 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--a-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--b-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")
     for side in SIDES:
-        parser.add_argument(f"--{side}-recycle-above-mib", type=float, metavar="MIB",
-                            help=f"{side.upper()}'s stub recycling bound (0: off; default: the launcher's, "
-                                 f"{RecyclePolicy.above_mib:g})")
+        parser.add_argument(
+            f"--{side}-recycle-above-mib",
+            type=float,
+            metavar="MIB",
+            help=f"{side.upper()}'s stub recycling bound (0: off; default: the launcher's, "
+            f"{RecyclePolicy.above_mib:g})",
+        )
     parser.add_argument("--model", action="append", help=f"default: {DALI_ENSEMBLE} and {INT8_ENSEMBLE}")
     parser.add_argument("--rounds", type=cli.positive_int, default=5, help="at least 3: a median and a spread")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured per side, model and round")
@@ -38,10 +42,15 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args(argv)
     args.model = args.model or [DALI_ENSEMBLE, INT8_ENSEMBLE]
-    if (args.b_repository is None and not args.a_env and not args.b_env
-            and args.a_recycle_above_mib == args.b_recycle_above_mib):
-        raise cli.UsageError("A and B would be the same: give --b-repository, an --a-env/--b-env "
-                             "or different --a/--b-recycle-above-mib")
+    if (
+        args.b_repository is None
+        and not args.a_env
+        and not args.b_env
+        and args.a_recycle_above_mib == args.b_recycle_above_mib
+    ):
+        raise cli.UsageError(
+            "A and B would be the same: give --b-repository, an --a-env/--b-env or different --a/--b-recycle-above-mib"
+        )
     for repository in filter(None, (args.a_repository, args.b_repository)):
         reason = unservable_reason(repository)
         if reason:

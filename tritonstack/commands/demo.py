@@ -46,8 +46,10 @@ def show_clip(server: TritonServer) -> None:
             (clip,) = client.classify_clips_each([sample_clip()], top_k=5)
             print(f"== {DEFAULT_VIDEO_MODEL} over {protocol.upper()}: {SAMPLE_CLIP.name}, {len(clip.frames)} frames ==")
             print("  mean of the frames  " + ", ".join(f"{p.label} ({p.score:.3f})" for p in clip.top))
-            print("  each frame's top 1  " + ", ".join(f"{frame[0].label} ({frame[0].score:.2f})"
-                                                       for frame in clip.frames))
+            print(
+                "  each frame's top 1  "
+                + ", ".join(f"{frame[0].label} ({frame[0].score:.2f})" for frame in clip.frames)
+            )
             print()
 
 

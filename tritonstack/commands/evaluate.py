@@ -164,14 +164,22 @@ def evaluate(argv: list[str] | None) -> int:
     if not files:
         raise cli.UsageError(f"no class folders with images in {args.root}")
     settings = RunSettings(
-        url=url, protocol=protocol, model=args.model, top_k=TOP_K, batch_size=args.batch_size,
-        concurrency=args.concurrency, shm=args.shm, use_async=args.use_async, timeout_s=args.timeout,
+        url=url,
+        protocol=protocol,
+        model=args.model,
+        top_k=TOP_K,
+        batch_size=args.batch_size,
+        concurrency=args.concurrency,
+        shm=args.shm,
+        use_async=args.use_async,
+        timeout_s=args.timeout,
         retry=RetryPolicy(retries=args.retries),
         headers=admin_headers(protocol, args.admin_key),
     )
     check_model(url, protocol, args.model, settings.headers, settings.retry)
-    with ClassifierClient(url, protocol, args.model, timeout_s=args.timeout, retry=settings.retry,
-                          headers=settings.headers) as client:
+    with ClassifierClient(
+        url, protocol, args.model, timeout_s=args.timeout, retry=settings.retry, headers=settings.headers
+    ) as client:
         labels = model_labels(client, [path for path, _ in files])
     try:
         targets = class_targets(sorted({args.root / name for _, name in files}), labels)

@@ -30,35 +30,57 @@ from tritonstack.serve.target import given_endpoints, target_server
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = cli.parser(loadtest_run.__doc__)
-    parser.add_argument("--url", help="HTTP host:port (or http://host:port) of a running Triton "
-                        "(default: start one on free loopback ports)")
+    parser.add_argument(
+        "--url",
+        help="HTTP host:port (or http://host:port) of a running Triton (default: start one on free loopback ports)",
+    )
     parser.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port) of that Triton")
-    parser.add_argument("--metrics-url", help="its Prometheus endpoint (host:port or http://host:port/metrics), "
-                        "for the server-side breakdown")
-    parser.add_argument("--model-repository", default=str(PROJECT_ROOT / "model_repository"),
-                        help="served when no --url is given")
+    parser.add_argument(
+        "--metrics-url",
+        help="its Prometheus endpoint (host:port or http://host:port/metrics), for the server-side breakdown",
+    )
+    parser.add_argument(
+        "--model-repository", default=str(PROJECT_ROOT / "model_repository"), help="served when no --url is given"
+    )
     parser.add_argument("--model", default=DEFAULT_MODEL, help="the image classifier to load")
     parser.add_argument("--user", choices=sorted(USER_CLASSES), default="grpc", help="protocol of the users")
-    parser.add_argument("--shape", choices=sorted(SHAPE_FILES), default="step",
-                        help="closed: --users at once; step: a ramp of --steps; open: --target-rps fixed")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPE_FILES),
+        default="step",
+        help="closed: --users at once; step: a ramp of --steps; open: --target-rps fixed",
+    )
     parser.add_argument("--users", type=cli.positive_int, default=4, help="closed shape: users")
-    parser.add_argument("--run-time", type=float, default=None, metavar="S",
-                        help=f"seconds, every shape (default: {DEFAULT_RUN_TIME_S:.0f}; step shape: "
-                             "--steps x --step-seconds)")
+    parser.add_argument(
+        "--run-time",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"seconds, every shape (default: {DEFAULT_RUN_TIME_S:.0f}; step shape: --steps x --step-seconds)",
+    )
     parser.add_argument("--max-requests", type=cli.positive_int, default=20000, help="stop after this many requests")
     parser.add_argument("--step-users", type=cli.positive_int, default=2, help="step shape: users added per step")
-    parser.add_argument("--step-seconds", type=float, default=None, metavar="S",
-                        help=f"step shape: duration of a step (default: --run-time / --steps, else "
-                             f"{DEFAULT_STEP_S:.0f})")
+    parser.add_argument(
+        "--step-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"step shape: duration of a step (default: --run-time / --steps, else {DEFAULT_STEP_S:.0f})",
+    )
     parser.add_argument("--steps", type=cli.positive_int, default=4, help="step shape: number of steps")
     parser.add_argument("--target-rps", type=float, default=20.0, help="open shape: requests per second")
-    parser.add_argument("--open-loop-users", type=cli.positive_int, default=4,
-                        help="open shape: users sharing --target-rps")
+    parser.add_argument(
+        "--open-loop-users", type=cli.positive_int, default=4, help="open shape: users sharing --target-rps"
+    )
     parser.add_argument("--workers", type=int, default=0, help="distributed: Locust worker processes (0: one process)")
-    parser.add_argument("--live-seconds", type=float, default=5.0, help="seconds between two lines of live "
-                        "figures on stderr (0: none)")
-    parser.add_argument("--skip-preflight", action="store_true", help="start the users even when the model "
-                        "does not classify encoded images (to load-test the error path)")
+    parser.add_argument(
+        "--live-seconds", type=float, default=5.0, help="seconds between two lines of live figures on stderr (0: none)"
+    )
+    parser.add_argument(
+        "--skip-preflight",
+        action="store_true",
+        help="start the users even when the model does not classify encoded images (to load-test the error path)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: reports/loadtest-<time>)")
     args = parser.parse_args(argv)
     if args.url and not args.grpc_url and args.user != "http":
@@ -90,23 +112,28 @@ def load_test(argv: list[str] | None) -> int:
         started = time.time()
         exit_code, generator_cpu = run_locust(args, target.http_url, target.grpc_url, prefix)
         server = metrics.breakdown(before, metrics.scrape(metrics_url)) if metrics_url else []
-        used = {protocol: target.grpc_url if protocol == "grpc" else target.http_url
-                for protocol in protocols(args.user)}
+        used = {
+            protocol: target.grpc_url if protocol == "grpc" else target.http_url for protocol in protocols(args.user)
+        }
     settings = {
         "model": args.model,
         "protocol": ", ".join(f"{PROTOCOL_NAMES[p]} at {url}" for p, url in used.items()),
         "shape": args.shape,
         "workers": str(args.workers or "none (one process)"),
         "bounds": f"{planned_seconds(args):g} s, at most {args.max_requests} requests",
-        "load": (f"{args.target_rps:g} requests/s open loop over {args.open_loop_users} users" if args.shape == "open"
-                 else f"{args.step_users} users per {args.step_seconds:g} s step, {args.steps} steps"
-                 if args.shape == "step" else f"{args.users} users closed loop"),
+        "load": (
+            f"{args.target_rps:g} requests/s open loop over {args.open_loop_users} users"
+            if args.shape == "open"
+            else f"{args.step_users} users per {args.step_seconds:g} s step, {args.steps} steps"
+            if args.shape == "step"
+            else f"{args.users} users closed loop"
+        ),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
         "Locust exit code": str(exit_code),
     }
     labels = PlotLabels(
         title=f"{args.model} over {' + '.join(PROTOCOL_NAMES[p] for p in used)}, {args.shape} shape, "
-              f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}",
+        f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}",
         target_rps=args.target_rps if args.shape == "open" else None,
     )
     summary = write_report(prefix, RunSummary(f"Load test of {args.model}", settings, generator_cpu, server), labels)

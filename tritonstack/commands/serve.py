@@ -40,8 +40,10 @@ def check_free_ports(host: str, ports: dict[str, int]) -> None:
     instead of after tritonserver loaded every model."""
     for option, port in ports.items():
         if port_in_use(host, port):
-            raise cli.UsageError(f"port {port} on {host} is in use (another server?): stop it, or choose "
-                                 f"another with {option} (make serve HTTP_PORT=9000 GRPC_PORT=9001 METRICS_PORT=9002)")
+            raise cli.UsageError(
+                f"port {port} on {host} is in use (another server?): stop it, or choose "
+                f"another with {option} (make serve HTTP_PORT=9000 GRPC_PORT=9001 METRICS_PORT=9002)"
+            )
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -70,41 +72,69 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(argv: list[str] | None) -> int:
-    parser = cli.parser("Run tritonserver on a model repository until Ctrl-C. Exit codes: 0 stopped by Ctrl-C "
-                        "or SIGTERM, 1 tritonserver exited by itself, 2 it could not start.")
+    parser = cli.parser(
+        "Run tritonserver on a model repository until Ctrl-C. Exit codes: 0 stopped by Ctrl-C "
+        "or SIGTERM, 1 tritonserver exited by itself, 2 it could not start."
+    )
     # A string, not a Path: Path would fold the "//" of s3://host:port/bucket/path.
-    parser.add_argument("--model-repository", default="model_repository",
-                        help="a local folder, or s3://[host:port/]bucket/path fetched by Triton")
+    parser.add_argument(
+        "--model-repository",
+        default="model_repository",
+        help="a local folder, or s3://[host:port/]bucket/path fetched by Triton",
+    )
     parser.add_argument("--host", default=LOOPBACK, help="address to bind (default: loopback only)")
     parser.add_argument("--http-port", type=cli.positive_int, default=8000)
     parser.add_argument("--grpc-port", type=cli.positive_int, default=8001)
     parser.add_argument("--metrics-port", type=cli.positive_int, default=8002)
-    parser.add_argument("--open-apis", action="store_true",
-                        help="do not restrict model control, shared memory, statistics, trace, logging "
-                             f"(default: they need the header {ADMIN_HEADER}: ${ADMIN_KEY_ENV})")
-    parser.add_argument("--max-input-bytes", type=cli.positive_int, default=DEFAULT_MAX_INPUT_BYTES,
-                        help="largest request accepted, in bytes")
+    parser.add_argument(
+        "--open-apis",
+        action="store_true",
+        help="do not restrict model control, shared memory, statistics, trace, logging "
+        f"(default: they need the header {ADMIN_HEADER}: ${ADMIN_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--max-input-bytes",
+        type=cli.positive_int,
+        default=DEFAULT_MAX_INPUT_BYTES,
+        help="largest request accepted, in bytes",
+    )
     defaults = MemoryLimits.default()
-    parser.add_argument("--server-memory-bytes", type=int, default=defaults.server_bytes,
-                        help="tritonserver's address-space ceiling (default: half the machine's memory, >= 8 GiB)")
-    parser.add_argument("--stub-memory-bytes", type=int, default=defaults.stub_bytes,
-                        help="each backend stub's ceiling, and its decode budgets' share "
-                             "(default: a quarter of the machine's memory, >= 4 GiB)")
+    parser.add_argument(
+        "--server-memory-bytes",
+        type=int,
+        default=defaults.server_bytes,
+        help="tritonserver's address-space ceiling (default: half the machine's memory, >= 8 GiB)",
+    )
+    parser.add_argument(
+        "--stub-memory-bytes",
+        type=int,
+        default=defaults.stub_bytes,
+        help="each backend stub's ceiling, and its decode budgets' share "
+        "(default: a quarter of the machine's memory, >= 4 GiB)",
+    )
     parser.add_argument("--no-memory-limits", action="store_true", help="no memory ceilings")
-    parser.add_argument("--compact-memory", action="store_true",
-                        help="glibc settings that keep the DALI stub's heap flatter, for about 20%% of "
-                             "throughput (docs/memory.md)")
-    parser.add_argument("--recycle-above-mib", type=float, default=RecyclePolicy.above_mib,
-                        help="reload a model whose stub idles this many MiB above its settled size, after a "
-                             "burst of huge images (default: %(default)s; 0: never; docs/memory.md)")
+    parser.add_argument(
+        "--compact-memory",
+        action="store_true",
+        help="glibc settings that keep the DALI stub's heap flatter, for about 20%% of throughput (docs/memory.md)",
+    )
+    parser.add_argument(
+        "--recycle-above-mib",
+        type=float,
+        default=RecyclePolicy.above_mib,
+        help="reload a model whose stub idles this many MiB above its settled size, after a "
+        "burst of huge images (default: %(default)s; 0: never; docs/memory.md)",
+    )
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    check_free_ports(args.host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port,
-                                 "--metrics-port": args.metrics_port})
+    check_free_ports(
+        args.host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
+    )
 
-    server = TritonServer(server_config(args), supervision(args),
-                          environment=STUB_ENVIRONMENT if args.compact_memory else None)
+    server = TritonServer(
+        server_config(args), supervision(args), environment=STUB_ENVIRONMENT if args.compact_memory else None
+    )
     try:
         server.check_repository()  # before anything else is said: one line, exit 2
     except UnservableRepository as error:
@@ -119,8 +149,12 @@ def serve(argv: list[str] | None) -> int:
             raise cli.UsageError(str(error)) from error
         with open(server.log_path, errors="replace") as log:
             print(log.read(), end="", flush=True)
-            LOGGER.info("ready: HTTP %s, gRPC %s, metrics %s (Ctrl-C to stop)",
-                        server.http_url, server.grpc_url, server.metrics_url)
+            LOGGER.info(
+                "ready: HTTP %s, gRPC %s, metrics %s (Ctrl-C to stop)",
+                server.http_url,
+                server.grpc_url,
+                server.metrics_url,
+            )
             while server.process.poll() is None or _restarting(server):
                 print(log.read(), end="", flush=True)  # follow the server's log, restarts included
                 time.sleep(0.5)

@@ -26,8 +26,12 @@ def soak(argv: list[str] | None) -> int:
     parser.add_argument("--bad-ratio", type=float, default=0.25, help="share of broken images sent")
     parser.add_argument("--max-requests", type=cli.positive_int, default=1_000_000, help="stop after this many")
     parser.add_argument("--period", type=float, default=1.0, help="seconds between memory samples")
-    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"),
-                        help="served by a server of the soak's own, on free loopback ports")
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        default=Path("model_repository"),
+        help="served by a server of the soak's own, on free loopback ports",
+    )
     parser.add_argument("--out", type=Path, default=Path("reports/soak.json"), help="JSON report")
     args = parser.parse_args(argv)
     reason = unservable_reason(args.model_repository)
@@ -36,8 +40,9 @@ def soak(argv: list[str] | None) -> int:
     if args.duration <= 0 or not 0 <= args.bad_ratio <= 1:
         parser.error("--duration must be above 0 and --bad-ratio between 0 and 1")
     with TritonServer(args.model_repository) as server:
-        report = run_soak(server, args.duration, args.warmup, args.workers, args.bad_ratio,
-                          args.period, args.max_requests)
+        report = run_soak(
+            server, args.duration, args.warmup, args.workers, args.bad_ratio, args.period, args.max_requests
+        )
         report["supervisor_reloads"] = [model for _, model in server.supervisor.reloads]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))

@@ -35,7 +35,7 @@ DALI_MODEL = "dali_identity"
 PYTHON_MODEL = "python_identity"
 BATCH_SIZE = 8
 # The floor: a Python-backend model that does nothing but hand its input back.
-PYTHON_IDENTITY = '''
+PYTHON_IDENTITY = """
 import triton_python_backend_utils as pb_utils
 
 
@@ -46,7 +46,7 @@ class TritonPythonModel:
                 "DALI_OUTPUT_0", pb_utils.get_input_tensor_by_name(request, "DALI_INPUT_0").as_numpy())])
             for request in requests
         ]
-'''
+"""
 
 
 @pipeline_def(output_dtype=types.UINT8, output_ndim=1)
@@ -56,7 +56,10 @@ def identity_pipeline():
 
 def identity_config(name: str, backend: str) -> ModelConfig:
     return ModelConfig(
-        name=name, backend=backend, max_batch_size=BATCH_SIZE, instance_groups=(InstanceGroup(kind="KIND_CPU"),),
+        name=name,
+        backend=backend,
+        max_batch_size=BATCH_SIZE,
+        instance_groups=(InstanceGroup(kind="KIND_CPU"),),
         inputs=(Tensor("DALI_INPUT_0", "UINT8", (-1,), allow_ragged_batch=True),),
         outputs=(Tensor("DALI_OUTPUT_0", "UINT8", (-1,)),),
     )
@@ -68,8 +71,9 @@ def write_models(repository: Path, serialized: bytes) -> None:
 
 
 def in_process_pipeline(serialized: bytes) -> Pipeline:
-    pipeline = Pipeline.deserialize(serialized_pipeline=serialized, batch_size=BATCH_SIZE,
-                                    num_threads=1, device_id=None, prefetch_queue_depth=1)
+    pipeline = Pipeline.deserialize(
+        serialized_pipeline=serialized, batch_size=BATCH_SIZE, num_threads=1, device_id=None, prefetch_queue_depth=1
+    )
     pipeline.build()
     return pipeline
 
@@ -147,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dali-overhead-") as repository:
         write_models(Path(repository), serialized)
         with TritonServer(repository) as server:
-            results = [measure(server, pipeline, protocol, args.requests, args.row_bytes)
-                       for protocol in args.protocols.split(",")]
+            results = [
+                measure(server, pipeline, protocol, args.requests, args.row_bytes)
+                for protocol in args.protocols.split(",")
+            ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     for result in results:

@@ -102,8 +102,9 @@ def sized_photos(sizes=SIZES, photos=tuple(PHOTOS), image_format: str = "JPEG") 
             rgb = photo.convert("RGB")
         for size in sizes:
             scale = size / max(rgb.size)
-            resized = rgb.resize((max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale))),
-                                 Image.Resampling.BILINEAR)
+            resized = rgb.resize(
+                (max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale))), Image.Resampling.BILINEAR
+            )
             encoded = io.BytesIO()
             resized.save(encoded, format=image_format, **({"quality": 90} if image_format == "JPEG" else {}))
             images.append(encoded.getvalue())
@@ -183,8 +184,13 @@ class VariantRun:
 
     def record(self, round_index: int, seconds: float) -> dict:
         pid = stub_pid(self.server.pid)
-        row = {"round": round_index, "seconds": round(seconds, 1), "stub_rss_mib": round(rss_mib(pid), 2),
-               "stub_rss_parts_mib": rss_parts_mib(pid), "server_rss_mib": round(rss_mib(self.server.pid), 2)}
+        row = {
+            "round": round_index,
+            "seconds": round(seconds, 1),
+            "stub_rss_mib": round(rss_mib(pid), 2),
+            "stub_rss_parts_mib": rss_parts_mib(pid),
+            "server_rss_mib": round(rss_mib(self.server.pid), 2),
+        }
         if self.trace_path is not None and self.trace_path.exists():
             row["stub_trace"] = json.loads(self.trace_path.read_text())
         self.rounds.append(row)
@@ -215,8 +221,14 @@ def with_parameters(repository: Path, parameters: dict[str, str], workdir: Path)
     return copy
 
 
-def start_variant(stack: ExitStack, name: str, repository: Path, workdir: Path, workers: int,
-                  bad_images: frozenset[bytes] = frozenset()) -> VariantRun:
+def start_variant(
+    stack: ExitStack,
+    name: str,
+    repository: Path,
+    workdir: Path,
+    workers: int,
+    bad_images: frozenset[bytes] = frozenset(),
+) -> VariantRun:
     environment = dict(VARIANTS[name])
     if name in VARIANT_PARAMETERS:
         repository = with_parameters(repository, VARIANT_PARAMETERS[name], workdir / name)
@@ -230,8 +242,17 @@ def start_variant(stack: ExitStack, name: str, repository: Path, workdir: Path, 
     return VariantRun(name, server, sender, trace_path)
 
 
-def run_probe(repository: Path, variants: list[str], rounds: int, requests: int, sizes=SIZES,
-              workers: int = 4, inputs: str = "photos", image_format: str = "JPEG", log=print) -> dict:
+def run_probe(
+    repository: Path,
+    variants: list[str],
+    rounds: int,
+    requests: int,
+    sizes=SIZES,
+    workers: int = 4,
+    inputs: str = "photos",
+    image_format: str = "JPEG",
+    log=print,
+) -> dict:
     """inputs: "photos" (sized_photos), "bad" (the soak's bad inputs), "mixed"
     (the photos, then the bad inputs, in each round), "soak" (the soak's own good
     photos as they ship, PNG and JPEG, three times, then its bad inputs) or
@@ -249,11 +270,17 @@ def run_probe(repository: Path, variants: list[str], rounds: int, requests: int,
             for run in runs:  # interleaved: the machine's load weighs on every variant alike
                 row = run.record(round_index, run.sender.send_round(images, requests))
                 parts = ", ".join(f"{key[3:]} {value:.1f}" for key, value in row["stub_rss_parts_mib"].items())
-                log(f"round {round_index} {run.name:17s} stub RSS {row['stub_rss_mib']:8.2f} MiB ({parts}) "
-                    f"{row['seconds']:.1f} s{trace_line(row)}")
+                log(
+                    f"round {round_index} {run.name:17s} stub RSS {row['stub_rss_mib']:8.2f} MiB ({parts}) "
+                    f"{row['seconds']:.1f} s{trace_line(row)}"
+                )
         return {
-            "model": MODEL, "inputs": inputs, "sizes": list(sizes), "images": len(images),
-            "requests_per_round": requests, "format": image_format,
+            "model": MODEL,
+            "inputs": inputs,
+            "sizes": list(sizes),
+            "images": len(images),
+            "requests_per_round": requests,
+            "format": image_format,
             "workers": workers,
             "variants": {run.name: {"environment": VARIANTS[run.name], "rounds": run.rounds} for run in runs},
         }
@@ -266,34 +293,49 @@ def trace_line(row: dict) -> str:
     text = f"; traced Python {trace['traced_bytes'] / 2**20:.2f} MiB"
     if "mallinfo2" in trace:
         info = trace["mallinfo2"]
-        text += (f"; malloc in use {info['uordblks'] / 2**20:.1f} MiB, free in arenas "
-                 f"{info['fordblks'] / 2**20:.1f} MiB, mmapped {info['hblkhd'] / 2**20:.1f} MiB")
+        text += (
+            f"; malloc in use {info['uordblks'] / 2**20:.1f} MiB, free in arenas "
+            f"{info['fordblks'] / 2**20:.1f} MiB, mmapped {info['hblkhd'] / 2**20:.1f} MiB"
+        )
     return text
 
 
 def summary(report: dict) -> str:
     """One line per variant: RSS after each round, and each round's increase."""
-    inputs = "/".join(map(str, report["sizes"])) + " px" if report["inputs"] in ("photos", "mixed") else report["inputs"]
-    lines = [f"{report['requests_per_round']} requests per round over {report['images']} images "
-             f"({inputs}), {report['workers']} clients; stub RSS in MiB after each round (round 0: idle):"]
+    inputs = (
+        "/".join(map(str, report["sizes"])) + " px" if report["inputs"] in ("photos", "mixed") else report["inputs"]
+    )
+    lines = [
+        f"{report['requests_per_round']} requests per round over {report['images']} images "
+        f"({inputs}), {report['workers']} clients; stub RSS in MiB after each round (round 0: idle):"
+    ]
     for name, variant in report["variants"].items():
         rss = [row["stub_rss_mib"] for row in variant["rounds"]]
         steps = " ".join(f"{b - a:+6.2f}" for a, b in zip(rss[1:], rss[2:]))
-        lines.append(f"  {name:17s} " + " ".join(f"{value:7.1f}" for value in rss) + f"   increase per round after the first: {steps}")
+        lines.append(
+            f"  {name:17s} "
+            + " ".join(f"{value:7.1f}" for value in rss)
+            + f"   increase per round after the first: {steps}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", default="glibc-default,default",
-                        help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants", default="glibc-default,default", help=f"comma-separated, of: {', '.join(VARIANTS)}"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=600, help="requests per round")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="longer sides, px")
     parser.add_argument("--workers", type=int, default=4, help="client threads")
     parser.add_argument("--format", choices=("JPEG", "PNG"), default="JPEG", help="of the sized photos")
-    parser.add_argument("--inputs", choices=("photos", "bad", "mixed", "soak", "soak-good"), default="photos",
-                        help="bad: the soak's bad inputs (pipeline errors and rebuilds); mixed: both")
+    parser.add_argument(
+        "--inputs",
+        choices=("photos", "bad", "mixed", "soak", "soak-good"),
+        default="photos",
+        help="bad: the soak's bad inputs (pipeline errors and rebuilds); mixed: both",
+    )
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--out", type=Path, default=Path("reports/memory_probe.json"))
     args = parser.parse_args(argv)
@@ -301,8 +343,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    report = run_probe(args.model_repository, variants, args.rounds, args.requests,
-                       tuple(int(size) for size in args.sizes.split(",")), args.workers, args.inputs, args.format)
+    report = run_probe(
+        args.model_repository,
+        variants,
+        args.rounds,
+        args.requests,
+        tuple(int(size) for size in args.sizes.split(",")),
+        args.workers,
+        args.inputs,
+        args.format,
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(summary(report))

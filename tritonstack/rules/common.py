@@ -42,8 +42,9 @@ class LoadError(ValueError):
     """A model the backend refuses to load: every problem, one per line."""
 
     def __init__(self, problems: list[Problem]):
-        super().__init__("\n".join(str(problem) + (f"\n{problem.cpp_text}" if problem.cpp_text else "")
-                                   for problem in problems))
+        super().__init__(
+            "\n".join(str(problem) + (f"\n{problem.cpp_text}" if problem.cpp_text else "") for problem in problems)
+        )
         self.problems = problems
 
 
@@ -88,16 +89,20 @@ def invalid_filename(name: str) -> str | None:
     bad = next((char for char in name if char not in _FILENAME_CHARS), None)
     if bad is None:
         return None
-    return (f"Model file name '{name}' contains an invalid character: '{bad}'\n"
-            "Allowed characters are: a-z, A-Z, 0-9, _, ., -")
+    return (
+        f"Model file name '{name}' contains an invalid character: '{bad}'\n"
+        "Allowed characters are: a-z, A-Z, 0-9, _, ., -"
+    )
 
 
 def invalid_path(path: str) -> str | None:
     """The C++ backend's refusal of a model file's absolute path, or None."""
     bad = next((char for char in path if char not in _FILENAME_CHARS | {"/"}), None)
     if bad is not None:
-        return (f"File path '{path}' contains an invalid character: '{bad}'\n"
-                "Allowed characters are: a-z, A-Z, 0-9, _, ., -, /")
+        return (
+            f"File path '{path}' contains an invalid character: '{bad}'\n"
+            "Allowed characters are: a-z, A-Z, 0-9, _, ., -, /"
+        )
     if ".." in path:
         return f"Invalid '..' sequence found in model path: '{path}'"
     return None

@@ -33,8 +33,10 @@ def split_flags(spec: PipelineSpec, config: dict) -> tuple[bool, ...]:
     the one at load, the other when it answers)."""
     names = split_outputs(config)
     config_names = [tensor.get("name") for tensor in config.get("output", [])]
-    return tuple(port.name in names or (index < len(config_names) and config_names[index] in names)
-                 for index, port in enumerate(spec.outputs))
+    return tuple(
+        port.name in names or (index < len(config_names) and config_names[index] in names)
+        for index, port in enumerate(spec.outputs)
+    )
 
 
 def as_served(spec: PipelineSpec, config: dict, batched: bool | None = None) -> PipelineSpec:
@@ -50,11 +52,15 @@ def as_served(spec: PipelineSpec, config: dict, batched: bool | None = None) -> 
             return port
         return replace(port, ndim=port.ndim - (1 if split and port.ndim else 0) + extra)
 
-    return replace(spec, inputs=tuple(served(port) for port in spec.inputs),
-                   outputs=tuple(served(port, split) for port, split in zip(spec.outputs, flags)))
+    return replace(
+        spec,
+        inputs=tuple(served(port) for port in spec.inputs),
+        outputs=tuple(served(port, split) for port, split in zip(spec.outputs, flags)),
+    )
 
 
 # --- DALI: config vs pipeline --------------------------------------------------------------
+
 
 def dali_problems(config: dict, spec: PipelineSpec, instance_kind: str = "KIND_CPU") -> list[Problem]:
     """Inputs are the pipeline's external sources, by name both ways; outputs map by
@@ -64,10 +70,15 @@ def dali_problems(config: dict, spec: PipelineSpec, instance_kind: str = "KIND_C
     model = config.get("name", "")
     problems = _dali_names(model, config, spec)
     config_inputs = {tensor["name"]: tensor for tensor in config.get("input", [])}
-    pairs = [(config_inputs[port.name], port, "input", f"external source '{port.name}'")
-             for port in spec.inputs if port.name in config_inputs]
-    pairs += [(tensor, port, "output", f"output {index}")
-              for index, (tensor, port) in enumerate(zip(config.get("output", []), spec.outputs))]
+    pairs = [
+        (config_inputs[port.name], port, "input", f"external source '{port.name}'")
+        for port in spec.inputs
+        if port.name in config_inputs
+    ]
+    pairs += [
+        (tensor, port, "output", f"output {index}")
+        for index, (tensor, port) in enumerate(zip(config.get("output", []), spec.outputs))
+    ]
     for tensor, port, kind, source in pairs:
         problems += _dali_tensor(model, kind, tensor, port, source)
     return problems + _streamed_inputs(model, config, spec) + gpu_operators_on_cpu(model, spec, instance_kind)
@@ -84,10 +95,16 @@ def _streamed_inputs(model: str, config: dict, spec: PipelineSpec) -> list[Probl
     if not spec.streamed_inputs or is_decoupled(config):
         return []
     names = ", ".join(sorted(spec.streamed_inputs))
-    return [Problem(model, "model_transaction_policy", names,
-                    "the pipeline's input operator (fn.experimental.inputs.video) answers a request with a "
-                    "response per run until the input is consumed, which only a decoupled model may",
-                    "set model_transaction_policy { decoupled: true }")]
+    return [
+        Problem(
+            model,
+            "model_transaction_policy",
+            names,
+            "the pipeline's input operator (fn.experimental.inputs.video) answers a request with a "
+            "response per run until the input is consumed, which only a decoupled model may",
+            "set model_transaction_policy { decoupled: true }",
+        )
+    ]
 
 
 def _dali_names(model: str, config: dict, spec: PipelineSpec) -> list[Problem]:
@@ -95,48 +112,75 @@ def _dali_names(model: str, config: dict, spec: PipelineSpec) -> list[Problem]:
     sources = list(spec.input_names)
     # The C++ texts: src/config_tools/config_tools.cc ValidateAgainstTooManyInputs, ValidateInputs.
     problems = [
-        Problem(model, "input", name, "no external source of the pipeline has this name",
-                f"rename it to one of {', '.join(sources) or 'none'}",
-                f"{CPP_INVALID_ARG}Configuration file contains config for {name} but such input is not "
-                "present in the pipeline.")
-        for name in config_inputs if name not in sources
+        Problem(
+            model,
+            "input",
+            name,
+            "no external source of the pipeline has this name",
+            f"rename it to one of {', '.join(sources) or 'none'}",
+            f"{CPP_INVALID_ARG}Configuration file contains config for {name} but such input is not "
+            "present in the pipeline.",
+        )
+        for name in config_inputs
+        if name not in sources
     ]
     problems += [
-        Problem(model, "input", name, "the pipeline's external source has no config input",
-                f"add an input named {name!r} (config inputs: {', '.join(config_inputs) or 'none'})",
-                f'{CPP_INVALID_ARG}Missing config for "{name}" input.')
-        for name in sources if name not in config_inputs
+        Problem(
+            model,
+            "input",
+            name,
+            "the pipeline's external source has no config input",
+            f"add an input named {name!r} (config inputs: {', '.join(config_inputs) or 'none'})",
+            f'{CPP_INVALID_ARG}Missing config for "{name}" input.',
+        )
+        for name in sources
+        if name not in config_inputs
     ]
     outputs = config.get("output", [])
     if len(outputs) != len(spec.outputs):
-        problems.append(Problem(
-            model, "output", ",".join(t["name"] for t in outputs),
-            f"config has {len(outputs)} outputs, the pipeline has {len(spec.outputs)}",
-            "declare one config output per pipeline output, in order (outputs map by position)",
-            f"{CPP_INVALID_ARG}The number of outputs specified in the DALI pipeline and the configuration file "
-            f"do not match.\nModel config outputs: {len(outputs)}\nPipeline outputs: {len(spec.outputs)}"))
+        problems.append(
+            Problem(
+                model,
+                "output",
+                ",".join(t["name"] for t in outputs),
+                f"config has {len(outputs)} outputs, the pipeline has {len(spec.outputs)}",
+                "declare one config output per pipeline output, in order (outputs map by position)",
+                f"{CPP_INVALID_ARG}The number of outputs specified in the DALI pipeline and the configuration file "
+                f"do not match.\nModel config outputs: {len(outputs)}\nPipeline outputs: {len(spec.outputs)}",
+            )
+        )
     return problems
 
 
 def _dali_tensor(model: str, kind: str, tensor: dict, port: Port, source: str) -> list[Problem]:
     problems = []
     if port.dtype and tensor.get("data_type") and tensor["data_type"] != port.dtype:
-        problems.append(Problem(model, f"{kind}.data_type", tensor["name"],
-                                f"data type mismatch: config says {tensor['data_type']}, "
-                                f"the pipeline's {source} gives {port.dtype}",
-                                f"set data_type: {port.dtype}",
-                                f'{CPP_INVALID_ARG}Mismatch of data_type config for "{tensor["name"]}".\n'
-                                f"Data type defined in config: {tensor['data_type']}\n"
-                                f"Data type defined in pipeline: {port.dtype}"))
+        problems.append(
+            Problem(
+                model,
+                f"{kind}.data_type",
+                tensor["name"],
+                f"data type mismatch: config says {tensor['data_type']}, the pipeline's {source} gives {port.dtype}",
+                f"set data_type: {port.dtype}",
+                f'{CPP_INVALID_ARG}Mismatch of data_type config for "{tensor["name"]}".\n'
+                f"Data type defined in config: {tensor['data_type']}\n"
+                f"Data type defined in pipeline: {port.dtype}",
+            )
+        )
     dims = dims_of(tensor)
     if port.ndim is not None and "dims" in tensor and len(dims) != port.ndim:
-        problems.append(Problem(model, f"{kind}.dims", tensor["name"],
-                                f"rank mismatch: config dims {dims} (rank {len(dims)}), "
-                                f"the pipeline's {source} has ndim {port.ndim}",
-                                f"give dims {port.ndim} values (-1 where they vary)",
-                                f'{CPP_INVALID_ARG}Mismatch in number of dimensions for "{tensor["name"]}"\n'
-                                f"Number of dimensions defined in config: {len(dims)}\n"
-                                f"Number of dimensions defined in pipeline: {port.ndim}"))
+        problems.append(
+            Problem(
+                model,
+                f"{kind}.dims",
+                tensor["name"],
+                f"rank mismatch: config dims {dims} (rank {len(dims)}), the pipeline's {source} has ndim {port.ndim}",
+                f"give dims {port.ndim} values (-1 where they vary)",
+                f'{CPP_INVALID_ARG}Mismatch in number of dimensions for "{tensor["name"]}"\n'
+                f"Number of dimensions defined in config: {len(dims)}\n"
+                f"Number of dimensions defined in pipeline: {port.ndim}",
+            )
+        )
     return problems
 
 
@@ -164,15 +208,17 @@ def _dali_tensor(model: str, kind: str, tensor: dict, port: Port, source: str) -
 # generic message; ours refuses it naming the tensor and what to declare.
 
 
-
-
-def dali_autocomplete(config: dict, spec: PipelineSpec, pipeline_max_batch_size: int,
-                      stated_batch_size: int | None) -> tuple[dict, list[Problem]]:
+def dali_autocomplete(
+    config: dict, spec: PipelineSpec, pipeline_max_batch_size: int, stated_batch_size: int | None
+) -> tuple[dict, list[Problem]]:
     """The config as the C++ DALI backend completes it from the pipeline, and the
     problems that leave a field it cannot fill."""
     spec = as_served(spec, config, batched=stated_batch_size != 0)
-    merged = {**config, "input": [dict(t) for t in config.get("input", [])],
-              "output": [dict(t) for t in config.get("output", [])]}
+    merged = {
+        **config,
+        "input": [dict(t) for t in config.get("input", [])],
+        "output": [dict(t) for t in config.get("output", [])],
+    }
     model = config.get("name", "")
     problems = []
     listed = {tensor.get("name"): tensor for tensor in merged["input"]}
@@ -202,15 +248,27 @@ def _fill_tensor(model: str, kind: str, tensor: dict, port: Port, source: str) -
         if port.dtype:
             tensor["data_type"] = port.dtype
         else:
-            problems.append(Problem(model, f"{kind}.data_type", tensor["name"],
-                                    f"not in the config, and the pipeline's {source} declares no type",
-                                    "set data_type in the config (or output_dtype in pipeline_def)",
-                                    f'{CPP_INVALID_ARG}Missing data_type config for "{tensor["name"]}"'))
+            problems.append(
+                Problem(
+                    model,
+                    f"{kind}.data_type",
+                    tensor["name"],
+                    f"not in the config, and the pipeline's {source} declares no type",
+                    "set data_type in the config (or output_dtype in pipeline_def)",
+                    f'{CPP_INVALID_ARG}Missing data_type config for "{tensor["name"]}"',
+                )
+            )
     if port.ndim is None:
         if not dims_of(tensor):
-            problems.append(Problem(model, f"{kind}.dims", tensor["name"],
-                                    f"not in the config, and the pipeline's {source} declares no rank",
-                                    "set dims in the config (or output_ndim in pipeline_def)"))
+            problems.append(
+                Problem(
+                    model,
+                    f"{kind}.dims",
+                    tensor["name"],
+                    f"not in the config, and the pipeline's {source} declares no rank",
+                    "set dims in the config (or output_ndim in pipeline_def)",
+                )
+            )
     elif not dims_of(tensor):
         tensor["dims"] = [-1] * port.ndim
     elif len(dims_of(tensor)) == port.ndim:
@@ -222,7 +280,15 @@ def gpu_operators_on_cpu(model: str, spec: PipelineSpec, instance_kind: str) -> 
     """No silent CPU substitution: GPU work on a CPU instance is a load error."""
     if instance_kind.removeprefix("KIND_") != "CPU" or not spec.gpu_operators:
         return []
-    operators = ", ".join(f"{op.display_name} ({op.name}, device='{op.device}')"
-                          for op in spec.operators if op.device != "cpu")
-    return [Problem(model, "instance_group", "", f"KIND_CPU instances cannot run GPU operators {operators}",
-                    "serve it with KIND_GPU on a GPU, or build a CPU pipeline (--device cpu)")]
+    operators = ", ".join(
+        f"{op.display_name} ({op.name}, device='{op.device}')" for op in spec.operators if op.device != "cpu"
+    )
+    return [
+        Problem(
+            model,
+            "instance_group",
+            "",
+            f"KIND_CPU instances cannot run GPU operators {operators}",
+            "serve it with KIND_GPU on a GPU, or build a CPU pipeline (--device cpu)",
+        )
+    ]

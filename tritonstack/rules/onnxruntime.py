@@ -10,6 +10,7 @@ from tritonstack.rules.common import MISSING_TYPES, Problem, dims_of, is_batched
 
 # --- ONNX: config vs graph -------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class GraphTensor:
     """An input or output of an ONNX graph: Triton's type, shape with -1 where dynamic."""
@@ -74,9 +75,15 @@ def onnx_parameter_problems(config: dict) -> list[Problem]:
         problems.append(Problem(model, "parameters", ARENA_SHRINKAGE_PARAMETER, str(error), "use cpu:0"))
         devices = []
     if switches.get("enable_mem_arena") is False and any(device.startswith("cpu:") for device in devices):
-        problems.append(Problem(model, "parameters", ARENA_SHRINKAGE_PARAMETER,
-                                "shrinks the CPU arena, which enable_mem_arena turns off",
-                                "drop one of the two parameters"))
+        problems.append(
+            Problem(
+                model,
+                "parameters",
+                ARENA_SHRINKAGE_PARAMETER,
+                "shrinks the CPU arena, which enable_mem_arena turns off",
+                "drop one of the two parameters",
+            )
+        )
     return problems
 
 
@@ -86,14 +93,23 @@ def onnx_problems(config: dict, inputs: list[GraphTensor], outputs: list[GraphTe
     boolean parameters readable."""
     model = config.get("name", "")
     problems = onnx_parameter_problems(config)
-    for kind, tensors, graph in (("input", config.get("input", []), inputs),
-                                 ("output", config.get("output", []), outputs)):
+    for kind, tensors, graph in (
+        ("input", config.get("input", []), inputs),
+        ("output", config.get("output", []), outputs),
+    ):
         by_name = {tensor.name: tensor for tensor in graph}
         for tensor in tensors:
             found = by_name.get(tensor["name"])
             if found is None:
-                problems.append(Problem(model, kind, tensor["name"], "is not in the ONNX graph",
-                                        f"use one of the graph's {kind}s: {', '.join(by_name)}"))
+                problems.append(
+                    Problem(
+                        model,
+                        kind,
+                        tensor["name"],
+                        "is not in the ONNX graph",
+                        f"use one of the graph's {kind}s: {', '.join(by_name)}",
+                    )
+                )
             else:
                 problems += _onnx_tensor(model, kind, tensor, found, is_batched(config))
     return problems
@@ -114,8 +130,12 @@ def onnx_problems(config: dict, inputs: list[GraphTensor], outputs: list[GraphTe
 DEFAULT_ONNX_MAX_BATCH_SIZE = 4
 
 
-def onnx_autocomplete(config: dict, inputs: list[GraphTensor], outputs: list[GraphTensor],
-                      default_max_batch_size: int = DEFAULT_ONNX_MAX_BATCH_SIZE) -> tuple[dict, list[Problem]]:
+def onnx_autocomplete(
+    config: dict,
+    inputs: list[GraphTensor],
+    outputs: list[GraphTensor],
+    default_max_batch_size: int = DEFAULT_ONNX_MAX_BATCH_SIZE,
+) -> tuple[dict, list[Problem]]:
     model = config.get("name", "")
     listed_inputs, listed_outputs = config.get("input", []), config.get("output", [])
     if listed_inputs and listed_outputs:
@@ -129,9 +149,16 @@ def onnx_autocomplete(config: dict, inputs: list[GraphTensor], outputs: list[Gra
         if max_batch_size > 1 and not ({"dynamic_batching", "sequence_batching"} & merged.keys()):
             merged["dynamic_batching"] = {}
     elif max_batch_size != 0:
-        return dict(config), [Problem(model, "max_batch_size", "", f"is {max_batch_size}, but the graph cannot batch "
-                                "(not every input and output has a dynamic first axis)",
-                                "set max_batch_size: 0")]
+        return dict(config), [
+            Problem(
+                model,
+                "max_batch_size",
+                "",
+                f"is {max_batch_size}, but the graph cannot batch "
+                "(not every input and output has a dynamic first axis)",
+                "set max_batch_size: 0",
+            )
+        ]
     skip = 1 if max_batch_size > 0 else 0
     for key, listed, graph in (("input", listed_inputs, inputs), ("output", listed_outputs, outputs)):
         if not listed:
@@ -157,32 +184,55 @@ def _unfilled(model: str, config: dict, inputs: list[GraphTensor], outputs: list
         for tensor in config.get(kind, []):
             found = by_name.get(tensor.get("name"))
             if tensor.get("data_type", "") in MISSING_TYPES:
-                problems.append(Problem(model, f"{kind}.data_type", tensor["name"], "not in the config (the "
-                                        "onnxruntime backend completes only a config that lists no "
-                                        f"{kind}s)", f"set data_type: {found.data_type if found else '?'}"))
+                problems.append(
+                    Problem(
+                        model,
+                        f"{kind}.data_type",
+                        tensor["name"],
+                        f"not in the config (the onnxruntime backend completes only a config that lists no {kind}s)",
+                        f"set data_type: {found.data_type if found else '?'}",
+                    )
+                )
             if not dims_of(tensor):
-                problems.append(Problem(model, f"{kind}.dims", tensor["name"], "not in the config (the "
-                                        "onnxruntime backend completes only a config that lists no "
-                                        f"{kind}s)", f"set dims: {list(found.shape[skip:]) if found else '?'}"))
+                problems.append(
+                    Problem(
+                        model,
+                        f"{kind}.dims",
+                        tensor["name"],
+                        f"not in the config (the onnxruntime backend completes only a config that lists no {kind}s)",
+                        f"set dims: {list(found.shape[skip:]) if found else '?'}",
+                    )
+                )
     return problems
 
 
 def _onnx_tensor(model: str, kind: str, tensor: dict, graph: GraphTensor, batched: bool) -> list[Problem]:
     problems = []
     if tensor.get("data_type") and tensor["data_type"] != graph.data_type:
-        problems.append(Problem(model, f"{kind}.data_type", tensor["name"],
-                                f"config says {tensor['data_type']}, the graph {graph.data_type}",
-                                f"set data_type: {graph.data_type}"))
+        problems.append(
+            Problem(
+                model,
+                f"{kind}.data_type",
+                tensor["name"],
+                f"config says {tensor['data_type']}, the graph {graph.data_type}",
+                f"set data_type: {graph.data_type}",
+            )
+        )
     if "dims" not in tensor:
         return problems
     # the model sees `reshape.shape` where the config gives one (dims are the wire shape)
     shape = dims_of({"dims": tensor["reshape"].get("shape", [])}) if "reshape" in tensor else dims_of(tensor)
     dims = ([-1] if batched else []) + shape
-    compatible = len(dims) == len(graph.shape) and all(
-        c == g or -1 in (c, g) for c, g in zip(dims, graph.shape))
+    compatible = len(dims) == len(graph.shape) and all(c == g or -1 in (c, g) for c, g in zip(dims, graph.shape))
     if not compatible:
         shown = f"[batch] + {dims[1:]}" if batched else str(dims)
-        problems.append(Problem(model, f"{kind}.dims", tensor["name"],
-                                f"shape mismatch: config {shown}, the graph {list(graph.shape)}",
-                                "make dims the graph's shape without its batch axis"))
+        problems.append(
+            Problem(
+                model,
+                f"{kind}.dims",
+                tensor["name"],
+                f"shape mismatch: config {shown}, the graph {list(graph.shape)}",
+                "make dims the graph's shape without its batch axis",
+            )
+        )
     return problems

@@ -57,6 +57,7 @@ def unservable_reason(repository: Path) -> str | None:
 
 # --- names that reach a shell ---------------------------------------------------------------
 
+
 # Triton 2.51's Python backend starts each stub with `bash -c "exec <stub> <model path> ..."`,
 # the model path being <repository>/<model folder>/<version>/<default_model_filename>:
 # a quote there stalls the load for good, and `$(...)` runs as a command (seen here).
@@ -71,13 +72,16 @@ def shell_unsafe_reason(repository: Path) -> str | None:
         names = [("folder name", model_dir.name)]
         config_path = model_dir / CONFIG_FILENAME
         if config_path.is_file():
-            found = re.search(_TOP_LEVEL_FIELD.format("default_model_filename"),
-                              config_path.read_text(errors="replace"), re.MULTILINE)
+            found = re.search(
+                _TOP_LEVEL_FIELD.format("default_model_filename"), config_path.read_text(errors="replace"), re.MULTILINE
+            )
             names += [("default_model_filename", found.group(1))] if found else []
         for what, name in names:
             problem = invalid_filename(name)
             if problem:
-                return (f"{repository}: model {model_dir.name!r}: its {what} {name!r} is refused: "
-                        f"{problem.splitlines()[0]} (allowed: a-z A-Z 0-9 _ . -); Triton's Python backend "
-                        "passes model paths through a shell when it starts a stub, so the server was not started")
+                return (
+                    f"{repository}: model {model_dir.name!r}: its {what} {name!r} is refused: "
+                    f"{problem.splitlines()[0]} (allowed: a-z A-Z 0-9 _ . -); Triton's Python backend "
+                    "passes model paths through a shell when it starts a stub, so the server was not started"
+                )
     return None

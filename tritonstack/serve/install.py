@@ -66,9 +66,7 @@ class TritonInstall:
         """The server's environment: its libraries, and this interpreter first on
         PATH, since the Python backend stub runs the `python` it finds there."""
         env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            filter(None, [str(self.library_dir), env.get("LD_LIBRARY_PATH")])
-        )
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(self.library_dir), env.get("LD_LIBRARY_PATH")]))
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         return env
 

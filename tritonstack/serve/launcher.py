@@ -243,8 +243,12 @@ def _supervise_stubs(server: TritonServer) -> None:
     reload = functools.partial(reload_model, server.http_url, server.admin_headers("http"))
     limits = server.supervision.memory_limits
     limit = functools.partial(limit_address_space, limit_bytes=limits.stub_bytes) if limits else None
-    server.supervisor = StubSupervisor(server.process.pid, reload if server.config.explicit_model_control else None,
-                                       on_new_stub=limit, recycle=server.supervision.recycle)
+    server.supervisor = StubSupervisor(
+        server.process.pid,
+        reload if server.config.explicit_model_control else None,
+        on_new_stub=limit,
+        recycle=server.supervision.recycle,
+    )
     server.supervisor.start()
 
 

@@ -64,8 +64,9 @@ def spawn(command: list[str], environment: dict[str, str], log_path: Path) -> su
         )
 
 
-def wait_ready(process: subprocess.Popen, is_ready: Callable[[], bool], timeout_s: float,
-               stopping: Callable[[], bool]) -> None:
+def wait_ready(
+    process: subprocess.Popen, is_ready: Callable[[], bool], timeout_s: float, stopping: Callable[[], bool]
+) -> None:
     """Return once `is_ready()`; NotReady when the process exits, `stopping()` turns
     true or `timeout_s` passes first."""
     deadline = time.monotonic() + timeout_s

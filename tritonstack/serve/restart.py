@@ -83,8 +83,9 @@ class ServerRestarter(threading.Thread):
                 continue
             cause = describe_exit(returncode)
             self.deaths.append((time.monotonic(), cause))
-            LOGGER.error("tritonserver died while it should run (%s); its last log lines:\n%s",
-                         cause, self.server.log_errors())
+            LOGGER.error(
+                "tritonserver died while it should run (%s); its last log lines:\n%s", cause, self.server.log_errors()
+            )
             if not self._restart():
                 self.gave_up.set()
                 return
@@ -92,16 +93,15 @@ class ServerRestarter(threading.Thread):
     def _restart(self) -> bool:
         recent = [at for at, _ in self.deaths if at > time.monotonic() - self.window_s]
         if len(recent) > self.max_deaths:
-            LOGGER.error("tritonserver died %d times in %.0f s: not restarting it again",
-                         len(recent), self.window_s)
+            LOGGER.error("tritonserver died %d times in %.0f s: not restarting it again", len(recent), self.window_s)
             return False
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.attempts),
             wait=tenacity.wait_exponential(multiplier=self.first_wait_s, max=self.max_wait_s),
             retry=tenacity.retry_if_exception_type((RuntimeError, OSError)),
             before_sleep=lambda state: LOGGER.warning(
-                "restarting tritonserver failed (attempt %d): %s",
-                state.attempt_number, state.outcome.exception()),
+                "restarting tritonserver failed (attempt %d): %s", state.attempt_number, state.outcome.exception()
+            ),
             sleep=self._stopping.wait,  # a stop interrupts the backoff
             reraise=True,
         )

@@ -37,5 +37,7 @@ def restriction_flags(apis: tuple[str, ...], key: str) -> list[str]:
         return []
     listed = ",".join(apis)
     # Same key for both; Triton prefixes the gRPC metadata name itself.
-    return [f"--http-restricted-api={listed}:{ADMIN_HEADER}={key}",
-            f"--grpc-restricted-protocol={listed}:{ADMIN_HEADER}={key}"]
+    return [
+        f"--http-restricted-api={listed}:{ADMIN_HEADER}={key}",
+        f"--grpc-restricted-protocol={listed}:{ADMIN_HEADER}={key}",
+    ]

@@ -67,8 +67,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         resolve = object.__setattr__  # frozen: fill what was left to choose, once
         repository = self.model_repository
-        resolve(self, "model_repository",
-                str(repository) if is_remote_repository(repository) else Path(repository).resolve())
+        resolve(
+            self,
+            "model_repository",
+            str(repository) if is_remote_repository(repository) else Path(repository).resolve(),
+        )
         for port in ("http_port", "grpc_port", "metrics_port"):
             if not getattr(self, port):
                 resolve(self, port, free_port(self.host))

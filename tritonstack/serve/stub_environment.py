@@ -13,7 +13,7 @@ threshold explicitly turns the adjustment off: image buffers are mmapped and
 returned whole, and RSS stays flat.
 
 Opt-in (`tritonstack serve --compact-memory`), not the default: measured
-side by side on a quiet 2-core machine (`benchmark.py --quick`), these settings cost
+side by side on a quiet 2-core machine (`tritonstack benchmark --quick`), these settings cost
 20 % of the ensemble's throughput (144-150 against 182 images/s), a third of the DALI
 model's and two thirds of the Pillow model's (every image-sized buffer is mapped,
 faulted in and unmapped again). The DALI stub no longer needs them to stay flat: the
@@ -31,5 +31,8 @@ MMAP_THRESHOLD_BYTES = 128 * 1024
 
 # ... the dali backend calls malloc_trim(0) after every batch, and leaves DALI's pool
 # pages uncounted until a batch writes them (smaller, at the price of late steps).
-STUB_ENVIRONMENT: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), MALLOC_TRIM_ENV: "1",
-                                    POOL_RESIDENCY_ENV: "0"}
+STUB_ENVIRONMENT: dict[str, str] = {
+    "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES),
+    MALLOC_TRIM_ENV: "1",
+    POOL_RESIDENCY_ENV: "0",
+}

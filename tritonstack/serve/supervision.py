@@ -130,8 +130,14 @@ class StubSupervisor(threading.Thread):
     can only say so) or, under `recycle`, grew and stayed grown; and
     `on_new_stub(pid)` for each stub when first seen alive."""
 
-    def __init__(self, server_pid: int, reload: Callable[[str, str], bool] | None, poll_s: float = 0.5,
-                 on_new_stub: Callable[[int], object] | None = None, recycle: RecyclePolicy | None = None):
+    def __init__(
+        self,
+        server_pid: int,
+        reload: Callable[[str, str], bool] | None,
+        poll_s: float = 0.5,
+        on_new_stub: Callable[[int], object] | None = None,
+        recycle: RecyclePolicy | None = None,
+    ):
         super().__init__(name="stub-supervisor", daemon=True)
         self.server_pid = server_pid
         self.reload = reload
@@ -175,8 +181,11 @@ class StubSupervisor(threading.Thread):
 
     def _stub_died(self, model: str) -> None:
         if self.reload is None:
-            LOGGER.error("the stub of model %s died; without explicit model-control mode it "
-                         "cannot be reloaded: restart the server", model)
+            LOGGER.error(
+                "the stub of model %s died; without explicit model-control mode it "
+                "cannot be reloaded: restart the server",
+                model,
+            )
         elif self.reload(model, "its stub died"):
             self.reloads.append((time.monotonic(), model))
 
@@ -194,7 +203,8 @@ class StubSupervisor(threading.Thread):
                 continue
             if any(m == model and now - t < self.recycle.cooldown_s for t, m, _ in self.recycles):
                 continue
-            reason = (f"its stub has stayed {grown:.0f} MiB above its settled {memory.settled_mib:.0f} MiB "
-                      f"for {held_s:.0f} s")
+            reason = (
+                f"its stub has stayed {grown:.0f} MiB above its settled {memory.settled_mib:.0f} MiB for {held_s:.0f} s"
+            )
             if self.reload(model, reason):
                 self.recycles.append((now, model, grown))

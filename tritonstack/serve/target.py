@@ -34,8 +34,9 @@ class GivenServer:
         return admin_headers(protocol)  # the key from $TRITONSTACK_ADMIN_KEY, if any
 
 
-def given_endpoints(url: str | None, grpc_url: str | None,
-                    metrics_url: str | None) -> tuple[str | None, str | None, str | None]:
+def given_endpoints(
+    url: str | None, grpc_url: str | None, metrics_url: str | None
+) -> tuple[str | None, str | None, str | None]:
     """--url, --grpc-url and --metrics-url as typed (host:port, or with http:// /
     grpc://) -> (HTTP host:port, gRPC host:port, metrics URL); UsageError for an
     address of the other protocol."""
@@ -43,16 +44,22 @@ def given_endpoints(url: str | None, grpc_url: str | None,
     for option, text, expected in (("--url", url, "http"), ("--grpc-url", grpc_url, "grpc")):
         address = parse_address(text) if text else None
         if address and address.scheme not in (None, expected):
-            raise cli.UsageError(f"{option} {text} names a {address.scheme} endpoint: {option} takes "
-                                 f"{expected}://host:port or host:port")
+            raise cli.UsageError(
+                f"{option} {text} names a {address.scheme} endpoint: {option} takes {expected}://host:port or host:port"
+            )
         found.append(address.hostport if address else None)
     return found[0], found[1], parse_metrics_url(metrics_url) if metrics_url else None
 
 
 @contextlib.contextmanager
-def target_server(repository: Path | str, http_url: str | None = None, grpc_url: str | None = None,
-                  metrics_url: str | None = None, pid: int | None = None,
-                  extra_args: tuple[str, ...] = ()) -> Iterator[GivenServer | TritonServer]:
+def target_server(
+    repository: Path | str,
+    http_url: str | None = None,
+    grpc_url: str | None = None,
+    metrics_url: str | None = None,
+    pid: int | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> Iterator[GivenServer | TritonServer]:
     """The given server when `http_url` is set, else a TritonServer on `repository`
     (free loopback ports, `extra_args` added), stopped when the block ends whatever happens."""
     if http_url:

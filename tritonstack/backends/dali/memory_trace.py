@@ -14,8 +14,21 @@ _LIBC = ctypes.CDLL(None)  # the C library this process runs on (mallinfo2)
 
 class _MallInfo2(ctypes.Structure):
     # glibc's struct mallinfo2 (glibc >= 2.33): totals over all arenas.
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 class MemoryTrace:

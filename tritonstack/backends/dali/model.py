@@ -80,11 +80,14 @@ class TritonPythonModel:
         batch_size = int(config.get("max_batch_size", 0)) or spec.max_batch_size or 1
         self._budget = DecodeBudget.from_parameters(parameters)
         raise_budget_problems(self._budget)
-        self._max_input_bytes = (int_parameter(parameters, "max_input_bytes")
-                                 or int(os.environ.get(MAX_INPUT_BYTES_ENV) or DEFAULT_MAX_INPUT_BYTES))
+        self._max_input_bytes = int_parameter(parameters, "max_input_bytes") or int(
+            os.environ.get(MAX_INPUT_BYTES_ENV) or DEFAULT_MAX_INPUT_BYTES
+        )
         # A TYPE_STRING input's size is its data's, not its shape's: bounded after it is read.
-        self._itemsizes = {tensor["name"]: np.dtype(TRITON_TO_NUMPY.get(tensor["data_type"], np.uint8)).itemsize
-                           for tensor in config["input"]}
+        self._itemsizes = {
+            tensor["name"]: np.dtype(TRITON_TO_NUMPY.get(tensor["data_type"], np.uint8)).itemsize
+            for tensor in config["input"]
+        }
         self._input_names = [port.name for port in spec.inputs]
         self._decoded_inputs = [name for name in self._input_names if name in spec.decoded_inputs]
         # An input operator (fn.experimental.inputs.video) streams: a response per run.
@@ -92,18 +95,24 @@ class TritonPythonModel:
         # Its runs decode at most batch_size sequences of a clip at once.
         frames = spec.clip_frames * batch_size if self._streamed and spec.clip_frames else spec.clip_frames
         video_inputs = [name for name in self._input_names if name in spec.video_inputs]
-        self._clips = (ClipInputs(video_inputs, device_id is not None, frames, streamed=self._streamed)
-                       if video_inputs else None)
+        self._clips = (
+            ClipInputs(video_inputs, device_id is not None, frames, streamed=self._streamed) if video_inputs else None
+        )
         self._batch_size = batch_size
-        self._outputs = [
-            (tensor["name"], TRITON_TO_NUMPY[tensor["data_type"]])
-            for tensor in config["output"]
-        ]
-        self._runner = PipelineRunner(self._serialized, batch_size, device_id, int_parameter(parameters, "num_threads"),
-                                      self._input_names, split_flags(spec, config))
+        self._outputs = [(tensor["name"], TRITON_TO_NUMPY[tensor["data_type"]]) for tensor in config["output"]]
+        self._runner = PipelineRunner(
+            self._serialized,
+            batch_size,
+            device_id,
+            int_parameter(parameters, "num_threads"),
+            self._input_names,
+            split_flags(spec, config),
+        )
         # With DALI's host pool on, a rebuilt pipeline's buffers go back to the pool,
         # not to the system: releasing after large runs would only cost a rebuild.
-        self._buffers_return = pool_threshold_bytes(os.environ.get(DALI_HOST_POOL_ENV, "0")) == 0
+        # Unset (a tritonserver the launcher did not start): DALI's own default, a pool.
+        threshold = os.environ.get(DALI_HOST_POOL_ENV)
+        self._buffers_return = threshold is not None and pool_threshold_bytes(threshold) == 0
         reserve = int_parameter(parameters, "host_pool_reserve_bytes")
         if reserve and not self._buffers_return:  # with the pool off, malloc would hand it back
             reserve_host_pool(reserve)
@@ -165,12 +174,21 @@ class TritonPythonModel:
         self._memory_gauge.update(statm.resident)
 
     def _samples_of(self, request) -> tuple[dict[str, np.ndarray], int]:
-        feed, pixels = samples_of(request, self._input_names, self._decoded_inputs, self._itemsizes,
-                                  self._max_input_bytes, self._budget, self._clips)
+        feed, pixels = samples_of(
+            request,
+            self._input_names,
+            self._decoded_inputs,
+            self._itemsizes,
+            self._max_input_bytes,
+            self._budget,
+            self._clips,
+        )
         samples = len(next(iter(feed.values())))
         if samples > self._batch_size:  # only an unbatched model's requests can be (Triton bounds the others)
-            raise InputError(f"the request has {samples} samples, above the pipeline's batch size "
-                             f"{self._batch_size}: send at most {self._batch_size} per request")
+            raise InputError(
+                f"the request has {samples} samples, above the pipeline's batch size "
+                f"{self._batch_size}: send at most {self._batch_size} per request"
+            )
         return feed, pixels
 
     def _stream(self, request) -> None:
@@ -183,8 +201,10 @@ class TritonPythonModel:
             feed, _ = self._samples_of(request)
             clips = len(next(iter(feed.values())))
             if clips != 1:
-                raise InputError(f"the pipeline's input operator (fn.experimental.inputs.video) takes one clip "
-                                 f"per request, got {clips}: send each clip in a request of its own")
+                raise InputError(
+                    f"the pipeline's input operator (fn.experimental.inputs.video) takes one clip "
+                    f"per request, got {clips}: send each clip in a request of its own"
+                )
             for outputs in self._runner.stream(feed):
                 sender.send(self._respond(outputs))
         except (InputError, BudgetError) as error:

@@ -44,27 +44,39 @@ class ClipInputs:
             data = bytes(clip.data)
             reason = unreadable_reason(data, self.codecs)
             if reason:
-                raise UndecodableError(f"input '{name}' sample {row} cannot be decoded: {reason}; refused "
-                                       "before the pipeline's video decoder (decoders.video) ran")
+                raise UndecodableError(
+                    f"input '{name}' sample {row} cannot be decoded: {reason}; refused "
+                    "before the pipeline's video decoder (decoders.video) ran"
+                )
             header = read_header(data)
             frames = self.frames or header.frames or 1
             if self.streamed and header.frames:
                 frames = min(frames, header.frames)
             pixels = frames * (header.width or 0) * (header.height or 0)
             if pixels > budget.max_pixels:
-                raise BudgetError(f"input '{name}' sample {row}: clip decodes to {frames} frames of "
-                                  f"{header.width}x{header.height} = {pixels} pixels, above this model's "
-                                  f"max_pixels {budget.max_pixels}: send a shorter or smaller clip")
+                raise BudgetError(
+                    f"input '{name}' sample {row}: clip decodes to {frames} frames of "
+                    f"{header.width}x{header.height} = {pixels} pixels, above this model's "
+                    f"max_pixels {budget.max_pixels}: send a shorter or smaller clip"
+                )
             total += pixels
         if total > budget.max_request_pixels:
-            raise BudgetError(f"input '{name}': the request's clips decode to {total} pixels, above this "
-                              f"model's max_request_pixels {budget.max_request_pixels}: send fewer clips per request")
+            raise BudgetError(
+                f"input '{name}': the request's clips decode to {total} pixels, above this "
+                f"model's max_request_pixels {budget.max_request_pixels}: send fewer clips per request"
+            )
         return total
 
 
-def samples_of(request, input_names: list[str], decoded_inputs: list[str], itemsizes: dict[str, int],
-               max_input_bytes: int, budget: DecodeBudget,
-               clips: ClipInputs | None = None) -> tuple[dict[str, np.ndarray], int]:
+def samples_of(
+    request,
+    input_names: list[str],
+    decoded_inputs: list[str],
+    itemsizes: dict[str, int],
+    max_input_bytes: int,
+    budget: DecodeBudget,
+    clips: ClipInputs | None = None,
+) -> tuple[dict[str, np.ndarray], int]:
     """A request's inputs and the pixels its images and clips declare. Each row of
     an input is one sample, whether or not Triton batches the model: an unbatched
     model's dims start with the samples' axis (the C++ backend's add_batch_dim)."""
@@ -76,8 +88,9 @@ def samples_of(request, input_names: list[str], decoded_inputs: list[str], items
         raise InputError("a scalar input has no samples: give every input at least one dimension, its samples")
     for name, array in feed.items():
         if array.dtype == np.object_:
-            feed[name] = raw_string_samples(name, array, refuse=name in decoded_inputs
-                                            or (clips is not None and name in clips.names))
+            feed[name] = raw_string_samples(
+                name, array, refuse=name in decoded_inputs or (clips is not None and name in clips.names)
+            )
     counts = {name: len(array) for name, array in feed.items()}
     if len(set(counts.values())) > 1:
         # The C++ backend's words (src/dali_model_instance.cc GenerateInputs).
@@ -87,8 +100,10 @@ def samples_of(request, input_names: list[str], decoded_inputs: list[str], items
         for row, sample in enumerate(feed[name]):
             reason = undecodable_reason(sample.data)
             if reason:
-                raise UndecodableError(f"input '{name}' sample {row} cannot be decoded: {reason}; refused "
-                                       "before the pipeline's image decoder (decoders.image) ran")
+                raise UndecodableError(
+                    f"input '{name}' sample {row} cannot be decoded: {reason}; refused "
+                    "before the pipeline's image decoder (decoders.image) ran"
+                )
     if clips is not None:
         pixels += sum(clips.request_pixels(name, feed[name], budget) for name in clips.names)
     return feed, pixels
@@ -102,20 +117,26 @@ def raw_string_samples(name: str, array: np.ndarray, refuse: bool) -> list[np.nd
     "Encoded image has ambiguous format"), so an input that feeds one is refused,
     saying what to send instead."""
     if refuse:
-        raise UndecodableError(f"input '{name}' is TYPE_STRING (BYTES): the dali backend takes a string "
-                               "input's raw buffer, a 4-byte length before each element, which no decoder "
-                               "reads; declare the input TYPE_UINT8 and send the encoded bytes as UINT8")
+        raise UndecodableError(
+            f"input '{name}' is TYPE_STRING (BYTES): the dali backend takes a string "
+            "input's raw buffer, a 4-byte length before each element, which no decoder "
+            "reads; declare the input TYPE_UINT8 and send the encoded bytes as UINT8"
+        )
     return [np.frombuffer(_serialized(row.reshape(-1)), np.uint8) for row in array]
 
 
 def _serialized(elements) -> bytes:
-    return b"".join(struct.pack("<I", len(element)) + bytes(element) for element in
-                    (e if isinstance(e, bytes) else str(e).encode() for e in elements))
+    return b"".join(
+        struct.pack("<I", len(element)) + bytes(element)
+        for element in (e if isinstance(e, bytes) else str(e).encode() for e in elements)
+    )
 
 
 def check_size(name: str, shape, itemsize: int, max_bytes: int) -> None:
     """From the tensor's shape: nothing has read or copied its data yet."""
     size = int(np.prod(shape, dtype=np.int64)) * itemsize
     if size > max_bytes:
-        raise InputError(f"input '{name}' is {size} bytes, above this model's max_input_bytes "
-                         f"{max_bytes}: send smaller images or fewer per request")
+        raise InputError(
+            f"input '{name}' is {size} bytes, above this model's max_input_bytes "
+            f"{max_bytes}: send smaller images or fewer per request"
+        )

@@ -23,8 +23,15 @@ _INPUT_DEPLETED = "No data was provided to the InputOperator"
 
 
 class PipelineRunner:
-    def __init__(self, serialized: bytes, batch_size: int, device_id: int | None, num_threads: int | None,
-                 input_names: list[str], split: tuple[bool, ...] = ()):
+    def __init__(
+        self,
+        serialized: bytes,
+        batch_size: int,
+        device_id: int | None,
+        num_threads: int | None,
+        input_names: list[str],
+        split: tuple[bool, ...] = (),
+    ):
         self._serialized = serialized
         self._batch_size = batch_size
         self._device_id = device_id
@@ -72,7 +79,6 @@ class PipelineRunner:
         sizes = [len(feed[self._input_names[0]]) for feed in feeds]
         return _per_request(pipeline_outputs, sizes, self._split)
 
-
     def stream(self, feed: dict[str, np.ndarray]) -> Iterator[list[np.ndarray]]:
         """Feed an input operator's request once, then run until it is consumed:
         each run's outputs, a batch of up to batch_size samples (sequences of a
@@ -108,13 +114,14 @@ class PipelineRunner:
 def _per_request(pipeline_outputs, request_sizes, split):
     """Each request's rows of each output. A ragged merged batch leaves DALI as
     samples of different shapes: those are stacked per request."""
-    outputs = [output.as_array() if output.is_dense_tensor() else output
-               for output in pipeline_outputs]
+    outputs = [output.as_array() if output.is_dense_tensor() else output for output in pipeline_outputs]
     split = list(split) + [False] * (len(outputs) - len(split))
     offsets = np.cumsum([0] + request_sizes)
     return [
-        [_split_rows(output, start, end) if is_split else _rows(output, start, end)
-         for output, is_split in zip(outputs, split)]
+        [
+            _split_rows(output, start, end) if is_split else _rows(output, start, end)
+            for output, is_split in zip(outputs, split)
+        ]
         for start, end in zip(offsets[:-1], offsets[1:])
     ]
 
@@ -122,13 +129,18 @@ def _per_request(pipeline_outputs, request_sizes, split):
 def _split_rows(output, start: int, end: int) -> np.ndarray:
     """As the C++ backend's split_outer_dim (src/dali_executor/utils/utils.h): the
     request's samples (n_i, d1..dD) become sum(n_i) rows of (d1..dD)."""
-    samples = [output[index] for index in range(start, end)] if isinstance(output, np.ndarray) \
+    samples = (
+        [output[index] for index in range(start, end)]
+        if isinstance(output, np.ndarray)
         else [np.asarray(output[index]) for index in range(start, end)]
+    )
     if any(sample.ndim < 1 for sample in samples):
         raise PipelineError("To split outer dimension, the batch must be at least 2-dimensional.")
     if len({sample.shape[1:] for sample in samples}) > 1:
-        raise PipelineError(f"DALI pipeline output split along its outer axis has samples of shapes "
-                            f"{[s.shape for s in samples]} in one request: their inner shapes must agree")
+        raise PipelineError(
+            f"DALI pipeline output split along its outer axis has samples of shapes "
+            f"{[s.shape for s in samples]} in one request: their inner shapes must agree"
+        )
     return np.concatenate(samples)
 
 

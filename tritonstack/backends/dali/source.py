@@ -28,8 +28,11 @@ def load_serialized(version_dir: Path, config: dict, cpu_only: bool = True) -> b
     refusal = invalid_filename(filename) or invalid_path(str(default_path)) or invalid_path(str(fallback_path))
     if refusal:
         raise ValueError(refusal)
-    attempts = [(default_path, _serialized_file), (default_path, lambda path: _autoserialize(path, cpu_only)),
-                (fallback_path, lambda path: _autoserialize(path, cpu_only))]
+    attempts = [
+        (default_path, _serialized_file),
+        (default_path, lambda path: _autoserialize(path, cpu_only)),
+        (fallback_path, lambda path: _autoserialize(path, cpu_only)),
+    ]
     causes = []
     for path, load in attempts:
         if not path.is_file():

@@ -63,8 +63,11 @@ def model_path(version_dir: Path, config: dict) -> Path:
 def graph_tensors(nodes) -> list[GraphTensor]:
     """ONNX Runtime's view of graph inputs or outputs, with -1 for a dynamic axis."""
     return [
-        GraphTensor(node.name, onnx_type(node.type),
-                    tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in node.shape))
+        GraphTensor(
+            node.name,
+            onnx_type(node.type),
+            tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in node.shape),
+        )
         for node in nodes
     ]
 
@@ -80,8 +83,9 @@ class TritonPythonModel:
         if not root or not (Path(root) / config["name"]).is_dir():
             return cfg
         session = _session(model_path(latest_version_dir(Path(root) / config["name"]), config), {})
-        merged, problems = onnx_autocomplete(config, graph_tensors(session.get_inputs()),
-                                             graph_tensors(session.get_outputs()))
+        merged, problems = onnx_autocomplete(
+            config, graph_tensors(session.get_inputs()), graph_tensors(session.get_outputs())
+        )
         raise_problems(problems)
         config.clear()  # the dict the stub hands back to Triton (see backends/dali)
         config.update(merged)
@@ -93,8 +97,9 @@ class TritonPythonModel:
         raise_problems(onnx_parameter_problems(config))  # before a session is built from them
         self._session = _session(model_path(version_dir, config), config.get("parameters", {}))
         self._run_options = _run_options(config.get("parameters", {}))
-        raise_problems(onnx_problems(config, graph_tensors(self._session.get_inputs()),
-                                     graph_tensors(self._session.get_outputs())))
+        raise_problems(
+            onnx_problems(config, graph_tensors(self._session.get_inputs()), graph_tensors(self._session.get_outputs()))
+        )
         self._input_names = [tensor["name"] for tensor in config["input"]]
         self._output_names = [tensor["name"] for tensor in config["output"]]
         self._batched = int(config.get("max_batch_size", 0)) > 0
@@ -116,30 +121,28 @@ class TritonPythonModel:
             return [self._execute_one(feed) for feed in feeds]  # only bad requests fail
         offsets = np.cumsum([0] + [len(feed[self._input_names[0]]) for feed in feeds])
         return [
-            self._respond([output[start:end] for output in outputs])
-            for start, end in zip(offsets[:-1], offsets[1:])
+            self._respond([output[start:end] for output in outputs]) for start, end in zip(offsets[:-1], offsets[1:])
         ]
 
     def _execute_one(self, feed):
         try:
             return self._respond(self._run(feed))
         except RunError as error:
-            return pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)
-            )
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
 
     def _inputs_of(self, request):
         return {
-            name: _as_onnx(pb_utils.get_input_tensor_by_name(request, name).as_numpy())
-            for name in self._input_names
+            name: _as_onnx(pb_utils.get_input_tensor_by_name(request, name).as_numpy()) for name in self._input_names
         }
 
     def _run(self, feed):
         try:
             return self._session.run(self._output_names, feed, self._run_options)
-        except (ort.capi.onnxruntime_pybind11_state.InvalidArgument,
-                ort.capi.onnxruntime_pybind11_state.Fail,
-                ort.capi.onnxruntime_pybind11_state.RuntimeException) as error:
+        except (
+            ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+            ort.capi.onnxruntime_pybind11_state.Fail,
+            ort.capi.onnxruntime_pybind11_state.RuntimeException,
+        ) as error:
             raise RunError(f"ONNX Runtime refused the request: {error}") from error
 
     def _respond(self, outputs):
@@ -161,8 +164,9 @@ def _utf8(value) -> str:
 
 
 def _session(path: Path, parameters: dict) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), sess_options=_session_options(parameters),
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        str(path), sess_options=_session_options(parameters), providers=["CPUExecutionProvider"]
+    )
 
 
 def _run_options(parameters) -> ort.RunOptions:
