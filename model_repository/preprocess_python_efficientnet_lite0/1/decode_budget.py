@@ -80,8 +80,12 @@ class DecodeBudget:
     @classmethod
     def from_memory(cls, share_bytes: int) -> "DecodeBudget":
         batch = min(int(share_bytes * DECODE_SHARE) // BYTES_PER_PIXEL, MAX_RUN_PIXELS)
-        return cls(max_pixels=min(DEFAULT_MAX_PIXELS, batch), max_request_pixels=batch,
-                   max_batch_pixels=batch, release_above_pixels=batch // 4)
+        return cls(
+            max_pixels=min(DEFAULT_MAX_PIXELS, batch),
+            max_request_pixels=batch,
+            max_batch_pixels=batch,
+            release_above_pixels=batch // 4,
+        )
 
     @classmethod
     def from_parameters(cls, parameters: dict, share_bytes: int | None = None) -> "DecodeBudget":
@@ -93,11 +97,12 @@ class DecodeBudget:
 
     def problems(self) -> list[str]:
         """What makes this budget refuse every request, or nothing."""
-        problems = [f"{key} is {getattr(self, key)}: must be positive"
-                    for key in PARAMETERS if getattr(self, key) <= 0]
+        problems = [f"{key} is {getattr(self, key)}: must be positive" for key in PARAMETERS if getattr(self, key) <= 0]
         if self.max_request_pixels > self.max_batch_pixels:
-            problems.append(f"max_request_pixels {self.max_request_pixels} is above max_batch_pixels "
-                            f"{self.max_batch_pixels}: a request that passes could not be decoded in one run")
+            problems.append(
+                f"max_request_pixels {self.max_request_pixels} is above max_batch_pixels "
+                f"{self.max_batch_pixels}: a request that passes could not be decoded in one run"
+            )
         return problems
 
     def request_pixels(self, images: Iterable, input_name: str) -> int:
@@ -110,15 +115,19 @@ class DecodeBudget:
                 continue  # not an image Pillow knows: the decoder gives its own error
             width, height = size
             if width * height > self.max_pixels:
-                raise BudgetError(f"input '{input_name}' sample {row}: image declares {width}x{height} = "
-                                  f"{width * height} pixels, above this model's max_pixels {self.max_pixels}")
+                raise BudgetError(
+                    f"input '{input_name}' sample {row}: image declares {width}x{height} = "
+                    f"{width * height} pixels, above this model's max_pixels {self.max_pixels}"
+                )
             total += width * height
             sizes.append(f"{width}x{height}")
         if total > self.max_request_pixels:
-            raise BudgetError(f"input '{input_name}': the request's {len(sizes)} images declare {total} pixels "
-                              f"in total ({', '.join(sizes[:8])}{', ...' if len(sizes) > 8 else ''}), above "
-                              f"this model's max_request_pixels {self.max_request_pixels}: send fewer or "
-                              "smaller images per request")
+            raise BudgetError(
+                f"input '{input_name}': the request's {len(sizes)} images declare {total} pixels "
+                f"in total ({', '.join(sizes[:8])}{', ...' if len(sizes) > 8 else ''}), above "
+                f"this model's max_request_pixels {self.max_request_pixels}: send fewer or "
+                "smaller images per request"
+            )
         return total
 
 

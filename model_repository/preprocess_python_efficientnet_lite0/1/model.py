@@ -67,8 +67,9 @@ def preprocess(encoded, resize_shorter, crop, mean, std):
     # Each channel resampled in float ("F") and rounded once, as DALI's resize does:
     # Pillow's 8-bit resize rounds inside its fixed-point filter, a level off on
     # ~15% of values, enough to flip a near-tie between two classes.
-    channels = [channel.convert("F").resize((crop, crop), Image.Resampling.BILINEAR, box=box)
-                for channel in image.split()]
+    channels = [
+        channel.convert("F").resize((crop, crop), Image.Resampling.BILINEAR, box=box) for channel in image.split()
+    ]
     pixels = np.clip(np.rint(np.stack([np.asarray(c) for c in channels], axis=-1)), 0, 255)
     normalized = (pixels - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return np.ascontiguousarray(normalized.transpose(2, 0, 1))
