@@ -59,6 +59,13 @@ def _options(parser):
     group.add_argument(
         "--max-in-flight", type=int, default=64, help="open loop: per user; a send beyond it is counted as a failure"
     )
+    group.add_argument(
+        "--deadline-ms",
+        type=float,
+        default=0.0,
+        help="each request's deadline, sent to the server as its timeout; outcomes are then counted as "
+        "answered in time, Refused, DeadlineExceeded (no answer in time) or AnsweredLate (0: none)",
+    )
     group.add_argument("--step-users", type=int, default=2, help="step ramp: users added per step")
     group.add_argument("--step-seconds", type=float, default=10.0, help="step ramp: duration of a step")
     group.add_argument("--steps", type=int, default=4, help="step ramp: number of steps")

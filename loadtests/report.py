@@ -196,6 +196,37 @@ def requests_table(prefix: Path) -> str:
     return "\n".join(lines)
 
 
+# How loadtests/users.py names the outcomes other than an answer in time (--deadline-ms).
+OUTCOME_KINDS = ("Refused", "DeadlineExceeded", "AnsweredLate")
+
+
+def outcome_counts(prefix: Path) -> dict[str, int]:
+    """Failures by kind, from Locust's failure table: the outcome kinds apart, every
+    other error as `failed`."""
+    counts = dict.fromkeys((*OUTCOME_KINDS, "failed"), 0)
+    failures = Path(f"{prefix}_failures.csv")
+    for row in read_rows(failures) if failures.exists() else []:
+        kind = next((k for k in OUTCOME_KINDS if row["Error"].startswith(f"{k}(")), "failed")
+        counts[kind] += int(row["Occurrences"])
+    return counts
+
+
+def outcomes_section(prefix: Path) -> str:
+    """Answered in time, refused, late and failed apart, and the goodput: what a
+    client with a deadline got."""
+    total = next((row for row in final_stats(prefix) if row["Name"] == "Aggregated"), None)
+    if total is None or not int(total["Request Count"]):
+        return "(no request)"
+    requests, rate = int(total["Request Count"]), float(total["Requests/s"])
+    counts = outcome_counts(prefix)
+    in_time = requests - sum(counts.values())
+    lines = ["| outcome | requests | share |", "|---|---:|---:|"]
+    for kind, count in (("answered in time", in_time), *counts.items()):
+        lines.append(f"| {kind} | {count} | {count / requests:.1%} |")
+    lines.append(f"\nGoodput: {rate * in_time / requests:.1f} answers in time per second.")
+    return "\n".join(lines)
+
+
 def cpu_section(generator_cpu: list[GeneratorCpu]) -> str:
     lines = ["| process | CPU s | wall s | share of one core |", "|---|---:|---:|---:|"]
     for process in generator_cpu:
@@ -244,6 +275,10 @@ def write_report(prefix: Path, summary: RunSummary, labels: PlotLabels = PlotLab
 ## Requests (client side)
 
 {requests_table(prefix)}
+
+## Outcomes
+
+{outcomes_section(prefix)}
 
 ## Server side, per model (Triton metrics, after minus before)
 

@@ -17,6 +17,14 @@ user sends on a fixed schedule whatever the answers do, and latency is measured
 from the scheduled send time, so a stalled server shows as latency instead of
 silently lowering the offered load (coordinated omission).
 
+With `--deadline-ms`, every request carries that deadline to the server (its
+`timeout`), and an outcome other than an answer in time is reported as a failure of
+its own kind, so that Locust's failure table counts them apart: `Refused` (the
+server's queue was full, or the deadline passed while queued: an answer at once
+that says "not now"), `DeadlineExceeded` (no answer before the deadline) and
+`AnsweredLate` (an answer after it); anything else is a real failure. Goodput is
+then the successes per second (the report's summary says it).
+
 The options they read (`--model`, `--grpc-url`, ...) are declared in
 loadtests/locustfile.py.
 """
@@ -38,7 +46,8 @@ from tritonclient.utils import InferenceServerException
 
 from tritonstack.address import parse_address
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.client.retry import NO_RETRY
+from tritonstack.client.protocol import request_deadline_options
+from tritonstack.client.retry import NO_RETRY, describe_error, is_expired, is_refusal, is_timeout
 from tritonstack.contract import pad_batch
 from tritonstack.corpus import WeightedSampler, build_corpus
 
@@ -49,6 +58,29 @@ grpc.experimental.gevent.init_gevent()
 REQUEST_TYPE_GRPC = "grpc"
 REQUEST_TYPE_HTTP = "http"
 REQUEST_TIMEOUT_S = 30.0
+
+
+class Refused(Exception):
+    """The server said "not now" (HTTP 503 / gRPC UNAVAILABLE from its queue policy)."""
+
+
+class DeadlineExceeded(Exception):
+    """No answer before the request's deadline: the client gave up."""
+
+
+class AnsweredLate(Exception):
+    """An answer, after the request's deadline: nobody waited for it any more."""
+
+
+def deadline_outcome(error: BaseException | None, latency_s: float, deadline_s: float | None):
+    """The exception to report for a request's outcome (None: answered in time)."""
+    if error is None:
+        return AnsweredLate(f"answered after {latency_s:.2f} s") if deadline_s and latency_s > deadline_s else None
+    if is_refusal(error) or is_expired(error):
+        return Refused(describe_error(error))
+    if deadline_s and is_timeout(error):
+        return DeadlineExceeded(f"no answer within {deadline_s:g} s")
+    return error
 
 
 class TritonUser(User):
@@ -63,6 +95,7 @@ class TritonUser(User):
         self.top_k = options.top_k
         # Each user its own seed: users draw different sequences of the same mix.
         self.sampler = WeightedSampler(build_corpus(), seed=options.corpus_seed * 7919 + id(self))
+        self.deadline_s = options.deadline_ms / 1000 if options.deadline_ms > 0 else None
         self.pool = gevent.pool.Pool(options.max_in_flight)
         self.connect()
 
@@ -130,7 +163,7 @@ class GrpcUser(TritonUser):
                 "grpc",
                 self.model,
                 retry=NO_RETRY,
-                timeout_s=REQUEST_TIMEOUT_S,
+                timeout_s=self.deadline_s or REQUEST_TIMEOUT_S,
             )
         except (InferenceServerException, ConnectionError) as error:
             self.report(time.perf_counter(), 0, error, name="connect")
@@ -141,9 +174,11 @@ class GrpcUser(TritonUser):
         try:
             top = self.client.classify([image.data], top_k=self.top_k)
         except InferenceServerException as error:
-            self.report(started, 0, error)
+            self.report(started, 0, deadline_outcome(error, time.perf_counter() - started, self.deadline_s))
             return
-        self.report(started, len(image.data), None if len(top) == 1 else ValueError(f"{len(top)} answers for 1 image"))
+        wrong = None if len(top) == 1 else ValueError(f"{len(top)} answers for 1 image")
+        late = deadline_outcome(None, time.perf_counter() - started, self.deadline_s)
+        self.report(started, len(image.data), wrong or late)
 
     def close(self):
         client = getattr(self, "client", None)
@@ -156,6 +191,13 @@ class HttpUser(TritonUser, FastHttpUser):
     request_type = REQUEST_TYPE_HTTP
     abstract = False
     network_timeout = REQUEST_TIMEOUT_S
+
+    def __init__(self, environment):
+        # Read by FastHttpUser when it makes its client: with a deadline, stop waiting then.
+        deadline_ms = getattr(environment.parsed_options, "deadline_ms", 0) if environment.parsed_options else 0
+        if deadline_ms > 0:
+            self.network_timeout = deadline_ms / 1000
+        super().__init__(environment)
 
     def connect(self):
         # Asked outside Locust's client: a metadata GET is not a request under
@@ -183,10 +225,15 @@ class HttpUser(TritonUser, FastHttpUser):
             catch_response=True,
         ) as response:
             # Latency from the scheduled send (open loop) or the call (closed loop).
-            response.request_meta["response_time"] = (time.perf_counter() - started) * 1000
+            latency_s = time.perf_counter() - started
+            response.request_meta["response_time"] = latency_s * 1000
             response.request_meta["request_type"] = self.request_type
             if response.status_code == 200:
-                self.check(response)
+                self.check(response, latency_s)
+            elif response.status_code == 503 and self.deadline_s:
+                response.failure(Refused(f"503: {response.text[:200]}"))
+            elif response.status_code == 0 and self.deadline_s:  # no answer: the client's timeout
+                response.failure(DeadlineExceeded(f"no answer within {self.deadline_s:g} s"))
             # Any other status is already a failure (4xx included).
 
     def binary_request(self, image: bytes) -> tuple[bytes, int]:
@@ -194,10 +241,13 @@ class HttpUser(TritonUser, FastHttpUser):
         tensor = httpclient.InferInput(self.input_name, list(batch.shape), "UINT8")
         tensor.set_data_from_numpy(batch, binary_data=True)
         output = httpclient.InferRequestedOutput(self.output_name, binary_data=True, class_count=self.top_k)
-        body, json_size = httpclient.InferenceServerClient.generate_request_body([tensor], outputs=[output])
+        timeout = request_deadline_options("http", self.deadline_s).get("timeout")
+        body, json_size = httpclient.InferenceServerClient.generate_request_body(
+            [tensor], outputs=[output], timeout=timeout
+        )
         return body, json_size
 
-    def check(self, response):
+    def check(self, response, latency_s: float):
         header = response.headers.get("Inference-Header-Content-Length")
         try:
             result = httpclient.InferenceServerClient.parse_response_body(
@@ -209,6 +259,8 @@ class HttpUser(TritonUser, FastHttpUser):
             return
         if top is None or top.shape != (1, self.top_k):
             response.failure(f"expected {self.output_name} of shape (1, {self.top_k})")
+        elif late := deadline_outcome(None, latency_s, self.deadline_s):
+            response.failure(late)
 
     def close(self):
         pass

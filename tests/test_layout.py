@@ -41,7 +41,11 @@ SHARED = (
     "tritonstack.corpus",
 )
 # What the backends use and nothing else may (stub_memory imports the stub's pb_utils).
-BACKEND_SHARED = ("tritonstack.backends.stub_memory", "tritonstack.backends.residency")
+BACKEND_SHARED = (
+    "tritonstack.backends.stub_memory",
+    "tritonstack.backends.residency",
+    "tritonstack.backends.cancellation",
+)
 # Tools that run the stack and measure it: they may use every room; no room, shared
 # module or other tool imports them.
 TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from tritonstack.backend_settings import DALI_HOST_POOL_ENV, MALLOC_TRIM_ENV, STUB_REGION_BYTES
+from tritonstack.backend_settings import DALI_HOST_POOL_ENV, MALLOC_TRIM_ENV, STUB_REGION_BYTES, stub_defaults
 from tritonstack.diagnostics.memory_probe import (
     MODEL,
     SIZES,
@@ -123,9 +123,10 @@ def test_round_3_adds_under_2_mib_on_a_fresh_default_server(model_repository):
 
 
 def test_the_dali_stub_runs_with_the_allocator_settings_it_was_given(dali_server):
-    """By default nothing overrides the dali backend's own choice (DALI's host pool);
-    --compact-memory adds its glibc settings."""
+    """By default the launcher gives the stubs DALI's host pool threshold
+    (backend_settings.stub_defaults) and nothing else; --compact-memory adds its glibc settings."""
     name, server = dali_server
     environ = psutil.Process(stub_pid(server.pid, MODEL)).environ()
     keys = (DALI_HOST_POOL_ENV, MALLOC_TRIM_ENV, *STUB_ENVIRONMENT)
-    assert {key: environ.get(key) for key in keys} == {key: ENVIRONMENTS[name].get(key) for key in keys}
+    expected = {**stub_defaults(), **ENVIRONMENTS[name]}
+    assert {key: environ.get(key) for key in keys} == {key: expected.get(key) for key in keys}

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "evaluate": ("tritonstack.commands.evaluate", (), "accuracy on a labelled folder of images"),
     "loadtest": ("tritonstack.commands.loadtest", (), "Locust load test (bounded, loopback) with a report folder"),
     "benchmark": ("tritonstack.commands.benchmark", (), "the serving stack's figures, as ratios measured side by side"),
+    "overload": ("tritonstack.commands.overload", (), "beyond capacity: goodput, refusals and waste under deadlines"),
     "compare": ("tritonstack.commands.compare", (), "before/after: two servers, interleaved rounds"),
     "plan": ("tritonstack.commands.plan", (), "replicas and autoscaling target from a benchmark's figures"),
     "soak": ("tritonstack.commands.soak", (), "mixed good and bad load for a duration; memory growth judged"),

@@ -41,6 +41,12 @@ PREPROCESS_INPUT = "DALI_INPUT_0"
 PREPROCESS_OUTPUT = "DALI_OUTPUT_0"
 
 
+# The queues a request waits in on its way through one of our ensembles (preprocessing,
+# classifier). Triton (2.51) applies a request's `timeout` at each step's queue afresh:
+# a client shares its deadline between them (tritonstack.client.protocol).
+QUEUES_PER_REQUEST = 2
+
+
 def ensemble_name(preset: str) -> str:
     return f"ensemble_{preset}"
 

@@ -113,10 +113,13 @@ def compare(args: argparse.Namespace, log=print) -> dict:
     repositories = {"a": args.a_repository.resolve(), "b": (args.b_repository or args.a_repository).resolve()}
     environments = {"a": dict(args.a_env), "b": dict(args.b_env)}
     recycles = {"a": recycle_policy(args.a_recycle_above_mib), "b": recycle_policy(args.b_recycle_above_mib)}
+    supervisions = {
+        side: Supervision(recycle=recycles[side], front_nice=getattr(args, f"{side}_front_nice")) for side in SIDES
+    }
     with contextlib.ExitStack() as stack:
         servers = {
             side: stack.enter_context(
-                TritonServer(repositories[side], Supervision(recycle=recycles[side]), environment=environments[side])
+                TritonServer(repositories[side], supervisions[side], environment=environments[side])
             )
             for side in SIDES
         }
@@ -150,6 +153,7 @@ def compare(args: argparse.Namespace, log=print) -> dict:
                 "repository": str(repositories[side]),
                 "environment": environments[side],
                 "recycle_above_mib": recycles[side].above_mib if recycles[side] else None,
+                "front_nice": supervisions[side].front_nice,
             }
             for side in SIDES
         },

@@ -27,6 +27,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tritonstack import dali_proto, video_header
+from tritonstack.build.check_ensemble import check_ensemble
 from tritonstack.build.model_config import ConfigError, config_dict, read_config
 from tritonstack.contract import DALI_TO_TRITON, TRITON_TO_NUMPY, onnx_type
 from tritonstack.dali_errors import meaningful_lines
@@ -45,10 +46,6 @@ from tritonstack.rules import onnxruntime as onnx_rules
 from tritonstack.rules.common import Problem, invalid_filename, stated_max_batch_size
 from tritonstack.rules.repository import BUILD_FIX
 from tritonstack.samples import sample_jpeg
-
-
-def type_name(data_type: int) -> str:
-    return pb.DataType.Name(data_type).removeprefix("TYPE_")
 
 
 def check_repository(repository: Path) -> list[Problem]:
@@ -74,7 +71,7 @@ def check_repository(repository: Path) -> list[Problem]:
         elif config.backend == "onnxruntime":
             problems += _check_onnx(model_dir, config)
         elif config.platform == "ensemble":
-            problems += _check_ensemble(config, configs)
+            problems += check_ensemble(config, configs)
     return problems
 
 
@@ -397,127 +394,3 @@ def _graph_tensor(value_info) -> onnx_rules.GraphTensor:
     tensor_type = value_info.type.tensor_type
     shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
     return onnx_rules.GraphTensor(value_info.name, onnx_type(tensor_type.elem_type), shape)
-
-
-def _dims_agree(a, b) -> bool:
-    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
-
-
-def _check_step_inputs(
-    name: str, field: str, step, model: pb.ModelConfig, known: dict, steps: list, configs: dict[str, pb.ModelConfig]
-) -> list[Problem]:
-    """A step's input_map: each names an input of its model and a tensor of the chain
-    (an ensemble input, or some step's output) of the same type and dims."""
-    problems = []
-    model_inputs = {t.name: t for t in model.input}
-    for model_tensor, ensemble_tensor in step.input_map.items():
-        target = model_inputs.get(model_tensor)
-        if target is None:
-            problems.append(_not_a_tensor(name, f"{field}.input_map", model_tensor, step.model_name, model_inputs))
-            continue
-        source = known.get(ensemble_tensor) or _produced_later(ensemble_tensor, steps, configs)
-        if source is None:
-            problems.append(
-                Problem(
-                    name,
-                    f"{field}.input_map",
-                    ensemble_tensor,
-                    "no ensemble input or step output has this name",
-                    "map an ensemble input or another step's output to it",
-                )
-            )
-        elif source[0] != target.data_type or not _dims_agree(source[1], list(target.dims)):
-            problems.append(
-                Problem(
-                    name,
-                    f"{field}.input_map",
-                    ensemble_tensor,
-                    f"is {type_name(source[0])} {source[1]} but {step.model_name} input "
-                    f"{model_tensor!r} takes {type_name(target.data_type)} {list(target.dims)}",
-                    "make the types and dims agree along the chain",
-                )
-            )
-    return problems
-
-
-def _check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) -> list[Problem]:
-    name = config.name
-    # ensemble tensor -> (data_type, dims) as known so far
-    known = {t.name: (t.data_type, list(t.dims)) for t in config.input}
-    produced: dict[str, tuple[int, list[int]]] = {}
-    problems = []
-    steps = list(config.ensemble_scheduling.step)
-    for index, step in enumerate(steps):
-        field = f"ensemble_scheduling.step[{index}]"
-        model = configs.get(step.model_name)
-        if model is None:
-            problems.append(
-                Problem(
-                    name,
-                    f"{field}.model_name",
-                    step.model_name,
-                    "no such model in the repository",
-                    f"build it or use one of {', '.join(sorted(configs))}",
-                )
-            )
-            continue
-        if config.max_batch_size > model.max_batch_size or (config.max_batch_size > 0) != (model.max_batch_size > 0):
-            problems.append(
-                Problem(
-                    name,
-                    "max_batch_size",
-                    step.model_name,
-                    f"ensemble has {config.max_batch_size}, step model {model.max_batch_size}",
-                    "make the ensemble's max_batch_size at most every step's, both > 0 or both 0",
-                )
-            )
-        model_outputs = {t.name: t for t in model.output}
-        problems += _check_step_inputs(name, field, step, model, known, steps, configs)
-        for model_tensor, ensemble_tensor in step.output_map.items():
-            origin = model_outputs.get(model_tensor)
-            if origin is None:
-                problems.append(
-                    _not_a_tensor(name, f"{field}.output_map", model_tensor, step.model_name, model_outputs)
-                )
-                continue
-            known[ensemble_tensor] = produced[ensemble_tensor] = (origin.data_type, list(origin.dims))
-    if any(step.model_name not in configs for step in steps):
-        return problems  # its outputs are unknown: do not report them as unproduced too
-    for output in config.output:
-        source = produced.get(output.name)
-        if source is None:
-            problems.append(
-                Problem(name, "output", output.name, "no step's output_map produces it", "map a step output to it")
-            )
-        elif source[0] != output.data_type or not _dims_agree(source[1], list(output.dims)):
-            problems.append(
-                Problem(
-                    name,
-                    "output",
-                    output.name,
-                    f"declared {type_name(output.data_type)} {list(output.dims)}, the step gives "
-                    f"{type_name(source[0])} {source[1]}",
-                    "make them agree",
-                )
-            )
-    return problems
-
-
-def _not_a_tensor(ensemble: str, field: str, tensor: str, model: str, tensors: dict) -> Problem:
-    kind = "input" if field.endswith("input_map") else "output"
-    return Problem(
-        ensemble, field, tensor, f"not an {kind} of {model}", f"map one of its {kind}s: {', '.join(tensors)}"
-    )
-
-
-def _produced_later(tensor: str, steps, configs) -> tuple[int, list[int]] | None:
-    """Steps may be listed in any order: a tensor an earlier-listed step consumes
-    may come from a later-listed one."""
-    for step in steps:
-        model = configs.get(step.model_name)
-        for model_tensor, ensemble_tensor in step.output_map.items():
-            if ensemble_tensor == tensor and model is not None:
-                for output in model.output:
-                    if output.name == model_tensor:
-                        return output.data_type, list(output.dims)
-    return None

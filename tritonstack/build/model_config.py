@@ -48,15 +48,40 @@ class Tensor:
 
 
 @dataclass(frozen=True)
+class QueuePolicy:
+    """Triton's default_queue_policy with timeout_action REJECT: a request that finds
+    `max_queue_size` requests queued is refused at once (0: no bound), and one still
+    queued after `timeout_us` (0: never) is refused then. With
+    `allow_timeout_override`, a request's own `timeout` parameter applies when shorter
+    (Triton ignores it while the default is 0)."""
+
+    max_queue_size: int = 0
+    timeout_us: int = 0
+    allow_timeout_override: bool = True
+
+    def to_proto(self) -> pb.ModelQueuePolicy:
+        return pb.ModelQueuePolicy(
+            timeout_action=pb.ModelQueuePolicy.REJECT,
+            default_timeout_microseconds=self.timeout_us,
+            allow_timeout_override=self.allow_timeout_override,
+            max_queue_size=self.max_queue_size,
+        )
+
+
+@dataclass(frozen=True)
 class DynamicBatching:
     max_queue_delay_us: int = 0
     preferred_batch_sizes: tuple[int, ...] = ()
+    queue_policy: QueuePolicy | None = None
 
     def to_proto(self) -> pb.ModelDynamicBatching:
-        return pb.ModelDynamicBatching(
+        message = pb.ModelDynamicBatching(
             max_queue_delay_microseconds=self.max_queue_delay_us,
             preferred_batch_size=self.preferred_batch_sizes,
         )
+        if self.queue_policy is not None:
+            message.default_queue_policy.CopyFrom(self.queue_policy.to_proto())
+        return message
 
 
 @dataclass(frozen=True)

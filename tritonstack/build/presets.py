@@ -38,6 +38,15 @@ class BuildOptions:
     # the memory of the largest batch it ran: measured in docs/performance.md.
     # A request of more images still runs whole, up to max_batch_size.
     classifier_batch: int = 8
+    # Admission under overload (docs/reliability.md#overload): the first step of each
+    # ensemble refuses a request at once (HTTP 503, gRPC UNAVAILABLE, "Exceeds maximum
+    # queue size") when this many are queued before it; 0: no bound.
+    max_queue_size: int = 16
+    # Every step refuses a request still queued after this long, or after the
+    # request's own `timeout` when shorter (which Triton honours only under a
+    # non-zero default): a ceiling for clients without a deadline, above what a batch
+    # client's large requests wait. 0: never, and requests' timeouts are ignored.
+    queue_timeout_ms: int = 30_000
     device: str = "cpu"  # "gpu": nvJPEG decoding, GPU resize/normalize, KIND_GPU
     format: str = "model.dali"  # or "dali.py": serialized by the DALI backend at load
     # Video presets: each clip is decoded to `clip_frames` frames, `frame_stride` apart
@@ -55,6 +64,8 @@ class BuildOptions:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.classifier_batch < 0:
             raise ValueError(f"classifier_batch must be >= 0, not {self.classifier_batch}")
+        if self.max_queue_size < 0 or self.queue_timeout_ms < 0:
+            raise ValueError("max_queue_size and queue_timeout_ms must be >= 0")
         if self.max_queue_delay_us < 0:
             raise ValueError(f"max_queue_delay_us must be >= 0, not {self.max_queue_delay_us}")
 

@@ -31,6 +31,7 @@ from tritonstack.build.model_config import (
     EnsembleStep,
     InstanceGroup,
     ModelConfig,
+    QueuePolicy,
     Tensor,
     Warmup,
     WarmupInput,
@@ -57,8 +58,27 @@ WARMUP_SAMPLE = "sample.jpg"
 WARMUP_CLIP = "sample_clip.mp4"
 
 
-def _batching(options: BuildOptions, preferred_batch_sizes: tuple[int, ...] = ()) -> DynamicBatching:
-    return DynamicBatching(max_queue_delay_us=options.max_queue_delay_us, preferred_batch_sizes=preferred_batch_sizes)
+def _batching(
+    options: BuildOptions, preferred_batch_sizes: tuple[int, ...] = (), first_step: bool = False
+) -> DynamicBatching:
+    return DynamicBatching(
+        max_queue_delay_us=options.max_queue_delay_us,
+        preferred_batch_sizes=preferred_batch_sizes,
+        queue_policy=_queue_policy(options, first_step),
+    )
+
+
+def _queue_policy(options: BuildOptions, first_step: bool) -> QueuePolicy | None:
+    """The first step bounds its queue: a request the ensemble cannot serve in time is
+    refused there, before any work (later steps are fed at the first one's pace).
+    Every step refuses what waited past the timeout. A bound on a step that runs in
+    parallel with another step of the same request would hang Triton 2.51's ensemble
+    (docs/reliability.md#overload): our ensembles are chains, and the bound sits on
+    the step before any split."""
+    size = options.max_queue_size if first_step else 0
+    if not size and not options.queue_timeout_ms:
+        return None
+    return QueuePolicy(max_queue_size=size, timeout_us=options.queue_timeout_ms * 1000)
 
 
 def _preprocessed(classifier: Classifier) -> Tensor:
@@ -81,7 +101,9 @@ def _preprocessing_config(
         max_batch_size=options.max_batch_size,
         inputs=(Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),),
         outputs=(_preprocessed(preset.classifier),),
-        dynamic_batching=_batching(options),
+        # In the classifier's batches on the CPU: under overload the first step hands
+        # on one classifier batch at a time, not all it holds (docs/reliability.md#overload).
+        dynamic_batching=_batching(options, options.classifier_preferred_batches, first_step=True),
         instance_groups=(InstanceGroup(count=options.instances, kind=kind),),
         parameters=parameters,
         warmup=_sample_warmup(sample),
@@ -103,7 +125,7 @@ def video_config(preset: Preset, options: BuildOptions) -> ModelConfig:
         max_batch_size=options.clips_per_request,
         inputs=(Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),),
         outputs=(_preprocessed(preset.classifier),),
-        dynamic_batching=_batching(options),
+        dynamic_batching=_batching(options, first_step=True),
         instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
         parameters={"num_threads": str(options.num_threads), "split_along_outer_axis": PREPROCESS_OUTPUT},
         warmup=_sample_warmup(sample_clip(), WARMUP_CLIP, "sample_clip"),

@@ -44,8 +44,11 @@ class AsyncClassifierClient(ClientBase):
     """Connects and checks readiness in `async with` (or `await client.connect()`);
     arguments: see ClientBase."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, max_connections: int = 100, **kwargs):
         super().__init__(*args, **kwargs)
+        # HTTP only: requests beyond it wait in the client for a connection (an open
+        # loop at a high rate needs as many as it has requests in flight).
+        self.max_connections = max_connections
         self._labels_lock = asyncio.Lock()
         self._free_regions: list[RequestRegions] = []
         self._all_regions: list[RequestRegions] = []
@@ -53,7 +56,9 @@ class AsyncClassifierClient(ClientBase):
 
     async def connect(self) -> "AsyncClassifierClient":
         if self.protocol == "http":
-            self._client = http_aio.InferenceServerClient(self.url, conn_timeout=self.timeout_s or DEFAULT_TIMEOUT_S)
+            self._client = http_aio.InferenceServerClient(
+                self.url, conn_limit=self.max_connections, conn_timeout=self.timeout_s or DEFAULT_TIMEOUT_S
+            )
         else:
             self._client = grpc_aio.InferenceServerClient(self.url)
         try:
@@ -131,24 +136,24 @@ class AsyncClassifierClient(ClientBase):
     async def _classify_clips_chunk(self, clips: list[bytes], top_k: int) -> list[ClipPredictions]:
         # Never in shared memory: the answer's size is the model's frames per clip.
         inputs, outputs = build_request(self.protocol, self.info, self.info.encode(clips), class_count=0)
-        result = await self.retry.acall(lambda: self._infer(inputs, outputs))
+        result = await self._aretrying(lambda: self._infer(inputs, outputs))
         frames = batch_rows(self.info, result.as_numpy(self.info.output_name))
         return clip_predictions(frames, len(clips), top_k, await self.labels(clips[0]))
 
     async def _infer_classification(self, images: list[bytes], class_count: int) -> list[list[Prediction]]:
         inputs, outputs = build_request(self.protocol, self.info, self.info.encode(images), class_count)
-        result = await self.retry.acall(lambda: self._infer(inputs, outputs))
+        result = await self._aretrying(lambda: self._infer(inputs, outputs))
         return [parse_classification(row) for row in batch_rows(self.info, result.as_numpy(self.info.output_name))]
 
     async def _probabilities_chunk(self, images: list[bytes]) -> np.ndarray:
         tensor = self.info.encode(images)
         if self.shm == "none":
             inputs, outputs = build_request(self.protocol, self.info, tensor, class_count=0)
-            result = await self.retry.acall(lambda: self._infer(inputs, outputs))
+            result = await self._aretrying(lambda: self._infer(inputs, outputs))
             return batch_rows(self.info, result.as_numpy(self.info.output_name))
         regions = self._free_regions.pop() if self._free_regions else self._new_regions()
         try:
-            return await self.retry.acall(
+            return await self._aretrying(
                 lambda: self._shared_memory_attempt(tensor, regions),
                 on_retry=lambda error: self._forget_registrations(),
             )

@@ -139,22 +139,22 @@ class ClassifierClient(ClientBase):
     def _classify_clips_chunk(self, clips: list[bytes], top_k: int) -> list[ClipPredictions]:
         # Never in shared memory: the answer's size is the model's frames per clip.
         inputs, outputs = build_request(self.protocol, self.info, self.info.encode(clips), class_count=0)
-        result = self.retry.call(lambda: self._infer(inputs, outputs))
+        result = self._retrying(lambda: self._infer(inputs, outputs))
         frames = batch_rows(self.info, result.as_numpy(self.info.output_name))
         return clip_predictions(frames, len(clips), top_k, self.labels(clips[0]))
 
     def _infer_classification(self, images: list[bytes], class_count: int) -> list[list[Prediction]]:
         inputs, outputs = build_request(self.protocol, self.info, self.info.encode(images), class_count)
-        result = self.retry.call(lambda: self._infer(inputs, outputs))
+        result = self._retrying(lambda: self._infer(inputs, outputs))
         return [parse_classification(row) for row in batch_rows(self.info, result.as_numpy(self.info.output_name))]
 
     def _probabilities_chunk(self, images: list[bytes]) -> np.ndarray:
         tensor = self.info.encode(images)
         if self._regions is None:
             inputs, outputs = build_request(self.protocol, self.info, tensor, class_count=0)
-            result = self.retry.call(lambda: self._infer(inputs, outputs))
+            result = self._retrying(lambda: self._infer(inputs, outputs))
             return batch_rows(self.info, result.as_numpy(self.info.output_name))
-        return self.retry.call(lambda: self._shared_memory_attempt(tensor), on_retry=self._lost_server)
+        return self._retrying(lambda: self._shared_memory_attempt(tensor), on_retry=self._lost_server)
 
     def _shared_memory_attempt(self, tensor: np.ndarray) -> np.ndarray:
         try:

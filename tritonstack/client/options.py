@@ -21,7 +21,16 @@ def add_server_options(
     )
     parser.add_argument("--protocol", choices=PROTOCOLS, help="default: the --url's scheme, else http")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="per-request timeout in seconds")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help=(
+            "per-request deadline in seconds: the client stops waiting then, and the server "
+            "refuses the request if it is still queued"
+        ),
+    )
     parser.add_argument(
         "--admin-key",
         metavar="KEY",

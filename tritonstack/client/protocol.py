@@ -12,6 +12,7 @@ classification extension ("score:index:label").
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from tritonclient.utils import triton_to_np_dtype
 from tritonstack.address import parse_address, resolve_protocol
 from tritonstack.client.retry import (
     RetryPolicy,
+    RetryThrottle,
     ServerUnavailableError,
     is_retryable,
     is_timeout,
@@ -30,7 +32,7 @@ from tritonstack.client.retry import (
     wrong_protocol_message,
 )
 from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
-from tritonstack.contract import DEFAULT_MODEL, pad_batch
+from tritonstack.contract import DEFAULT_MODEL, QUEUES_PER_REQUEST, pad_batch
 
 PROTOCOLS = ("http", "grpc")
 DEFAULT_URLS = {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}  # `make serve`
@@ -192,6 +194,21 @@ def worth_splitting(error: BaseException, batch_size: int) -> bool:
     return batch_size > 1 and not (is_retryable(error) or is_timeout(error))
 
 
+def request_deadline_options(protocol: str, timeout_s: float | None) -> dict:
+    """tritonclient infer() keywords that carry a deadline of `timeout_s` to the server:
+    the request's `timeout` parameter (Triton's queue policy refuses a request still
+    queued past it) and, over gRPC, the call's deadline. Triton starts a request's
+    timeout afresh at each step's queue, so the deadline is shared between the
+    ensemble's queues (QUEUES_PER_REQUEST). Over HTTP the client's own connection
+    timeout bounds the wait."""
+    if not timeout_s:
+        return {}
+    options = {"timeout": max(1, round(timeout_s / QUEUES_PER_REQUEST * 1_000_000))}
+    if protocol == "grpc":
+        options["client_timeout"] = timeout_s
+    return options
+
+
 def check_transport(protocol: str, shm: str) -> None:
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
@@ -226,8 +243,25 @@ class ClientBase:
         self.headers = headers
         self.info: ModelInfo | None = None
         self._labels: list[str] | None = None
-        # Per-call keyword arguments of tritonclient's infer.
-        self._infer_options = {} if protocol == "http" else {"client_timeout": timeout_s}
+        # Refusals by a full queue are retried within this budget, shared by every
+        # request of this client (tritonstack.client.retry).
+        self.throttle = RetryThrottle()
+        # Per-call keyword arguments of tritonclient's infer: the deadline goes to the
+        # server as the request's `timeout` (microseconds), so that a request still
+        # queued when it passes is refused there instead of computed for nobody;
+        # gRPC's own deadline (client_timeout) also cancels it in Triton's queues.
+        self._infer_options = request_deadline_options(protocol, timeout_s)
+
+    def _deadline(self) -> float | None:
+        """When the caller stops waiting for a request started now (time.monotonic())."""
+        return time.monotonic() + self.timeout_s if self.timeout_s else None
+
+    def _retrying(self, attempt, on_retry=None):
+        """An inference call under the retry policy, its budget and its deadline."""
+        return self.retry.call(attempt, on_retry, throttle=self.throttle, deadline=self._deadline())
+
+    async def _aretrying(self, attempt, on_retry=None):
+        return await self.retry.acall(attempt, on_retry, throttle=self.throttle, deadline=self._deadline())
 
     def _headers(self) -> dict[str, str] | None:
         # A fresh copy per call: tritonclient's HTTP infer adds its

@@ -6,12 +6,24 @@ gRPC CANCELLED from a server shutting down).
 A request the server rejected (HTTP 4xx, gRPC INVALID_ARGUMENT, NOT_FOUND, or
 UNKNOWN from an undecodable image) fails the same way every time, and a timed-out
 request may still be running: neither is retried.
+
+Clients do not amplify an overload (the SRE book's "Handling Overload"):
+- a refusal by a queue that is full (Triton's queue policy, written by
+  `tritonstack build`) is retried only within a retry budget, gRPC's retry
+  throttling (`RetryThrottle`): at most about one retry per ten requests that
+  succeed, none while refusals outnumber that;
+- a request whose deadline passed ("Request timeout expired" from the server, or
+  the client's own deadline) is never retried, and no retry starts that could not
+  finish before the caller's deadline;
+- waits grow exponentially with jitter, so that clients refused together do not
+  come back together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -34,6 +46,10 @@ _TIMED_OUT = {"StatusCode.DEADLINE_EXCEEDED"}
 # but the same request succeeds once the model is back. (An unknown model name
 # reads "... is not found" instead, and is not retried.)
 _MODEL_BETWEEN_VERSIONS = "has no available versions"
+# Triton's queue policy (dynamic_batching.default_queue_policy): a full queue, and a
+# request that waited past its timeout. Both arrive as HTTP 503 / gRPC UNAVAILABLE.
+QUEUE_FULL = "Exceeds maximum queue size"
+DEADLINE_EXPIRED = "Request timeout expired"
 # Triton's answer to an admin call without the launcher's key (tritonstack.serve.security).
 _RESTRICTED = "This protocol is restricted"
 # What gRPC says when the port answers HTTP/1 (Triton's HTTP port): a wrong port
@@ -45,10 +61,22 @@ class ServerUnavailableError(ConnectionError):
     """No Triton server answers at the address, or it is not ready."""
 
 
+def is_refusal(error: BaseException) -> bool:
+    """Refused at once by a full queue: the server is overloaded, try later (within a budget)."""
+    return isinstance(error, InferenceServerException) and QUEUE_FULL in str(error.message())
+
+
+def is_expired(error: BaseException) -> bool:
+    """The request's own timeout passed while it waited in the server's queue."""
+    return isinstance(error, InferenceServerException) and DEADLINE_EXPIRED in str(error.message())
+
+
 def is_retryable(error: BaseException) -> bool:
     if isinstance(error, InferenceServerException):
         message = str(error.message())
         if _RESTRICTED in message or _GRPC_ON_HTTP_PORT in message:  # UNAVAILABLE, but it will not change
+            return False
+        if DEADLINE_EXPIRED in message:  # its deadline passed: an answer now is no use
             return False
         return str(error.status()) in _UNAVAILABLE or _MODEL_BETWEEN_VERSIONS in message
     if isinstance(error, (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
@@ -65,26 +93,65 @@ def is_lost_region(error: BaseException) -> bool:
 
 
 def is_timeout(error: BaseException) -> bool:
+    """The deadline passed: at the client, or in the server's queue."""
     if isinstance(error, InferenceServerException):
-        return str(error.status()) in _TIMED_OUT
+        return str(error.status()) in _TIMED_OUT or is_expired(error)
     return isinstance(error, (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError))
 
 
 def describe_error(error: BaseException, timeout_s: float | None = None) -> str:
     """One line that says what went wrong, for a result line or a log."""
+    if is_expired(error):
+        return "refused: its deadline passed while it waited in the server's queue (the server is overloaded)"
     if is_timeout(error):
         return f"timed out after {timeout_s:g} s" if timeout_s else "timed out"
+    if is_refusal(error):
+        return (
+            "refused at once: the server's queue is full (overloaded); retry later with backoff, "
+            "or add capacity (more replicas)"
+        )
     if isinstance(error, InferenceServerException):
         message = " ".join((error.message() or "").split())
         return f"{error.status()}: {message}" if error.status() else message
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
+class RetryThrottle:
+    """A client's retry budget, gRPC's retry throttling (gRFC A6): a bucket of
+    `max_tokens` tokens; a success adds `token_ratio`, a refusal takes one away, and a
+    refused request is retried only while more than half the bucket is left. Under a
+    steady overload the bucket empties after a few refusals and refills by successes
+    only: at most about one retry per 1 / `token_ratio` successes (10 % more load).
+    Thread-safe: one throttle per client, shared by its threads or tasks."""
+
+    def __init__(self, max_tokens: float = 10.0, token_ratio: float = 0.1):
+        self.max_tokens, self.token_ratio = max_tokens, token_ratio
+        self.tokens = max_tokens
+        self.retries = 0  # spent so far, for a caller's report
+        self._lock = threading.Lock()
+
+    def on_success(self) -> None:
+        with self._lock:
+            self.tokens = min(self.max_tokens, self.tokens + self.token_ratio)
+
+    def allows_retry(self) -> bool:
+        """Take the refusal into account; whether a retry may be sent."""
+        with self._lock:
+            self.tokens = max(0.0, self.tokens - 1)
+            allowed = self.tokens > self.max_tokens / 2
+            self.retries += allowed
+            return allowed
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Exponential backoff with jitter: the n-th wait is drawn from
     [d/2, d] with d = min(max_delay_s, base_delay_s * 2**n), so clients that
-    failed together do not all come back at the same instant."""
+    failed together do not all come back at the same instant.
+
+    `call` and `acall` take a RetryThrottle (refusals by a full queue are retried
+    only within its budget) and a deadline (time.monotonic()): no retry starts whose
+    wait would end past it."""
 
     retries: int = 3
     base_delay_s: float = 0.25
@@ -95,33 +162,55 @@ class RetryPolicy:
             ceiling = min(self.max_delay_s, self.base_delay_s * 2**attempt)
             yield random.uniform(ceiling / 2, ceiling)
 
-    def call(self, attempt: Callable[[], T], on_retry: Callable[[BaseException], None] | None = None) -> T:
+    def call(
+        self,
+        attempt: Callable[[], T],
+        on_retry: Callable[[BaseException], None] | None = None,
+        throttle: RetryThrottle | None = None,
+        deadline: float | None = None,
+    ) -> T:
         for delay in self.delays():
             try:
-                return attempt()
+                return _succeeded(attempt(), throttle)
             except Exception as error:
-                if not is_retryable(error):
+                if not _worth_retrying(error, delay, throttle, deadline):
                     raise
                 if on_retry:
                     on_retry(error)
             time.sleep(delay)
-        return attempt()
+        return _succeeded(attempt(), throttle)
 
     async def acall(
         self,
         attempt: Callable[[], Awaitable[T]],
         on_retry: Callable[[BaseException], None] | None = None,
+        throttle: RetryThrottle | None = None,
+        deadline: float | None = None,
     ) -> T:
         for delay in self.delays():
             try:
-                return await attempt()
+                return _succeeded(await attempt(), throttle)
             except Exception as error:
-                if not is_retryable(error):
+                if not _worth_retrying(error, delay, throttle, deadline):
                     raise
                 if on_retry:
                     on_retry(error)
             await asyncio.sleep(delay)
-        return await attempt()
+        return _succeeded(await attempt(), throttle)
+
+
+def _succeeded(result: T, throttle: RetryThrottle | None) -> T:
+    if throttle is not None:
+        throttle.on_success()
+    return result
+
+
+def _worth_retrying(error: BaseException, delay: float, throttle: RetryThrottle | None, deadline: float | None) -> bool:
+    if not is_retryable(error):
+        return False
+    if deadline is not None and time.monotonic() + delay >= deadline:
+        return False  # the answer would come after the caller stopped waiting
+    return throttle is None or not is_refusal(error) or throttle.allows_retry()
 
 
 NO_RETRY = RetryPolicy(retries=0)

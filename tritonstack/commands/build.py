@@ -44,6 +44,8 @@ def build(args: argparse.Namespace) -> int:
         instances=args.instances,
         max_queue_delay_us=args.max_queue_delay_us,
         classifier_batch=args.classifier_batch,
+        max_queue_size=args.max_queue_size,
+        queue_timeout_ms=args.queue_timeout_ms,
         device=args.device,
         format=args.format,
         clip_frames=args.clip_frames,
@@ -194,6 +196,23 @@ def _add_build_parser(commands) -> None:
         help="on the CPU, the batch the classifier's dynamic batcher forms from queued "
         "requests (preferred_batch_size; 0: none): ONNX Runtime's best rate per image "
         "and a bounded arena. Requests of more images still run whole",
+    )
+    admission = parser.add_argument_group("admission under overload (docs/reliability.md#overload)")
+    admission.add_argument(
+        "--max-queue-size",
+        type=cli.non_negative_int,
+        default=defaults.max_queue_size,
+        metavar="N",
+        help="requests queued before an ensemble's first step beyond which a new one is refused at once "
+        "(HTTP 503, gRPC UNAVAILABLE); 0: no bound",
+    )
+    admission.add_argument(
+        "--queue-timeout-ms",
+        type=cli.non_negative_int,
+        default=defaults.queue_timeout_ms,
+        metavar="MS",
+        help="a request still queued at a step after this long is refused (a request's own shorter "
+        "timeout wins); 0: never",
     )
     video = parser.add_argument_group(
         "video presets",

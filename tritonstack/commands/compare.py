@@ -12,7 +12,7 @@ from tritonstack.benchmark import compare as comparison
 from tritonstack.benchmark.compare import SIDES, compare, environment_assignment, table
 from tritonstack.benchmark.settings import DALI_ENSEMBLE, INT8_ENSEMBLE
 from tritonstack.rules.repository import unservable_reason
-from tritonstack.serve.supervision import RecyclePolicy
+from tritonstack.serve.supervision import RecyclePolicy, Supervision
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +33,13 @@ def _main(argv: list[str] | None) -> int:
             help=f"{side.upper()}'s stub recycling bound (0: off; default: the launcher's, "
             f"{RecyclePolicy.above_mib:g})",
         )
+        parser.add_argument(
+            f"--{side}-front-nice",
+            type=int,
+            default=Supervision.front_nice,
+            metavar="N",
+            help=f"{side.upper()}'s nice value for ensembles' first steps (0: as any other stub)",
+        )
     parser.add_argument("--model", action="append", help=f"default: {DALI_ENSEMBLE} and {INT8_ENSEMBLE}")
     parser.add_argument("--rounds", type=cli.positive_int, default=5, help="at least 3: a median and a spread")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured per side, model and round")
@@ -47,9 +54,11 @@ def _main(argv: list[str] | None) -> int:
         and not args.a_env
         and not args.b_env
         and args.a_recycle_above_mib == args.b_recycle_above_mib
+        and args.a_front_nice == args.b_front_nice
     ):
         raise cli.UsageError(
-            "A and B would be the same: give --b-repository, an --a-env/--b-env or different --a/--b-recycle-above-mib"
+            "A and B would be the same: give --b-repository, an --a-env/--b-env or different "
+            "--a/--b-recycle-above-mib or --a/--b-front-nice"
         )
     for repository in filter(None, (args.a_repository, args.b_repository)):
         reason = unservable_reason(repository)

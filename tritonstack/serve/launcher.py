@@ -42,6 +42,7 @@ from tritonstack.serve import process, server_log
 from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.limits import limit_address_space
 from tritonstack.serve.network import is_loopback
+from tritonstack.serve.priority import front_steps, lower_priority
 from tritonstack.serve.restart import ServerRestarter
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions, stub_regions
@@ -241,13 +242,20 @@ def _supervise_stubs(server: TritonServer) -> None:
     if server.supervisor is not None:
         server.supervisor.stop()
     reload = functools.partial(reload_model, server.http_url, server.admin_headers("http"))
-    limits = server.supervision.memory_limits
-    limit = functools.partial(limit_address_space, limit_bytes=limits.stub_bytes) if limits else None
+    supervision = server.supervision
+    front = front_steps(server.http_url, server.admin_headers("http")) if supervision.front_nice else set()
+
+    def on_new_stub(pid: int, model: str) -> None:
+        if supervision.memory_limits:
+            limit_address_space(pid, supervision.memory_limits.stub_bytes)
+        if model in front:
+            lower_priority(pid, supervision.front_nice)
+
     server.supervisor = StubSupervisor(
         server.process.pid,
         reload if server.config.explicit_model_control else None,
-        on_new_stub=limit,
-        recycle=server.supervision.recycle,
+        on_new_stub=on_new_stub,
+        recycle=supervision.recycle,
     )
     server.supervisor.start()
 

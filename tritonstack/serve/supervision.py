@@ -89,6 +89,9 @@ class Supervision:
     recycle: RecyclePolicy | None = RecyclePolicy()
     # Address-space ceilings for the server and each stub (tritonstack.serve.limits); None: none.
     memory_limits: MemoryLimits | None = field(default_factory=MemoryLimits.default)
+    # The nice value of the stubs of ensembles' first steps (tritonstack.serve.priority):
+    # under overload the backlog waits before them, where it is refused; 0: as any other.
+    front_nice: int = 19
 
 
 @dataclass
@@ -128,14 +131,14 @@ class StubSupervisor(threading.Thread):
     """Watches the stubs of the server process `server_pid`; calls `reload(model,
     reason)` for a model whose stub died (None: explicit model control is off, so it
     can only say so) or, under `recycle`, grew and stayed grown; and
-    `on_new_stub(pid)` for each stub when first seen alive."""
+    `on_new_stub(pid, model)` for each stub when first seen alive."""
 
     def __init__(
         self,
         server_pid: int,
         reload: Callable[[str, str], bool] | None,
         poll_s: float = 0.5,
-        on_new_stub: Callable[[int], object] | None = None,
+        on_new_stub: Callable[[int, str], object] | None = None,
         recycle: RecyclePolicy | None = None,
     ):
         super().__init__(name="stub-supervisor", daemon=True)
@@ -176,7 +179,7 @@ class StubSupervisor(threading.Thread):
     def _seen(self, live: dict[int, str]) -> None:
         for pid in live.keys() - self._models.keys():
             if self.on_new_stub is not None:
-                self.on_new_stub(pid)
+                self.on_new_stub(pid, live[pid])
         self._models.update(live)
 
     def _stub_died(self, model: str) -> None:

@@ -23,6 +23,7 @@ from tritonstack.backend_settings import (
     POOL_RESIDENCY_ENV,
     REPOSITORY_ENV,
 )
+from tritonstack.backends.cancellation import cancelled_response, is_cancelled
 from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes, reserve_host_pool
 from tritonstack.backends.dali.requests import BudgetError, ClipInputs, InputError, UndecodableError, samples_of
 from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
@@ -139,6 +140,9 @@ class TritonPythonModel:
         responses = [None] * len(requests)
         runnable, pixels, large_run = [], [], False
         for index, request in enumerate(requests):
+            if is_cancelled(request):
+                responses[index] = cancelled_response()
+                continue
             try:
                 feed, declared = self._samples_of(request)
             except (InputError, BudgetError) as error:
@@ -197,6 +201,9 @@ class TritonPythonModel:
         stream with an error response."""
         sender = request.get_response_sender()
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if is_cancelled(request):
+            sender.send(cancelled_response(), flags=final)
+            return
         try:
             feed, _ = self._samples_of(request)
             clips = len(next(iter(feed.values())))

@@ -31,6 +31,7 @@ import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 from tritonstack.backend_settings import REPOSITORY_ENV
+from tritonstack.backends.cancellation import cancelled_response, is_cancelled
 from tritonstack.backends.stub_memory import StubMemoryGauge
 from tritonstack.contract import onnx_type
 from tritonstack.repository_files import ONNX_MODEL_FILENAME, latest_version_dir
@@ -106,7 +107,10 @@ class TritonPythonModel:
         self._memory_gauge = StubMemoryGauge(args["model_name"], args["model_instance_name"])
 
     def execute(self, requests):
-        responses = self._execute_batch(requests)
+        responses = [cancelled_response() if is_cancelled(request) else None for request in requests]
+        live = [index for index, response in enumerate(responses) if response is None]
+        for index, response in zip(live, self._execute_batch([requests[index] for index in live]) if live else []):
+            responses[index] = response
         self._memory_gauge.update()
         return responses
 

@@ -1,0 +1,297 @@
+"""Beyond capacity: how much of it the stack still serves in time, and what it wastes.
+
+    tritonstack overload --out reports/overload.json                 # starts its own server
+    tritonstack overload --url 127.0.0.1:8000 --grpc-url 127.0.0.1:8001 --out reports/overload.json
+
+First the capacity (requests/s, one image each, a closed loop over gRPC), then for
+each protocol and load multiple an open loop of Poisson arrivals at that multiple of
+the capacity, every request with the same deadline (sent to the server as the
+request's timeout, and the client stops waiting then). Every request ends one way:
+
+- in time: answered (200) before its deadline;
+- refused: the server said no (a full queue, or its timeout passed while queued:
+  HTTP 503 / gRPC UNAVAILABLE) before the deadline;
+- late: no answer before the deadline (the client gave up), or one after it;
+- failed: anything else (a wrong status, a broken connection).
+
+It writes, per protocol and multiple:
+- goodput_share: answered in time / (capacity x seconds): 1.0 is all the capacity
+  serving requests that someone still waits for;
+- wasted_share: of the images each step of the ensemble computed (Triton's own
+  inference counters, read after the backlog drained), the share that did not reach
+  a client in time, the worst step's;
+- answered_ms_p99, refused_ms_p99: latency of answers and of refusals;
+- recovery_s: from the last send until a lone request is answered within twice the
+  idle latency again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import tritonclient.http as httpclient
+
+from tritonstack.benchmark.phases import closed_loop
+from tritonstack.client.aio import AsyncClassifierClient
+from tritonstack.client.retry import NO_RETRY, is_expired, is_refusal, is_timeout
+
+DEADLINE_S = 1.0
+MULTIPLES = (1.5, 3.0)
+PROTOCOLS = ("grpc", "http")
+CAPACITY_CONCURRENCY = 8
+RECOVERY_LIMIT_S = 60.0
+RECOVERY_FACTOR = 2.0  # "back to idle": a lone request within twice the idle latency
+
+
+@dataclass
+class Outcomes:
+    """How the requests of one open loop ended; latencies from the scheduled send."""
+
+    in_time_s: list[float] = field(default_factory=list)
+    refused_s: list[float] = field(default_factory=list)
+    late: int = 0
+    failed: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # a few kinds, for the report
+
+    @property
+    def sent(self) -> int:
+        return len(self.in_time_s) + len(self.refused_s) + self.late + self.failed
+
+    def record(self, latency_s: float, deadline_s: float, error: BaseException | None) -> None:
+        if error is None:
+            (self.in_time_s.append(latency_s) if latency_s <= deadline_s else self._late())
+        elif is_refusal(error) or is_expired(error):
+            (self.refused_s.append(latency_s) if latency_s <= deadline_s else self._late())
+        elif is_timeout(error):
+            self._late()
+        else:
+            self.failed += 1
+            kind = f"{type(error).__name__}: {str(error)[:80]}"
+            self.failures[kind] = self.failures.get(kind, 0) + 1
+
+    def _late(self) -> None:
+        self.late += 1
+
+
+def p99_ms(latencies_s: list[float]) -> float | None:
+    return float(np.percentile(latencies_s, 99)) * 1000 if latencies_s else None
+
+
+async def deadline_open_loop(
+    url: str,
+    protocol: str,
+    model: str,
+    images: list[bytes],
+    rate: float,
+    seconds: float,
+    deadline_s: float,
+    seed: int,
+) -> tuple[Outcomes, float]:
+    """Poisson arrivals at `rate` for `seconds`, each request with `deadline_s`; the
+    outcomes and the loop's time of the last send (loop.time())."""
+    outcomes = Outcomes()
+    gaps = np.random.default_rng(seed).exponential(1 / rate, max(int(rate * seconds), 1))
+    offsets = np.cumsum(gaps) - gaps[0]
+    in_flight = int(rate * deadline_s * 2) + 16  # every request its own connection (HTTP)
+    async with AsyncClassifierClient(
+        url, protocol, model, retry=NO_RETRY, timeout_s=deadline_s, max_connections=in_flight
+    ) as client:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def one(scheduled: float, image: bytes) -> None:
+            error = None
+            try:
+                await asyncio.wait_for(client.probabilities([image]), deadline_s + 0.5)
+            except Exception as raised:  # every outcome is counted, none raised
+                error = raised
+            outcomes.record(loop.time() - scheduled, deadline_s, error)
+
+        tasks = []
+        for index, offset in enumerate(offsets):
+            scheduled = start + float(offset)
+            await asyncio.sleep(max(0.0, scheduled - loop.time()))
+            tasks.append(asyncio.create_task(one(scheduled, images[index % len(images)])))
+        last_send = loop.time()
+        await asyncio.gather(*tasks)
+    return outcomes, last_send
+
+
+def ensemble_steps(http_url: str, model: str, headers: dict[str, str]) -> list[str]:
+    with httpclient.InferenceServerClient(http_url) as client:
+        config = client.get_model_config(model, headers=headers)
+    return [step["model_name"] for step in config.get("ensemble_scheduling", {}).get("step", [])] or [model]
+
+
+def inference_counts(http_url: str, models: list[str], headers: dict[str, str]) -> dict[str, int]:
+    """Images computed so far by each model (Triton's inference_count)."""
+    with httpclient.InferenceServerClient(http_url) as client:
+        counts = {}
+        for model in models:
+            stats = client.get_inference_statistics(model, headers=headers)["model_stats"]
+            counts[model] = sum(int(entry.get("inference_count", 0)) for entry in stats)
+    return counts
+
+
+def settled_counts(http_url: str, models: list[str], headers: dict[str, str], quiet_s: float = 1.0) -> dict[str, int]:
+    """The counters once the backlog has drained: unchanged for `quiet_s`."""
+    counts = inference_counts(http_url, models, headers)
+    deadline = time.monotonic() + RECOVERY_LIMIT_S
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = inference_counts(http_url, models, headers)
+        if now == counts:
+            return now
+        counts = now
+    return counts
+
+
+async def lone_latency_s(url: str, protocol: str, model: str, image: bytes, timeout_s: float = 30.0) -> float | None:
+    async with AsyncClassifierClient(url, protocol, model, retry=NO_RETRY, timeout_s=timeout_s) as client:
+        started = time.perf_counter()
+        try:
+            await client.probabilities([image])
+        except Exception:
+            return None
+        return time.perf_counter() - started
+
+
+async def idle_latency_s(url: str, protocol: str, model: str, image: bytes, requests: int = 10) -> float:
+    async with AsyncClassifierClient(url, protocol, model, retry=NO_RETRY, timeout_s=30.0) as client:
+        latencies = []
+        for _ in range(requests):
+            started = time.perf_counter()
+            await client.probabilities([image])
+            latencies.append(time.perf_counter() - started)
+    return float(np.median(latencies))
+
+
+async def recovery_seconds(
+    url: str, protocol: str, model: str, image: bytes, idle_s: float, since: float
+) -> tuple[float, int]:
+    """Seconds from `since` (loop.time() of the last send) until a lone request is
+    answered within RECOVERY_FACTOR x the idle latency, and the probes answered."""
+    loop = asyncio.get_running_loop()
+    answered = 0
+    while loop.time() - since < RECOVERY_LIMIT_S:
+        latency = await lone_latency_s(url, protocol, model, image)
+        answered += latency is not None
+        if latency is not None and latency <= RECOVERY_FACTOR * idle_s:
+            return max(0.0, loop.time() - since - latency), answered
+        await asyncio.sleep(0.05)
+    return RECOVERY_LIMIT_S, answered
+
+
+@dataclass
+class Target:
+    """The server measured: its two endpoints and the admin headers for its statistics."""
+
+    http_url: str
+    grpc_url: str
+    headers: dict[str, str]
+
+    def url(self, protocol: str) -> str:
+        return self.grpc_url if protocol == "grpc" else self.http_url
+
+
+def measure_capacity(target: Target, model: str, images: list[bytes], seconds: float) -> float:
+    phase = asyncio.run(
+        closed_loop(target.grpc_url, "grpc", model, images, CAPACITY_CONCURRENCY, seconds, warmup_s=2.0)
+    )
+    return phase.images_per_s
+
+
+def overload_phase(
+    target: Target,
+    model: str,
+    images: list[bytes],
+    protocol: str,
+    rate: float,
+    seconds: float,
+    deadline_s: float,
+    capacity: float,
+    seed: int,
+) -> dict:
+    steps = ensemble_steps(target.http_url, model, target.headers)
+    url = target.url(protocol)
+    idle_s = asyncio.run(idle_latency_s(url, protocol, model, images[0]))
+    before = settled_counts(target.http_url, steps, target.headers)
+
+    async def load_then_recover() -> tuple[Outcomes, tuple[float, int]]:
+        outcomes, last_send = await deadline_open_loop(url, protocol, model, images, rate, seconds, deadline_s, seed)
+        return outcomes, await recovery_seconds(url, protocol, model, images[0], idle_s, last_send)
+
+    outcomes, (recovery, probes) = asyncio.run(load_then_recover())
+    after = settled_counts(target.http_url, steps, target.headers)
+    computed = {step: after[step] - before[step] for step in steps}
+    answered = len(outcomes.in_time_s)
+    return {
+        "protocol": protocol,
+        "offered_rps": rate,
+        "seconds": seconds,
+        "deadline_s": deadline_s,
+        "sent": outcomes.sent,
+        "in_time": answered,
+        "refused": len(outcomes.refused_s),
+        "late": outcomes.late,
+        "failed": outcomes.failed,
+        "failures": outcomes.failures,
+        "goodput_rps": answered / seconds,
+        "goodput_share": answered / (capacity * seconds),
+        "wasted_share": wasted_share(answered + probes, computed),
+        "computed_by_step": computed,
+        "answered_ms_p99": p99_ms(outcomes.in_time_s),
+        "refused_ms_p99": p99_ms(outcomes.refused_s),
+        "idle_ms": idle_s * 1000,
+        "recovery_s": recovery,
+    }
+
+
+def wasted_share(answered_in_time: int, computed: dict[str, int]) -> float:
+    """The worst step's share of computed images that reached nobody in time."""
+    shares = [max(0.0, 1 - answered_in_time / count) for count in computed.values() if count > 0]
+    return max(shares) if shares else 0.0
+
+
+@dataclass(frozen=True)
+class OverloadSettings:
+    seconds: float = 30.0  # per open loop
+    deadline_s: float = DEADLINE_S
+    multiples: tuple[float, ...] = MULTIPLES
+    protocols: tuple[str, ...] = PROTOCOLS
+    capacity_s: float = 10.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_overload(target: Target, model: str, images: list[bytes], settings: OverloadSettings, log=print) -> dict:
+    capacity = measure_capacity(target, model, images, settings.capacity_s)
+    log(f"capacity: {capacity:.1f} requests/s (closed loop, {CAPACITY_CONCURRENCY} in flight, gRPC)")
+    phases = []
+    for protocol in settings.protocols:
+        for multiple in settings.multiples:
+            rate = multiple * capacity
+            log(f"{protocol} at {multiple:g}x ({rate:.0f} requests/s) for {settings.seconds:g} s ...")
+            phase = overload_phase(
+                target, model, images, protocol, rate, settings.seconds, settings.deadline_s, capacity, len(phases)
+            )
+            phase["multiple"] = multiple
+            log("  " + phase_line(phase))
+            phases.append(phase)
+    return {"model": model, "capacity_rps": capacity, "settings": settings.as_dict(), "phases": phases}
+
+
+def phase_line(phase: dict) -> str:
+    def ms(value: float | None) -> str:
+        return f"{value:.0f} ms" if value is not None else "-"
+
+    return (
+        f"goodput {phase['goodput_share']:.2f} of capacity, wasted {phase['wasted_share']:.2f}, "
+        f"in time {phase['in_time']}, refused {phase['refused']}, late {phase['late']}, failed {phase['failed']}; "
+        f"p99 answered {ms(phase['answered_ms_p99'])}, refused {ms(phase['refused_ms_p99'])}; "
+        f"recovered in {phase['recovery_s']:.1f} s"
+    )

@@ -1,0 +1,65 @@
+"""`tritonstack overload`: the command line of tritonstack.benchmark.overload (see its docstring)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tritonstack import cli
+from tritonstack.benchmark import overload
+from tritonstack.benchmark.phases import weighted_images
+from tritonstack.client.preflight import check_model
+from tritonstack.client.retry import RetryPolicy
+from tritonstack.contract import DEFAULT_MODEL, admin_headers
+from tritonstack.serve.target import given_endpoints, target_server
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(measure, argv)
+
+
+def parse_args(argv: list[str] | None):
+    parser = cli.parser(overload.__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"), help="served if no --url")
+    parser.add_argument("--seconds", type=cli.positive_float, default=30.0, help="per open loop")
+    parser.add_argument("--deadline-ms", type=cli.positive_float, default=overload.DEADLINE_S * 1000)
+    parser.add_argument("--multiples", type=cli.positive_float, nargs="+", default=list(overload.MULTIPLES))
+    parser.add_argument("--protocols", nargs="+", choices=overload.PROTOCOLS, default=list(overload.PROTOCOLS))
+    parser.add_argument("--capacity-seconds", type=cli.positive_float, default=10.0)
+    running = parser.add_argument_group("a running server instead of starting one")
+    running.add_argument("--url", help="HTTP host:port (or http://host:port)")
+    running.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port)")
+    return parser.parse_args(argv)
+
+
+def measure(argv: list[str] | None) -> int:
+    args = parse_args(argv)
+    settings = overload.OverloadSettings(
+        seconds=args.seconds,
+        deadline_s=args.deadline_ms / 1000,
+        multiples=tuple(args.multiples),
+        protocols=tuple(args.protocols),
+        capacity_s=args.capacity_seconds,
+    )
+    http_url, grpc_url, _ = given_endpoints(args.url, args.grpc_url, None)
+    with target_server(args.model_repository, http_url, grpc_url, None) as server:
+        target = overload.Target(server.http_url, server.grpc_url, server.admin_headers("http"))
+        for protocol in settings.protocols:
+            check_model(target.url(protocol), protocol, args.model, admin_headers(protocol), RetryPolicy(retries=1))
+        results = overload.run_overload(target, args.model, weighted_images(400), settings, log=cli_log)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"report: {args.out}")
+    return 0 if all(phase["failed"] == 0 for phase in results["phases"]) else 1
+
+
+def cli_log(text: str) -> None:
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
