@@ -110,6 +110,8 @@ def shared_options(args: argparse.Namespace, grpc_url: str) -> list[str]:
         *(["--grpc-url", grpc_url] if grpc_url else []),
         "--max-requests",
         str(args.max_requests),
+        "--deadline-ms",
+        str(args.deadline_ms),
         "--step-users",
         str(args.step_users),
         "--step-seconds",

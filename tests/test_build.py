@@ -92,7 +92,30 @@ def test_classifier_batch_is_a_cpu_preference_below_max_batch_size(tmp_path, mod
         out = tmp_path / "-".join(args)
         build(out, "dali_efficientnet_lite0", *args)
         assert list(read_config(out / LITE0).dynamic_batching.preferred_batch_size) == preferred, args
-        assert list(read_config(out / PREPROCESS).dynamic_batching.preferred_batch_size) == [], args
+        # The first step hands on one classifier batch at a time (docs/reliability.md#overload).
+        assert list(read_config(out / PREPROCESS).dynamic_batching.preferred_batch_size) == preferred, args
+
+
+def test_admission_bounds_the_first_steps_queue_and_every_steps_wait(tmp_path, model_repository):
+    out = tmp_path / "default"
+    build(out, "dali_efficientnet_lite0")
+    first = read_config(out / PREPROCESS).dynamic_batching.default_queue_policy
+    assert (first.max_queue_size, first.default_timeout_microseconds) == (0, 30_000_000)
+    assert first.allow_timeout_override and first.timeout_action == first.REJECT
+    later = read_config(out / LITE0).dynamic_batching.default_queue_policy
+    assert (later.max_queue_size, later.default_timeout_microseconds, later.allow_timeout_override) == (
+        0,
+        30_000_000,
+        True,
+    )
+    tuned = tmp_path / "tuned"
+    build(tuned, "dali_efficientnet_lite0", "--max-queue-size", "4", "--queue-timeout-ms", "500")
+    first = read_config(tuned / PREPROCESS).dynamic_batching.default_queue_policy
+    assert (first.max_queue_size, first.default_timeout_microseconds) == (4, 500_000)
+    off = tmp_path / "off"
+    build(off, "dali_efficientnet_lite0", "--max-queue-size", "0", "--queue-timeout-ms", "0")
+    for model in (PREPROCESS, LITE0):
+        assert not read_config(off / model).dynamic_batching.HasField("default_queue_policy"), model
 
 
 def test_warmup_is_a_real_jpeg_of_the_declared_size(model_repository):

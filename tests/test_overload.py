@@ -1,7 +1,8 @@
-"""Admission under overload, on a real server whose ensemble's first step has a small
-queue bound: refusals come at once with a clear status over both protocols, the
-client's deadline reaches the server's queues, requests given up are not computed,
-and the client's retries stay within their budget."""
+"""Deadlines under load, on a real server built with the default queue policy: a
+request still queued when its deadline passes is refused with a clear status over
+both protocols and never computed, our client sends its deadline to the server, a
+cancelled request is not computed, the client's retries of refusals stay within
+their budget, and the load test counts refusals and missed deadlines apart."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http as httpclient
+import tritonclient.http.aio as http_aio
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
@@ -22,6 +24,7 @@ from tritonstack.build.repository import write_repository
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.protocol import request_deadline_options
 from tritonstack.client.retry import (
+    DEADLINE_EXPIRED,
     NO_RETRY,
     QUEUE_FULL,
     RetryPolicy,
@@ -29,6 +32,7 @@ from tritonstack.client.retry import (
     describe_error,
     is_expired,
     is_refusal,
+    is_timeout,
 )
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 from tritonstack.samples import photo_bytes, photo_path
@@ -36,18 +40,17 @@ from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig
 
 FIRST_STEP = "preprocess_dali_efficientnet_lite0"
-QUEUE_BOUND = 2
-BURST = 48
+LATE_REQUESTS = 2
 BLOCKER_IMAGES = 8
+FIRST_STEP_ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 
 
 @pytest.fixture(scope="module")
 def admission_server(tmp_path_factory, model_repository):
-    """The Lite0 ensemble with a queue of QUEUE_BOUND before its first step."""
+    """The Lite0 ensemble as `tritonstack build` writes it."""
     out = tmp_path_factory.mktemp("admission")
     rf.seed_lite0_export(out)
-    options = BuildOptions(max_queue_size=QUEUE_BOUND, queue_timeout_ms=5000)
-    write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),), options=options)
+    write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),), options=BuildOptions())
     with TritonServer(ServerConfig(out, restricted_apis=())) as running:
         yield running
 
@@ -89,45 +92,73 @@ def step_stats(server, model: str) -> dict:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_full_queue_refuses_at_once_with_a_clear_status(admission_server, protocol):
-    outcomes = asyncio.run(burst(admission_server, protocol, BURST))
-    refused = [(latency, error) for latency, error in outcomes if error is not None]
-    answered = [latency for latency, error in outcomes if error is None]
-    assert refused and answered, f"{len(refused)} refused, {len(answered)} answered"
+def test_a_request_past_its_deadline_is_refused_with_a_clear_status(admission_server, blocker, protocol):
+    """Queued behind a long request, requests whose `timeout` passes are refused by the
+    server (HTTP 503, gRPC UNAVAILABLE, "Request timeout expired"), not decoded."""
+    before = step_stats(admission_server, FIRST_STEP)
+    refused = asyncio.run(behind_the_blocker(admission_server, protocol, blocker))
     expected_status = "503" if protocol == "http" else "StatusCode.UNAVAILABLE"
-    for _, error in refused:  # every request ended: answered or refused, nothing else
-        assert is_refusal(error) and error.status() == expected_status, (error.status(), error.message())
-        assert QUEUE_FULL in error.message()
-        assert "queue is full" in describe_error(error) and "retry later" in describe_error(error)
-    # Refused before any work: faster than the answers, which waited for theirs.
-    assert sorted(latency for latency, _ in refused)[len(refused) // 2] < sorted(answered)[len(answered) // 2]
+    assert len(refused) == LATE_REQUESTS, refused
+    for error in refused:
+        assert isinstance(error, InferenceServerException) and is_expired(error), error
+        assert error.status() == expected_status and DEADLINE_EXPIRED in error.message()
+        assert "deadline passed" in describe_error(error)
+    after = step_stats(admission_server, FIRST_STEP)
+    assert after["failed"] - before["failed"] >= LATE_REQUESTS
+    assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES  # none of the late ones
 
 
-def test_the_clients_deadline_reaches_the_servers_queue(admission_server, blocker):
-    """A request whose deadline passes while it is queued is refused by the server,
-    not decoded: the client sends its timeout as the request's `timeout`."""
+async def behind_the_blocker(server, protocol: str, blocker: np.ndarray) -> list:
+    """The blocker, then LATE_REQUESTS requests with a 1 microsecond timeout and a
+    client that waits long enough to hear the server's answer."""
+    module = grpc_aio if protocol == "grpc" else http_aio
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    client = module.InferenceServerClient(url)
+    try:
+        running = asyncio.create_task(client.infer(FIRST_STEP, tensors(module, blocker)))
+        await asyncio.sleep(0.2)  # the blocker runs: what follows waits behind it
+        image = pad_batch([photo_bytes("coffee.png")])
+        late = [client.infer(FIRST_STEP, tensors(module, image), timeout=1) for _ in range(LATE_REQUESTS)]
+        outcomes = await asyncio.gather(*late, return_exceptions=True)
+        await running
+    finally:
+        await client.close()
+    return [outcome for outcome in outcomes if isinstance(outcome, Exception)]
+
+
+def tensors(module, batch: np.ndarray) -> list:
+    tensor = module.InferInput(PREPROCESS_INPUT, list(batch.shape), "UINT8")
+    tensor.set_data_from_numpy(batch)
+    return [tensor]
+
+
+def test_our_client_sends_its_deadline_to_the_server(admission_server, blocker):
+    """ClassifierClient(timeout_s=...) gives up at its deadline, and the server, told
+    it as the request's timeout, drops the request instead of computing it for nobody."""
     assert request_deadline_options("http", 0.5) == {"timeout": 250_000}  # two queues share it
     assert request_deadline_options("grpc", 0.5) == {"timeout": 250_000, "client_timeout": 0.5}
     before = step_stats(admission_server, FIRST_STEP)
-    with httpclient.InferenceServerClient(admission_server.http_url, concurrency=2, network_timeout=60) as client:
-        running = client.async_infer(FIRST_STEP, [http_input(blocker)])
-        time.sleep(0.2)  # the blocker runs: what follows waits behind it
-        late = []
-        for _ in range(QUEUE_BOUND):
-            try:
-                client.infer(
-                    FIRST_STEP,
-                    [http_input(pad_batch([photo_bytes("coffee.png")]))],
-                    **request_deadline_options("http", 1e-6),
+
+    async def given_up() -> list:
+        async with grpc_aio.InferenceServerClient(admission_server.grpc_url) as raw:
+            running = asyncio.create_task(raw.infer(FIRST_STEP, tensors(grpc_aio, blocker)))
+            await asyncio.sleep(0.2)
+            async with AsyncClassifierClient(
+                admission_server.http_url, "http", FIRST_STEP_ENSEMBLE, retry=NO_RETRY, timeout_s=0.1
+            ) as client:
+                outcomes = await asyncio.gather(
+                    *(client.probabilities([photo_bytes("coffee.png")]) for _ in range(LATE_REQUESTS)),
+                    return_exceptions=True,
                 )
-            except InferenceServerException as error:
-                late.append(error)
-        running.get_result()
-    assert len(late) == QUEUE_BOUND and all(is_expired(error) for error in late), [describe_error(e) for e in late]
-    assert "deadline passed" in describe_error(late[0])
+            await running
+        return outcomes
+
+    outcomes = asyncio.run(given_up())
+    assert all(isinstance(outcome, Exception) and is_timeout(outcome) for outcome in outcomes), outcomes
+    time.sleep(1.0)  # the server has answered the requests nobody waits for by now
     after = step_stats(admission_server, FIRST_STEP)
-    assert after["failed"] - before["failed"] >= len(late)
-    assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES  # none of the late ones
+    assert after["failed"] - before["failed"] >= LATE_REQUESTS  # refused as expired
+    assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES
 
 
 def http_input(batch: np.ndarray) -> httpclient.InferInput:
@@ -150,7 +181,7 @@ def test_a_cancelled_request_is_not_computed(admission_server, blocker):
             running = asyncio.create_task(client.infer(FIRST_STEP, grpc_input(blocker), client_timeout=60))
             await asyncio.sleep(0.2)  # the blocker runs: what follows waits behind it
             image = pad_batch([photo_bytes("coffee.png")])
-            calls = [client.infer(FIRST_STEP, grpc_input(image), client_timeout=0.05) for _ in range(QUEUE_BOUND)]
+            calls = [client.infer(FIRST_STEP, grpc_input(image), client_timeout=0.05) for _ in range(LATE_REQUESTS)]
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
             await running
         return outcomes
@@ -164,31 +195,24 @@ def test_a_cancelled_request_is_not_computed(admission_server, blocker):
     assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES  # none of the cancelled ones
 
 
-def test_refusals_are_retried_within_the_budget(admission_server):
-    """A burst that is mostly refused: with three retries each and no budget it would
-    send up to four times the requests; the budget allows about one retry in ten."""
+def test_refusals_are_retried_within_the_budget():
+    """A server that refuses every request (a full queue): with three retries each and
+    no budget, 100 requests would be 400 attempts; the budget allows about one retry
+    per ten successes, and there are none."""
     attempts = 0
-    policy = RetryPolicy(retries=3, base_delay_s=0.001, max_delay_s=0.002)
+    refusal = InferenceServerException(msg=f"[request id: <id_unknown>] {QUEUE_FULL}", status="StatusCode.UNAVAILABLE")
 
-    async def counted_burst():
+    def refused():
         nonlocal attempts
-        image = photo_bytes("coffee.png")
-        async with AsyncClassifierClient(admission_server.grpc_url, "grpc", retry=policy, timeout_s=30) as client:
-            infer = client._infer
+        attempts += 1
+        raise refusal
 
-            async def counting(*args, **kwargs):
-                nonlocal attempts
-                attempts += 1
-                return await infer(*args, **kwargs)
-
-            client._infer = counting
-            return await asyncio.gather(*(client.probabilities([image]) for _ in range(BURST)), return_exceptions=True)
-
-    outcomes = asyncio.run(counted_burst())
-    refused = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
-    assert refused and all(is_refusal(error) for error in refused)
-    budget = RetryThrottle()
-    assert attempts <= BURST + budget.max_tokens / 2 + 1, f"{attempts} attempts for {BURST} requests"
+    policy, throttle = RetryPolicy(retries=3, base_delay_s=0.0001, max_delay_s=0.0002), RetryThrottle()
+    for _ in range(100):
+        with pytest.raises(InferenceServerException):
+            policy.call(refused, throttle=throttle)
+    assert is_refusal(refusal)
+    assert 100 < attempts <= 100 + throttle.max_tokens / 2, attempts
 
 
 def test_the_retry_budget_refills_only_by_successes():
@@ -201,3 +225,23 @@ def test_the_retry_budget_refills_only_by_successes():
     for _ in range(100):
         throttle.on_success()
     assert throttle.allows_retry()
+
+
+@pytest.mark.parametrize("user", ["grpc", "http"])
+def test_the_load_test_counts_refusals_apart_and_reports_goodput(admission_server, tmp_path, user):
+    """Locust users with a deadline shorter than the queue's wait: requests are refused
+    or miss it, and the report counts them apart from failures and says the goodput."""
+    from tritonstack.commands import loadtest
+
+    code = loadtest.main(
+        ["--url", admission_server.http_url, "--grpc-url", admission_server.grpc_url, "--out", str(tmp_path)]
+        + ["--user", user, "--shape", "closed", "--users", "24", "--run-time", "4", "--deadline-ms", "100"]
+    )
+    summary = (tmp_path / "summary.md").read_text()
+    outcomes = summary.split("## Outcomes", 1)[1].split("##", 1)[0]
+    cells = [line.split("|") for line in outcomes.splitlines() if line.count("|") == 4]
+    rows = {cell[1].strip(): int(cell[2]) for cell in cells if cell[2].strip().isdigit()}
+    assert rows["Refused"] + rows["DeadlineExceeded"] > 0, outcomes
+    assert rows["failed"] == 0, outcomes
+    assert "Goodput:" in outcomes
+    assert code in (0, 1)  # Locust exits 1 when any request failed, refusals included

@@ -41,7 +41,7 @@ from tritonstack.client.retry import NO_RETRY, is_expired, is_refusal, is_timeou
 DEADLINE_S = 1.0
 MULTIPLES = (1.5, 3.0)
 PROTOCOLS = ("grpc", "http")
-CAPACITY_CONCURRENCY = 8
+CAPACITY_CONCURRENCY = 16
 RECOVERY_LIMIT_S = 60.0
 RECOVERY_FACTOR = 2.0  # "back to idle": a lone request within twice the idle latency
 

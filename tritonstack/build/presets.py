@@ -38,14 +38,13 @@ class BuildOptions:
     # the memory of the largest batch it ran: measured in docs/performance.md.
     # A request of more images still runs whole, up to max_batch_size.
     classifier_batch: int = 8
-    # Admission under overload (docs/reliability.md#overload): the first step of each
-    # ensemble refuses a request at once (HTTP 503, gRPC UNAVAILABLE, "Exceeds maximum
-    # queue size") when this many are queued before it; 0: no bound.
-    max_queue_size: int = 16
-    # Every step refuses a request still queued after this long, or after the
-    # request's own `timeout` when shorter (which Triton honours only under a
-    # non-zero default): a ceiling for clients without a deadline, above what a batch
-    # client's large requests wait. 0: never, and requests' timeouts are ignored.
+    # Admission under overload (docs/reliability.md#overload). A bound on the queue
+    # before each ensemble's first step: a request that finds this many waiting is
+    # refused at once (HTTP 503, gRPC UNAVAILABLE). 0 (no bound) by default: on Triton
+    # 2.51, the CPU stack's server, such refusals inside an ensemble later crashed
+    # tritonserver (SIGSEGV, reproduced in this project's suite; the ensemble fixes of
+    # triton-inference-server/core#466 came after 2.51). For releases with them.
+    max_queue_size: int = 0
     queue_timeout_ms: int = 30_000
     device: str = "cpu"  # "gpu": nvJPEG decoding, GPU resize/normalize, KIND_GPU
     format: str = "model.dali"  # or "dali.py": serialized by the DALI backend at load

@@ -50,6 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="step",
         help="closed: --users at once; step: a ramp of --steps; open: --target-rps fixed",
     )
+    parser.add_argument(
+        "--deadline-ms",
+        type=float,
+        default=0.0,
+        help="each request's deadline, sent to the server; the report then counts answered in time, refused, "
+        "no answer in time and answered late apart, with the goodput (0: none)",
+    )
     parser.add_argument("--users", type=cli.positive_int, default=4, help="closed shape: users")
     parser.add_argument(
         "--run-time",

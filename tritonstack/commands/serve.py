@@ -63,6 +63,7 @@ def supervision(args: argparse.Namespace) -> Supervision:
     return Supervision(
         memory_limits=None if args.no_memory_limits else MemoryLimits(args.server_memory_bytes, args.stub_memory_bytes),
         recycle=RecyclePolicy(above_mib=args.recycle_above_mib) if args.recycle_above_mib > 0 else None,
+        front_nice=args.front_nice,
     )
 
 
@@ -124,6 +125,15 @@ def serve(argv: list[str] | None) -> int:
         default=RecyclePolicy.above_mib,
         help="reload a model whose stub idles this many MiB above its settled size, after a "
         "burst of huge images (default: %(default)s; 0: never; docs/memory.md)",
+    )
+    parser.add_argument(
+        "--front-nice",
+        type=int,
+        choices=range(0, 20),
+        default=Supervision.front_nice,
+        metavar="0-19",
+        help="CPU priority (nice value) of the stubs of ensembles' first steps: under overload the backlog "
+        "then waits before them, where it is refused (0: as any other stub; docs/reliability.md#overload)",
     )
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = parser.parse_args(argv)
