@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -52,15 +53,23 @@ def die_with_launcher(launcher_pid: int):
 
 
 def spawn(command: list[str], environment: dict[str, str], log_path: Path) -> subprocess.Popen:
-    """Start `command` in a session of its own, its output appended to `log_path`."""
+    """Start `command` in a session of its own, its output appended to `log_path`.
+
+    The parent-death signal is set by util-linux's `setpriv --pdeathsig` where it
+    exists (it survives the exec of tritonserver): a Python preexec_fn forces a real
+    fork(), whose atfork handlers can deadlock in a process that used gRPC (seen: the
+    launcher hung in grpc's handler inside fork()); without one, Python spawns with
+    vfork. `die_with_launcher` remains the fallback."""
+    setpriv = shutil.which("setpriv")
+    wrapped = [setpriv, "--pdeathsig", "KILL", "--", *command] if setpriv else command
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            command,
+            wrapped,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=environment,
             start_new_session=True,  # its own process group, stubs included
-            preexec_fn=die_with_launcher(os.getpid()),
+            preexec_fn=None if setpriv else die_with_launcher(os.getpid()),
         )
 
 
