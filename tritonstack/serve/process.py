@@ -4,7 +4,7 @@ its own, wait for it to be ready, stop it, kill what is left of its group.
 The group holds tritonserver and the Python backend stubs it spawns, so a stop
 leaves no orphan. A launcher that is itself killed (SIGKILL, the OOM killer, a CI
 timeout) cannot stop anything: the kernel does it instead, since tritonserver starts
-with PR_SET_PDEATHSIG=SIGKILL (`die_with_launcher`), and the stubs leave when their
+with PR_SET_PDEATHSIG=SIGKILL (`setpriv --pdeathsig`, else `die_with_launcher`), and the stubs leave when their
 server is gone (tests/test_launcher_cli.py shows both). The signal follows the
 *thread* that started the server: start it from a thread that outlives it.
 """
