@@ -61,19 +61,15 @@ class Outcomes:
         return len(self.in_time_s) + len(self.refused_s) + self.late + self.failed
 
     def record(self, latency_s: float, deadline_s: float, error: BaseException | None) -> None:
-        if error is None:
-            (self.in_time_s.append(latency_s) if latency_s <= deadline_s else self._late())
-        elif is_refusal(error) or is_expired(error):
-            (self.refused_s.append(latency_s) if latency_s <= deadline_s else self._late())
-        elif is_timeout(error):
-            self._late()
-        else:
+        refused = error is not None and (is_refusal(error) or is_expired(error))
+        if error is not None and not refused and not is_timeout(error):
             self.failed += 1
             kind = f"{type(error).__name__}: {str(error)[:80]}"
             self.failures[kind] = self.failures.get(kind, 0) + 1
-
-    def _late(self) -> None:
-        self.late += 1
+        elif (error is None or refused) and latency_s <= deadline_s:
+            (self.refused_s if refused else self.in_time_s).append(latency_s)
+        else:  # no answer before the deadline, or one after it
+            self.late += 1
 
 
 def p99_ms(latencies_s: list[float]) -> float | None:
