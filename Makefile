@@ -21,7 +21,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: install build demo serve test lint check clean chromium loadtest loadtest-distributed benchmark soak tools upload-repository
+.PHONY: install build demo serve test lint check clean chromium loadtest loadtest-distributed benchmark soak overload-soak tools upload-repository
 
 # Every extra of pyproject.toml (client, serve, build, loadtest, test), each version
 # pinned in constraints.txt.
@@ -115,6 +115,13 @@ SOAK_ARGS ?=
 soak: $(INSTALLED)
 	$(TS) soak --duration $(DURATION) --model-repository $(MODEL_REPOSITORY) \
 		--out reports/soak.json $(SOAK_ARGS)
+
+# Overload soak: 5 minutes of Poisson load switching between 0.5x and 2x the capacity
+# every 30 s, over HTTP and gRPC at once, 1 s deadlines; fails on a request neither
+# answered nor refused within its deadline + 1 s, a wrong answer, a failure, or >2% RSS
+# growth after the first cycle. Figures: docs/reliability.md#overload-soak.
+overload-soak: $(INSTALLED)
+	$(TS) overload --soak --model-repository $(MODEL_REPOSITORY) --out reports/overload-soak.json
 
 clean:
 	rm -rf $(VENV) reports build

@@ -2,7 +2,8 @@
 request still queued when its deadline passes is refused with a clear status over
 both protocols and never computed, our client sends its deadline to the server, a
 cancelled request is not computed, the client's retries of refusals stay within
-their budget, and the load test counts refusals and missed deadlines apart."""
+their budget, the load test counts refusals and missed deadlines apart, and the
+overload measurement and its soak account for every request."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
+from tritonstack.benchmark import overload, overload_soak
+from tritonstack.benchmark.phases import weighted_images
 from tritonstack.build.presets import BuildOptions, preset_named
 from tritonstack.build.repository import write_repository
 from tritonstack.client.aio import AsyncClassifierClient
@@ -245,3 +248,82 @@ def test_the_load_test_counts_refusals_apart_and_reports_goodput(admission_serve
     assert rows["failed"] == 0, outcomes
     assert "Goodput:" in outcomes
     assert code in (0, 1)  # Locust exits 1 when any request failed, refusals included
+
+
+def quiet(text: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def overload_target(admission_server):
+    return overload.Target(admission_server.http_url, admission_server.grpc_url, admission_server.admin_headers("http"))
+
+
+def test_the_overload_measurement_accounts_for_every_request(overload_target):
+    """`tritonstack overload`, short: at 2x the capacity measured first, every request
+    ends in time, refused or late (none failed), the steps' own counters say what was
+    computed, and the server is back to idle latency soon after."""
+    settings = overload.OverloadSettings(seconds=4.0, multiples=(2.0,), protocols=("grpc",), capacity_s=3.0)
+    report = overload.run_overload(overload_target, FIRST_STEP_ENSEMBLE, weighted_images(40), settings, log=quiet)
+    phase = report["phases"][0]
+    assert report["capacity_rps"] > 0
+    assert phase["failed"] == 0, phase["failures"]
+    assert phase["sent"] == phase["in_time"] + phase["refused"] + phase["late"] > 0
+    assert phase["in_time"] > 0 and phase["refused"] > 0, phase  # served some, shed the excess
+    computed = phase["computed_by_step"]
+    assert set(computed) == {FIRST_STEP, "efficientnet_lite0"}
+    assert all(count >= phase["in_time"] for count in computed.values()), phase
+    assert 0.0 <= phase["wasted_share"] < 0.5, phase
+    assert phase["recovery_s"] < 10.0, phase
+
+
+def test_the_overload_soak_checks_every_answer_and_leaves_none_unresolved(admission_server, overload_target):
+    """The soak, short: below then beyond capacity, over both protocols at once; every
+    request answered (rightly) or refused within its deadline + 1 s."""
+    settings = overload_soak.SoakSettings(seconds=8.0, period_s=4.0, capacity_s=3.0)
+    report = overload_soak.run_overload_soak(
+        overload_target, admission_server.pid, FIRST_STEP_ENSEMBLE, weighted_images(40), settings, log=quiet
+    )
+    assert [period["multiple"] for period in report["periods"]] == [0.5, 2.0]
+    assert report["unresolved"] == 0 and report["wrong"] == 0 and report["failed"] == 0, report["periods"]
+    assert report["in_time"] > 0
+    assert report["memory"]["passed"] is None  # 8 s is too short to judge the memory
+    assert report["passed"]
+
+
+def test_the_overload_soak_tells_a_wrong_answer_and_an_unresolved_request_apart():
+    settings = overload_soak.SoakSettings(deadline_s=1.0, grace_s=1.0)
+    tally = overload_soak.PeriodTally(2.0)
+    expired = InferenceServerException(DEADLINE_EXPIRED, status="StatusCode.UNAVAILABLE")
+    tally.record(0.2, settings, None, right=True)
+    tally.record(0.2, settings, None, right=False)
+    tally.record(1.5, settings, None, right=True)
+    tally.record(0.9, settings, expired, right=False)
+    tally.record(2.5, settings, expired, right=False)
+    tally.record(2.0, settings, asyncio.TimeoutError(), right=False)
+    tally.record(0.1, settings, ConnectionResetError("reset"), right=False)
+    summary = tally.summary(capacity=10.0, period_s=1.0)
+    assert (summary["in_time"], summary["wrong"], summary["answered_late"], summary["refused"]) == (1, 1, 1, 1)
+    assert (summary["unresolved"], summary["failed"]) == (2, 1)
+
+
+def soak_samples(settings, trough_mib, peak_mib, rise_per_cycle_mib=0.0) -> list[dict]:
+    """One RSS sample a second: `peak_mib` during the high-load periods, `trough_mib`
+    (plus a rise each cycle) during the low ones."""
+    cycle_s = settings.period_s * 2
+    rows = []
+    for second in range(int(settings.seconds)):
+        high = (second % cycle_s) >= settings.period_s
+        value = (peak_mib if high else trough_mib) + rise_per_cycle_mib * (second // cycle_s)
+        rows.append({"t_s": float(second), "rss_mib": {"tritonserver": value}})
+    return rows
+
+
+def test_the_soak_judges_memory_by_the_troughs_not_the_backlog_between():
+    settings = overload_soak.SoakSettings(seconds=300.0, period_s=30.0)
+    backlog = overload_soak.memory_verdict(soak_samples(settings, 120.0, 160.0), settings)
+    assert backlog["passed"] is True and backlog["worst_growth_pct"] == pytest.approx(0.0)
+    leak = overload_soak.memory_verdict(soak_samples(settings, 120.0, 160.0, rise_per_cycle_mib=2.0), settings)
+    assert leak["passed"] is False and leak["worst_growth_pct"] == pytest.approx(100 * 6 / 122)
+    short = overload_soak.SoakSettings(seconds=120.0, period_s=30.0)
+    assert overload_soak.memory_verdict(soak_samples(short, 120.0, 160.0), short)["passed"] is None

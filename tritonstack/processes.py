@@ -1,11 +1,13 @@
 """A running tritonserver's processes, the one place that knows them: the server,
 its Python backend stubs (one per model instance), and what they cost (RSS, its
-parts, CPU time). The launcher, its supervisor, the load test, the benchmark, the
+parts, CPU time, and a sampler of them over time). The launcher, its supervisor, the load test, the benchmark, the
 soak and the memory probe all ask here."""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -97,3 +99,43 @@ def tree_cpu_seconds(pid: int | None) -> float:
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+# The memory criterion of both soaks (tritonstack soak, tritonstack overload --soak): a
+# server process's RSS may grow by less than this over the judged part of a run.
+MAX_GROWTH_PCT = 2.0
+
+
+class ResourceSampler(threading.Thread):
+    """RSS (MiB) and open file descriptors of the server's processes, every period."""
+
+    def __init__(self, server_pid: int, period_s: float = 1.0):
+        super().__init__(name="resource-sampler", daemon=True)
+        self.server_pid = server_pid
+        self.period_s = period_s
+        self.samples: list[dict] = []
+        self._stopping = threading.Event()
+        self._t0 = time.monotonic()
+
+    def sample(self) -> None:
+        row = {"t_s": round(time.monotonic() - self._t0, 2), "rss_mib": {}, "fds": {}, "anon_mib": {}, "shmem_mib": {}}
+        for name, process in processes_by_role(self.server_pid).items():
+            try:
+                row["rss_mib"][name] = round(process.memory_info().rss / 2**20, 2)
+                row["fds"][name] = process.num_fds()
+                parts = rss_parts_mib(process.pid)
+                row["anon_mib"][name], row["shmem_mib"][name] = parts["RssAnon"], parts["RssShmem"]
+            except (psutil.NoSuchProcess, FileNotFoundError, KeyError):
+                continue
+        self.samples.append(row)
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            self.sample()
+            self._stopping.wait(self.period_s)
+
+    def stop(self) -> list[dict]:
+        self._stopping.set()
+        self.join(timeout=10)
+        self.sample()
+        return self.samples

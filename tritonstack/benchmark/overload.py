@@ -76,6 +76,28 @@ def p99_ms(latencies_s: list[float]) -> float | None:
     return float(np.percentile(latencies_s, 99)) * 1000 if latencies_s else None
 
 
+def poisson_offsets(rate: float, seconds: float, rng: np.random.Generator) -> np.ndarray:
+    """Send times (seconds from the start) of Poisson arrivals at `rate` for `seconds`."""
+    gaps = rng.exponential(1 / rate, max(int(rate * seconds), 1))
+    return np.cumsum(gaps) - gaps[0]
+
+
+async def on_schedule(offsets: np.ndarray, request) -> float:
+    """Starts `request(index, scheduled)` at each offset from now (loop.time()), an
+    open loop: a late answer delays no later send. Waits for them all; returns the
+    loop's time of the last send."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tasks = []
+    for index, offset in enumerate(offsets):
+        scheduled = start + float(offset)
+        await asyncio.sleep(max(0.0, scheduled - loop.time()))
+        tasks.append(asyncio.create_task(request(index, scheduled)))
+    last_send = loop.time()
+    await asyncio.gather(*tasks)
+    return last_send
+
+
 async def deadline_open_loop(
     url: str,
     protocol: str,
@@ -89,31 +111,27 @@ async def deadline_open_loop(
     """Poisson arrivals at `rate` for `seconds`, each request with `deadline_s`; the
     outcomes and the loop's time of the last send (loop.time())."""
     outcomes = Outcomes()
-    gaps = np.random.default_rng(seed).exponential(1 / rate, max(int(rate * seconds), 1))
-    offsets = np.cumsum(gaps) - gaps[0]
-    in_flight = int(rate * deadline_s * 2) + 16  # every request its own connection (HTTP)
+    offsets = poisson_offsets(rate, seconds, np.random.default_rng(seed))
     async with AsyncClassifierClient(
-        url, protocol, model, retry=NO_RETRY, timeout_s=deadline_s, max_connections=in_flight
+        url, protocol, model, retry=NO_RETRY, timeout_s=deadline_s, max_connections=in_flight_bound(rate, deadline_s)
     ) as client:
         loop = asyncio.get_running_loop()
-        start = loop.time()
 
-        async def one(scheduled: float, image: bytes) -> None:
+        async def one(index: int, scheduled: float) -> None:
             error = None
             try:
-                await asyncio.wait_for(client.probabilities([image]), deadline_s + 0.5)
+                await asyncio.wait_for(client.probabilities([images[index % len(images)]]), deadline_s + 0.5)
             except Exception as raised:  # every outcome is counted, none raised
                 error = raised
             outcomes.record(loop.time() - scheduled, deadline_s, error)
 
-        tasks = []
-        for index, offset in enumerate(offsets):
-            scheduled = start + float(offset)
-            await asyncio.sleep(max(0.0, scheduled - loop.time()))
-            tasks.append(asyncio.create_task(one(scheduled, images[index % len(images)])))
-        last_send = loop.time()
-        await asyncio.gather(*tasks)
+        last_send = await on_schedule(offsets, one)
     return outcomes, last_send
+
+
+def in_flight_bound(rate: float, wait_s: float) -> int:
+    """Connections an open loop may need: every request in flight its own (HTTP)."""
+    return int(rate * wait_s * 2) + 16
 
 
 def ensemble_steps(http_url: str, model: str, headers: dict[str, str]) -> list[str]:

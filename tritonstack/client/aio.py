@@ -57,7 +57,7 @@ class AsyncClassifierClient(ClientBase):
     async def connect(self) -> "AsyncClassifierClient":
         if self.protocol == "http":
             self._client = http_aio.InferenceServerClient(
-                self.url, conn_limit=self.max_connections, conn_timeout=self.timeout_s or DEFAULT_TIMEOUT_S
+                self.url, conn_limit=self.max_connections, conn_timeout=self.wait_s or DEFAULT_TIMEOUT_S
             )
         else:
             self._client = grpc_aio.InferenceServerClient(self.url)

@@ -68,7 +68,7 @@ class ClassifierClient(ClientBase):
         super().__init__(*args, **kwargs)
         self._regions = RequestRegions() if self.shm == "system" else None
         if self.protocol == "http":
-            limit = self.timeout_s or DEFAULT_TIMEOUT_S
+            limit = self.wait_s or DEFAULT_TIMEOUT_S
             self._client = httpclient.InferenceServerClient(self.url, connection_timeout=limit, network_timeout=limit)
         else:
             self._client = grpcclient.InferenceServerClient(self.url)

@@ -194,18 +194,18 @@ def worth_splitting(error: BaseException, batch_size: int) -> bool:
     return batch_size > 1 and not (is_retryable(error) or is_timeout(error))
 
 
-def request_deadline_options(protocol: str, timeout_s: float | None) -> dict:
+def request_deadline_options(protocol: str, timeout_s: float | None, wait_s: float | None = None) -> dict:
     """tritonclient infer() keywords that carry a deadline of `timeout_s` to the server:
     the request's `timeout` parameter (Triton's queue policy refuses a request still
-    queued past it) and, over gRPC, the call's deadline. Triton starts a request's
-    timeout afresh at each step's queue, so the deadline is shared between the
-    ensemble's queues (QUEUES_PER_REQUEST). Over HTTP the client's own connection
-    timeout bounds the wait."""
-    if not timeout_s:
-        return {}
-    options = {"timeout": max(1, round(timeout_s / QUEUES_PER_REQUEST * 1_000_000))}
-    if protocol == "grpc":
-        options["client_timeout"] = timeout_s
+    queued past it) and, over gRPC, the call's deadline (`wait_s`, by default the
+    same). Triton starts a request's timeout afresh at each step's queue, so the
+    deadline is shared between the ensemble's queues (QUEUES_PER_REQUEST). Over HTTP
+    the client's own connection timeout bounds the wait."""
+    options = {}
+    if timeout_s:
+        options["timeout"] = max(1, round(timeout_s / QUEUES_PER_REQUEST * 1_000_000))
+    if protocol == "grpc" and (wait_s or timeout_s):
+        options["client_timeout"] = wait_s or timeout_s
     return options
 
 
@@ -227,6 +227,7 @@ class ClientBase:
         model: str = DEFAULT_MODEL,
         *,
         timeout_s: float | None = None,
+        wait_s: float | None = None,
         retry: RetryPolicy = RetryPolicy(),
         shm: str = "none",
         headers: dict[str, str] | None = None,
@@ -238,6 +239,9 @@ class ClientBase:
         resolve_protocol(address, protocol)
         self.url, self.protocol, self.model = address.hostport, protocol, model
         self.timeout_s = timeout_s
+        # How long the client waits for an answer: the deadline, unless told to wait
+        # longer to see what the server does with a request past it (the overload soak).
+        self.wait_s = wait_s or timeout_s
         self.retry = retry
         self.shm = shm
         self.headers = headers
@@ -250,7 +254,7 @@ class ClientBase:
         # server as the request's `timeout` (microseconds), so that a request still
         # queued when it passes is refused there instead of computed for nobody;
         # gRPC's own deadline (client_timeout) also cancels it in Triton's queues.
-        self._infer_options = request_deadline_options(protocol, timeout_s)
+        self._infer_options = request_deadline_options(protocol, timeout_s, self.wait_s)
 
     def _deadline(self) -> float | None:
         """When the caller stops waiting for a request started now (time.monotonic())."""

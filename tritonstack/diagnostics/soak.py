@@ -34,18 +34,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-import psutil
 from tritonclient.utils import InferenceServerException
 
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.protocol import PROTOCOLS
 from tritonstack.client.retry import NO_RETRY, describe_error
 from tritonstack.contract import DEFAULT_MODEL
-from tritonstack.processes import processes_by_role, rss_parts_mib
+from tritonstack.processes import MAX_GROWTH_PCT, ResourceSampler
 from tritonstack.samples import Sample, bad_samples, good_samples
 from tritonstack.serve.launcher import TritonServer
 
-MAX_GROWTH_PCT = 2.0
 # Simultaneous requests of the burst before the run: the models' max_batch_size.
 BURST_CONCURRENCY = 32
 # Shortest window after warm-up over which the memory is judged (docs/memory.md).
@@ -162,41 +160,6 @@ class MixedLoad:
         if top.label in sample.labels:
             return "valid_ok", None
         return "valid_failed", ValueError(f"classified as {top.label!r}")
-
-
-class ResourceSampler(threading.Thread):
-    """RSS (MiB) and open file descriptors of the server's processes, every period."""
-
-    def __init__(self, server_pid: int, period_s: float = 1.0):
-        super().__init__(name="resource-sampler", daemon=True)
-        self.server_pid = server_pid
-        self.period_s = period_s
-        self.samples: list[dict] = []
-        self._stopping = threading.Event()
-        self._t0 = time.monotonic()
-
-    def sample(self) -> None:
-        row = {"t_s": round(time.monotonic() - self._t0, 2), "rss_mib": {}, "fds": {}, "anon_mib": {}, "shmem_mib": {}}
-        for name, process in processes_by_role(self.server_pid).items():
-            try:
-                row["rss_mib"][name] = round(process.memory_info().rss / 2**20, 2)
-                row["fds"][name] = process.num_fds()
-                parts = rss_parts_mib(process.pid)
-                row["anon_mib"][name], row["shmem_mib"][name] = parts["RssAnon"], parts["RssShmem"]
-            except (psutil.NoSuchProcess, FileNotFoundError, KeyError):
-                continue
-        self.samples.append(row)
-
-    def run(self) -> None:
-        while not self._stopping.is_set():
-            self.sample()
-            self._stopping.wait(self.period_s)
-
-    def stop(self) -> list[dict]:
-        self._stopping.set()
-        self.join(timeout=10)
-        self.sample()
-        return self.samples
 
 
 def growth(samples: list[dict], key: str, process: str, warmup_s: float) -> dict | None:
