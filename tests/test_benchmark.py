@@ -39,7 +39,14 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     for suffix in ("", "_crops"):
         assert 0 <= written[f"int8_top1_agreement{suffix}"] <= 1 and 0 <= written[f"int8_top5_overlap{suffix}"] <= 5
     costs = written["cpu_ms_per_image"]
-    assert set(costs) == {"dali", "pil", "fp32", "int8"} and all(cost > 0 for cost in costs.values())
+    assert set(costs) == {"dali", "pil", "pil_8bit", "fp32", "int8"} and all(cost > 0 for cost in costs.values())
+    # The peer served the same classifier files beside our server, over the same client.
+    assert written["peer_images_per_s"] > 1 and written["int8_peer_images_per_s"] > 1
+    assert written["peer_cpu_ms_per_image"] > 0
+    latency = written["vs_peer_latency"]
+    for side in ("ours", "peer"):
+        assert 0 < latency["saturation"][side]["ms_p50"] <= latency["saturation"][side]["ms_p99"]
+        assert 0 < latency["open_loop"][side]["ms_p50"] <= latency["open_loop"][side]["ms_p99"]
     # A ceiling is its parts' ratio: INT8 and FP32 share the DALI step.
     assert written["int8_vs_fp32_ensemble_ceiling"] == pytest.approx(
         (costs["dali"] + costs["fp32"]) / (costs["dali"] + costs["int8"]), rel=0.25

@@ -8,6 +8,9 @@ DALI and Pillow ensembles share the classifier, so DALI's is at most
 (pil + fp32) / (dali + fp32). Serving adds the same cost to both sides of each ratio
 (stubs, Triton, transport) and pulls the served ratio below its ceiling.
 
+`pil` is the Pillow baseline the parity check holds DALI to (float resize, exact);
+`pil_8bit` is the peer's (Pillow's own 8-bit resize), what a user writes.
+
 Each library runs on one thread over batches of 8 of the benchmark's images, its
 CPU time read with time.process_time (every thread of this process), the four
 measures interleaved round by round.
@@ -22,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from tritonstack.benchmark import peer
 from tritonstack.benchmark.inprocess import dali_preprocessing
 from tritonstack.benchmark.phases import interleaved, ratios, write_median
 from tritonstack.benchmark.settings import DALI_PRESET, INT8_PRESET
@@ -66,6 +70,17 @@ def _pillow(batch: list[bytes]) -> np.ndarray:
     return np.stack([preprocess(data, p.resize_shorter, p.crop, p.mean, p.std) for data in batch])
 
 
+def _pillow_8bit() -> Callable[[list[bytes]], np.ndarray] | None:
+    """The peer's preprocessing (tritonstack.benchmark.peer_service): Pillow's own 8-bit
+    resize, what a user writes; None without the peer extra."""
+    if not peer.available():
+        return None
+    from tritonstack.benchmark.peer_service import preprocess as preprocess_8bit
+
+    p = PREPROCESSING
+    return lambda batch: np.stack([preprocess_8bit(data, p.resize_shorter, p.crop, p.mean, p.std) for data in batch])
+
+
 def _classifier(repository: Path, preset_name: str, tensors: np.ndarray) -> Callable[[list[bytes]], object]:
     classifier = preset_named(preset_name).classifier
     options = ort.SessionOptions()
@@ -88,6 +103,8 @@ def write_cost_ceilings(results: dict, repository: Path, images: list[bytes], re
         "fp32": CpuCost(_classifier(repository, DALI_PRESET, tensors), images),
         "int8": CpuCost(_classifier(repository, INT8_PRESET, tensors), images),
     }
+    if _pillow_8bit():
+        measures["pil_8bit"] = CpuCost(_pillow_8bit(), images)
     log("CPU per image of each library alone, one thread (in process)...")
     rounds = interleaved(measures, repeats, log)
     costs = {name: np.asarray(values) for name, values in rounds.items()}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tritonstack import processes
+from tritonstack.benchmark.peer import PEER_PROTOCOL, PeerClient
 from tritonstack.benchmark.settings import CAPACITY_MAX_FRACTION, DALI_ENSEMBLE, REQUEST_TIMEOUT_S, Settings
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY
@@ -47,12 +48,22 @@ class Phase:
         return float(np.percentile(self.latencies_s, q)) * 1000 if self.latencies_s else float("nan")
 
 
+def load_client(url: str, protocol: str, model: str, max_connections: int = 100):
+    """The client a load phase drives: ours over "http" or "grpc", the peer's over
+    PEER_PROTOCOL; each answers `probabilities([image])`."""
+    if protocol == PEER_PROTOCOL:
+        return PeerClient(url, model, REQUEST_TIMEOUT_S, max_connections)
+    return AsyncClassifierClient(
+        url, protocol, model, retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S, max_connections=max_connections
+    )
+
+
 async def closed_loop(
     url: str, protocol: str, model: str, images: list[bytes], concurrency: int, seconds: float, warmup_s: float
 ) -> Phase:
     """`concurrency` requests always in flight, one image each, for `seconds` after warm-up."""
     phase = Phase()
-    async with AsyncClassifierClient(url, protocol, model, retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S) as client:
+    async with load_client(url, protocol, model) as client:
         loop = asyncio.get_running_loop()
         measure_from = loop.time() + warmup_s
         end = measure_from + seconds
@@ -89,6 +100,7 @@ async def open_loop(
     seconds: float,
     warmup_s: float,
     poisson_seed: int | None = None,
+    protocol: str = "grpc",
 ) -> Phase:
     """Requests sent at a fixed rate whatever the answers do; latency counts from the
     scheduled send time (no coordinated omission). With `poisson_seed`, the gaps
@@ -100,7 +112,7 @@ async def open_loop(
     else:
         gaps = np.random.default_rng(poisson_seed).exponential(1 / rate, total)
         offsets = np.cumsum(gaps) - gaps[0]  # the first request at once, as with equal gaps
-    async with AsyncClassifierClient(url, "grpc", model, retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S) as client:
+    async with load_client(url, protocol, model, max_connections=int(rate * 2) + 16) as client:
         loop = asyncio.get_running_loop()
         start = loop.time()
         measure_from = start + warmup_s
@@ -155,12 +167,19 @@ def server_rss_mb(server) -> float | None:
     return processes.tree_rss_mib(server.pid)
 
 
+def url_for(server, protocol: str) -> str:
+    """The endpoint of `server` (ours, or the peer) that speaks `protocol`."""
+    if protocol == PEER_PROTOCOL:
+        return server.url
+    return server.http_url if protocol == "http" else server.grpc_url
+
+
 def measured_phase(
     server, protocol: str, model: str, images: list[bytes], concurrency: int, settings: Settings
 ) -> Phase:
     """One closed-loop phase on `model`, with the server's CPU time over it."""
     cpu = server_cpu_seconds(server)
-    url = server.http_url if protocol == "http" else server.grpc_url
+    url = url_for(server, protocol)
     phase = asyncio.run(closed_loop(url, protocol, model, images, concurrency, settings.seconds, settings.warmup_s))
     phase.server_cpu_s, phase.warmup_s = server_cpu_seconds(server) - cpu, settings.warmup_s
     return phase

@@ -73,6 +73,12 @@ RATIO_KEYS = (
     "p99_over_p50",
     "int8_vs_fp32_ensemble_ceiling",
     "dali_vs_pil_ensemble_ceiling",
+    # against the peer (tritonstack/benchmark/vs_peer.py): None without the peer extra
+    "vs_peer_throughput",
+    "vs_peer_cpu",
+    "int8_vs_peer_throughput",
+    "int8_vs_peer_cpu",
+    "vs_peer_open_loop_p99",
 )
 
 
@@ -110,6 +116,11 @@ REQUIRED_KEYS = (
     "open_loop_requests",
     "cpu_ms_per_image",
     "cpu_ms_per_image_spread",  # the ceilings' parts (tritonstack/benchmark/cost.py)
+    "peer_images_per_s",
+    "peer_cpu_ms_per_image",
+    "int8_peer_images_per_s",
+    "int8_peer_cpu_ms_per_image",
+    "vs_peer_latency",
 )
 
 
@@ -127,6 +138,12 @@ TARGETS = {
     "int8_top1_agreement_crops": (">=", 0.85),
     "int8_top1_agreement_clear_crops": (">=", 0.95),
     "server_rss_mb": ("<=", 2048),
+    # Not slower nor costlier than the service a user writes instead, p99 no worse.
+    "vs_peer_throughput": (">=", 1.0),
+    "vs_peer_cpu": ("<=", 1.0),
+    "int8_vs_peer_throughput": (">=", 1.0),
+    "int8_vs_peer_cpu": ("<=", 1.0),
+    "vs_peer_open_loop_p99": ("<=", 1.0),
     "errors": ("<=", 0),
 }
 

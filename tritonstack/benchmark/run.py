@@ -12,7 +12,10 @@ int8_top5_overlap (and both `_crops`, on a wider corpus), cpu_ms_per_image of ea
 library alone and the ceilings it sets on int8_vs_fp32_ensemble and
 dali_vs_pil_ensemble (tritonstack.benchmark.cost); on a server it started
 itself, ensemble_trace_ms_p50 (where a single request's time goes, from Triton's
-trace: tritonstack.benchmark.trace).
+trace: tritonstack.benchmark.trace); with the peer extra installed, the same figures
+for a FastAPI + Pillow + ONNX Runtime service serving the same classifier files
+(peer_images_per_s, vs_peer_throughput, vs_peer_cpu, vs_peer_latency, ...:
+tritonstack.benchmark.vs_peer).
 
 Every throughput ratio is the median of `repeats` interleaved rounds (A, B, A, B, ...
 in one run, so that drift on a shared machine hits both sides alike), written with
@@ -38,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonstack.benchmark import peer
 from tritonstack.benchmark.cost import write_cost_ceilings
 from tritonstack.benchmark.ideal_queue import ideal_capacity
 from tritonstack.benchmark.inprocess import inprocess_best_setting, inprocess_phase
@@ -74,6 +78,7 @@ from tritonstack.benchmark.settings import (
 )
 from tritonstack.benchmark.single import grpc_round_trip_ms, single_requests, trace_medians, traced_single_requests
 from tritonstack.benchmark.trace import trace_args
+from tritonstack.benchmark.vs_peer import peer_measures, write_peer_open_loop, write_vs_peer
 from tritonstack.build.parity import compare_classifiers, crop_images
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.target import GivenServer, target_server
@@ -118,26 +123,44 @@ def _run_on_server(
     with (
         contextlib.nullcontext(server)
         if server
-        else target_server(repository, extra_args=trace_args(trace_file)) as server
+        else target_server(repository, extra_args=trace_args(trace_file)) as server,
+        peer_beside(repository, log) as peer,
     ):
         results["versions"] = versions(server)
         log("DALI ensemble over gRPC: the concurrency that saturates it...")
         _, concurrency, errors = saturate(server.grpc_url, "grpc", DALI_ENSEMBLE, images, settings)
         results["server_best_concurrency"] = concurrency
         log(f"interleaved rounds at concurrency {concurrency} (preprocessing alone at {max(settings.concurrency)})...")
-        rounds = interleaved(
-            _round_measures(server, repository, images, setting, concurrency, settings), settings.repeats, log
-        )
+        measures = _round_measures(server, repository, images, setting, concurrency, settings)
+        if peer:
+            measures |= peer_measures(server, peer, images, concurrency, settings, "int8_ensemble" in measures)
+        rounds = interleaved(measures, settings.repeats, log)
         errors += sum(phase.errors for phases in rounds.values() for phase in phases)
         _write_rounds(results, rounds, settings)
+        write_vs_peer(results, rounds)
         results["server_rss_mb"] = server_rss_mb(server)  # right after the rounds: steady state
         results["server_rss_mb_by_process"] = server_rss_mb_by_process(server)
         log("single requests (concurrency 1): latency and where it goes...")
         errors += _write_single_requests(results, server, settings)
         errors += _write_open_loop(results, server, images, settings, log)
         errors += _write_capacity(results, server, images, settings, log)
+        if peer:
+            errors += write_peer_open_loop(results, server, peer, images, settings, log)
         results["errors"] = errors
         return traced_single_requests(server, settings.traced_requests) if own else []
+
+
+@contextlib.contextmanager
+def peer_beside(repository: Path, log=print):
+    """The peer service (tritonstack.benchmark.peer) serving the repository's own
+    classifier files, or None where the peer extra is not installed."""
+    if not peer.available():
+        log("the peer is not measured: install the peer extra (pip install tritonstack[peer])")
+        yield None
+        return
+    presets = [DALI_PRESET] + ([INT8_PRESET] if (repository / INT8_ENSEMBLE).is_dir() else [])
+    with peer.peer_server(repository, presets) as running:
+        yield running
 
 
 def _round_measures(

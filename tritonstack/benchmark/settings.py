@@ -20,6 +20,9 @@ PIL_PRESET = f"python_{CLASSIFIER}"
 INT8_PRESET = f"{DALI_PRESET}_int8"
 
 
+INT8_CLASSIFIER = f"{CLASSIFIER}_int8"
+
+
 DALI_PREPROCESS = contract.preprocessing_name(DALI_PRESET)
 
 

@@ -1,0 +1,126 @@
+"""The peer service (tritonstack.benchmark.peer_service) started beside our server,
+on loopback, serving the very classifier files of the repository; and the client
+the benchmark's load phases drive it with.
+
+    with peer_server(repository, ["efficientnet_lite0"]) as peer:
+        phase = asyncio.run(closed_loop(peer.url, PEER_PROTOCOL, "efficientnet_lite0", ...))
+
+The peer runs 2 uvicorn workers, as its author would on a 2-core machine; it is
+stopped, its workers with it, when the block ends or the benchmark dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from tritonstack.benchmark.peer_service import MODELS_ENV
+from tritonstack.build.presets import preset_named
+from tritonstack.build.repository import VERSION
+from tritonstack.repository_files import LABELS_FILENAME, ONNX_MODEL_FILENAME
+from tritonstack.serve import process
+from tritonstack.serve.network import LOOPBACK, free_port
+
+PEER_PROTOCOL = "peer"  # what the load phases call the peer's HTTP, beside "http" and "grpc"
+PEER_WORKERS = 2
+READY_TIMEOUT_S = 120.0
+
+
+def available() -> bool:
+    """The peer extra is installed (`pip install tritonstack[peer]`)."""
+    return all(importlib.util.find_spec(name) for name in ("fastapi", "uvicorn"))
+
+
+def model_specs(repository: Path, presets: list[str]) -> dict[str, dict]:
+    """What the peer serves for each preset: its classifier's files in `repository`
+    and the preprocessing the preset's DALI model does."""
+    specs = {}
+    for name in presets:
+        classifier = preset_named(name).classifier
+        folder = repository / classifier.name
+        specs[classifier.name] = {
+            "onnx": str(folder / VERSION / ONNX_MODEL_FILENAME),
+            "labels": str(folder / LABELS_FILENAME),
+            "input_name": classifier.input_name,
+            "resize_shorter": classifier.preprocessing.resize_shorter,
+            "crop": classifier.preprocessing.crop,
+            "mean": list(classifier.preprocessing.mean),
+            "std": list(classifier.preprocessing.std),
+        }
+    return specs
+
+
+@dataclass(frozen=True)
+class PeerServer:
+    url: str  # host:port
+    pid: int  # uvicorn's parent process: its workers are its children (CPU and memory figures)
+
+
+@contextlib.contextmanager
+def peer_server(repository: Path, presets: list[str], workers: int = PEER_WORKERS) -> Iterator[PeerServer]:
+    port = free_port()
+    command = [sys.executable, "-m", "uvicorn", "tritonstack.benchmark.peer_service:app"]
+    command += ["--host", LOOPBACK, "--port", str(port), "--workers", str(workers), "--no-access-log"]
+    environment = os.environ | {MODELS_ENV: json.dumps(model_specs(repository, presets))}
+    with tempfile.NamedTemporaryFile(prefix="peer-", suffix=".log") as log:
+        peer = process.spawn(command, environment, Path(log.name))
+        try:
+            url = f"{LOOPBACK}:{port}"
+            try:
+                process.wait_ready(peer, lambda: answers(url), READY_TIMEOUT_S, lambda: False)
+            except process.NotReady as error:
+                raise RuntimeError(f"the peer service did not start: {Path(log.name).read_text()[-2000:]}") from error
+            yield PeerServer(url, peer.pid)
+        finally:
+            if not process.interrupt(peer, grace_s=10.0):
+                process.kill_group(peer)
+            process.kill_group(peer)  # the workers, whatever their parent did
+
+
+def answers(url: str) -> bool:
+    """A worker has loaded its models (it answers /ready only then); the others
+    finish within the warm-up every measure starts with."""
+    try:
+        with urllib.request.urlopen(f"http://{url}/ready", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+class PeerClient:
+    """The peer's client in the load phases: aiohttp, as tritonclient's HTTP aio
+    client is, one connection per request in flight."""
+
+    def __init__(self, url: str, model: str, timeout_s: float, max_connections: int = 100):
+        self.endpoint = f"http://{url}/classify/{model}"
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "PeerClient":
+        connector = aiohttp.TCPConnector(limit=self.max_connections)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self._session.close()
+
+    async def probabilities(self, images: list[bytes]) -> np.ndarray:
+        """The top-5 probabilities the peer answers for one image (its whole answer)."""
+        (image,) = images
+        async with self._session.post(self.endpoint, data=image) as response:
+            if response.status != 200:
+                raise RuntimeError(f"peer answered {response.status}: {await response.text()}")
+            answer = await response.json()
+        return np.asarray([[probability for _, probability in answer["top5"]]], dtype=np.float32)
