@@ -25,7 +25,6 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from tritonstack.benchmark.peer_service import MODELS_ENV
 from tritonstack.build.presets import preset_named
 from tritonstack.build.repository import VERSION
 from tritonstack.repository_files import LABELS_FILENAME, ONNX_MODEL_FILENAME
@@ -69,6 +68,8 @@ class PeerServer:
 
 @contextlib.contextmanager
 def peer_server(repository: Path, presets: list[str], workers: int = PEER_WORKERS) -> Iterator[PeerServer]:
+    from tritonstack.benchmark.peer_service import MODELS_ENV  # needs the peer extra
+
     port = free_port()
     command = [sys.executable, "-m", "uvicorn", "tritonstack.benchmark.peer_service:app"]
     command += ["--host", LOOPBACK, "--port", str(port), "--workers", str(workers), "--no-access-log"]
