@@ -19,6 +19,7 @@ from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY, RetryPolicy, ServerUnavailableError, describe_error, is_retryable
 from tritonstack.client.shm import PREFIX
+from tritonstack.contract import DEFAULT_MODEL, ENSEMBLE_INPUT
 from tritonstack.samples import PHOTOS, photo_bytes
 from tritonstack.serve.network import free_port
 
@@ -211,3 +212,28 @@ def test_a_request_slower_than_its_timeout_fails_as_timed_out(server, use_async)
         with ClassifierClient(server.grpc_url, "grpc", timeout_s=timeout_s) as client:
             outcomes = client.classify_each(images)
     assert {describe_error(outcome, timeout_s) for outcome in outcomes} == {"timed out after 0.001 s"}
+
+
+def test_our_http_client_asks_for_answers_that_need_no_inflating(server):
+    """aiohttp asks for gzip by default and Triton then compresses each answer; the
+    headers our client sends ask for none, and the answer comes as it is."""
+    import io
+
+    import aiohttp
+    from PIL import Image
+
+    picture = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(picture, "JPEG")
+    encoded = list(picture.getvalue())
+    body = {"inputs": [{"name": ENSEMBLE_INPUT, "shape": [1, len(encoded)], "datatype": "UINT8", "data": encoded}]}
+    url = f"http://{server.http_url}/v2/models/{DEFAULT_MODEL}/infer"
+    ours = AsyncClassifierClient(server.http_url, "http", retry=NO_RETRY)._headers()
+
+    async def content_encoding(headers) -> str | None:
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            async with session.post(url, json=body, headers=headers) as response:
+                assert response.status == 200, await response.text()
+                return response.headers.get("Content-Encoding")
+
+    assert asyncio.run(content_encoding(None)) == "gzip"  # aiohttp's default asks for it
+    assert asyncio.run(content_encoding(ours)) is None
