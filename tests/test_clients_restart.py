@@ -105,7 +105,9 @@ def test_folder_run_survives_a_server_restart(model_repository, many_images, tmp
             "--top-k",
             "1",
             "--retries",
-            "12",
+            # About a minute of backoff: the second server's start took longer than
+            # the ~30 s of 12 retries on a machine busy with other suites.
+            "20",
             f"--admin-key={first.admin_key}",
             *options,
         ],
