@@ -96,6 +96,19 @@ def test_classifier_batch_is_a_cpu_preference_below_max_batch_size(tmp_path, mod
         assert list(read_config(out / PREPROCESS).dynamic_batching.preferred_batch_size) == preferred, args
 
 
+def test_classifier_instances_split_the_cores_between_classifier_processes(tmp_path, model_repository):
+    for args, classifier_count, preprocess_count in (
+        ((), 1, 1),
+        (("--classifier-instances", "2", "--intra-op-threads", "1"), 2, 1),
+        (("--instances", "3"), 3, 3),
+    ):
+        out = tmp_path / ("-".join(args) or "default")
+        build(out, "dali_efficientnet_lite0", *args)
+        assert read_config(out / LITE0).instance_group[0].count == classifier_count, args
+        assert read_config(out / PREPROCESS).instance_group[0].count == preprocess_count, args
+        assert check_repository(out) == [], args
+
+
 def test_admission_bounds_the_first_steps_queue_and_every_steps_wait(tmp_path, model_repository):
     out = tmp_path / "default"
     build(out, "dali_efficientnet_lite0")

@@ -31,6 +31,11 @@ class BuildOptions:
     # committed repository is the same everywhere (README, Performance).
     intra_op_threads: int = 2
     instances: int = 1
+    # Instances of each classifier, 0: `instances`. On a CPU two instances of one
+    # ONNX Runtime thread each spend less CPU per image than one of two threads (no
+    # sync between the threads of one run), for a classifier stub's memory more:
+    # docs/performance.md#thread-layout.
+    classifier_instances: int = 0
     max_queue_delay_us: int = 0
     # The batch the classifier's dynamic batcher forms from queued requests on the
     # CPU (`preferred_batch_size`; 0: none, batches up to max_batch_size). ONNX
@@ -61,12 +66,18 @@ class BuildOptions:
         for name in ("max_batch_size", "num_threads", "intra_op_threads", "instances", "clip_frames", "frame_stride"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.classifier_instances < 0:
+            raise ValueError(f"classifier_instances must be >= 0, not {self.classifier_instances}")
         if self.classifier_batch < 0:
             raise ValueError(f"classifier_batch must be >= 0, not {self.classifier_batch}")
         if self.max_queue_size < 0 or self.queue_timeout_ms < 0:
             raise ValueError("max_queue_size and queue_timeout_ms must be >= 0")
         if self.max_queue_delay_us < 0:
             raise ValueError(f"max_queue_delay_us must be >= 0, not {self.max_queue_delay_us}")
+
+    @property
+    def classifier_instance_count(self) -> int:
+        return self.classifier_instances or self.instances
 
     @property
     def frame_sampling(self) -> FrameSampling:

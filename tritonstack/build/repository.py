@@ -160,7 +160,7 @@ def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelCon
         inputs=(Tensor(classifier.input_name, "FP32", image, format="FORMAT_NCHW"),),
         outputs=(Tensor(classifier.output_name, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),),
         dynamic_batching=_batching(options, options.classifier_preferred_batches),
-        instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
+        instance_groups=(InstanceGroup(count=options.classifier_instance_count, kind=options.instance_kind),),
         parameters={"intra_op_thread_count": str(options.intra_op_threads)},
         # Only the GPU variant: the C++ backend builds TensorRT engines from it on
         # KIND_GPU; our CPU backend ignores it (untested on a GPU here).

@@ -42,6 +42,7 @@ def build(args: argparse.Namespace) -> int:
         num_threads=args.num_threads,
         intra_op_threads=args.intra_op_threads,
         instances=args.instances,
+        classifier_instances=args.classifier_instances,
         max_queue_delay_us=args.max_queue_delay_us,
         classifier_batch=args.classifier_batch,
         max_queue_size=args.max_queue_size,
@@ -167,6 +168,14 @@ def _add_build_parser(commands) -> None:
         type=cli.positive_int,
         default=defaults.instances,
         help="instances of each model (each one is a process on CPU machines)",
+    )
+    parser.add_argument(
+        "--classifier-instances",
+        type=cli.non_negative_int,
+        default=defaults.classifier_instances,
+        metavar="N",
+        help="instances of each classifier (0: --instances); with --intra-op-threads 1, "
+        "a CPU's cores split between instances (docs/performance.md#thread-layout)",
     )
     parser.add_argument(
         "--num-threads",
