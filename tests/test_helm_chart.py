@@ -39,12 +39,13 @@ from tests.chart import (
     one,
     one_container,
     render,
+    run_probe,
     serve_rendered,
     triton_container,
 )
 from tests.conftest import PROJECT_ROOT
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL
+from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL, is_video_model
 from tritonstack.samples import PHOTOS, photo_bytes
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
@@ -56,7 +57,7 @@ MODES = ("gpu", "cpu", "local")
 CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("keda.sh/v1alpha1", "ScaledObject")}
 # Everything optional switched on, so that every template renders.
 EVERYTHING = ("locust.enabled=true", "metrics.serviceMonitor.enabled=true")
-HEALTH = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready", "startupProbe": "/v2/health/ready"}
+HEALTH = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready"}
 LOADTEST_FILES = ("__init__.py", "locustfile.py", "users.py")
 
 
@@ -105,6 +106,11 @@ def test_probes_use_triton_health_endpoints_on_a_declared_port(mode):
     port_names = {port["name"] for port in container["ports"]}
     for probe, path in HEALTH.items():
         assert container[probe]["httpGet"] == {"path": path, "port": "http"}, probe
+    # The startup probe warms each ensemble over the same port (run against a server below).
+    url = f"--url=http://127.0.0.1:{flag(container['args'], 'http-port')}"
+    assert url in container["startupProbe"]["exec"]["command"]
+    unwarmed = triton_container(render(mode, "server.warmup.enabled=false"))
+    assert unwarmed["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert "http" in port_names
     assert int(flag(container["args"], "http-port")) == next(
         p["containerPort"] for p in container["ports"] if p["name"] == "http"
@@ -367,6 +373,19 @@ def test_rendered_locust_pods_run_a_bounded_test_against_the_server(server, tmp_
     assert (tmp_path / "reports" / f"{RELEASE}.html").is_file()
 
 
+def _get(url: str, headers: dict[str, str]) -> str:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+        return response.read().decode()
+
+
+def test_startup_probe_gives_a_video_ensemble_the_clip_and_others_the_photo():
+    models = f"server.models={{{DEFAULT_MODEL},{DEFAULT_VIDEO_MODEL}}}"
+    command = triton_container(render("cpu", models))["startupProbe"]["exec"]["command"]
+    pairs = [command[i + 1 : i + 3] for i, arg in enumerate(command) if arg == "--model"]
+    assert pairs == [[DEFAULT_MODEL, "/warmup/sample.jpg"], [DEFAULT_VIDEO_MODEL, "/warmup/sample_clip.mp4"]]
+    assert is_video_model(DEFAULT_VIDEO_MODEL) and not is_video_model(DEFAULT_MODEL)
+
+
 def _base_env() -> dict[str, str]:
     """This environment without PYTHONPATH: the pod's own decides what imports."""
     return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
@@ -376,7 +395,8 @@ def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_
     """The Deployment's tritonserver command line, run with this machine's
     tritonserver (the release of the chart's NGC image) as the pod would run it
     (tests/chart.py), the built repository at the claim's mount path."""
-    container = triton_container(render("local", *free_server_ports()))
+    objects = render("local", *free_server_ports())
+    container = triton_container(objects)
     key = secrets.token_hex(16)
     ref = next(e for e in container["env"] if e["name"] == ADMIN_KEY_ENV)["valueFrom"]["secretKeyRef"]
     admin = (ref["name"], ref["key"])
@@ -384,6 +404,11 @@ def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_
         base = f"http://{served.http_url}"
         for probe in HEALTH:
             assert http_status(base + container[probe]["httpGet"]["path"]) == 200, probe
+        # The startup probe: each ensemble of server.models answers the sample once.
+        warmed = run_probe(container["startupProbe"], objects, tmp_path / "pod")
+        assert warmed.returncode == 0 and f"warmup: {DEFAULT_MODEL} answered" in warmed.stdout, warmed
+        stats = json.loads(_get(f"{base}/v2/models/{DEFAULT_MODEL}/stats", {"tritonstack-admin-key": key}))
+        assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) >= 1
         # Restricted: statistics answer only with the Secret's key; inference is open.
         assert http_status(f"{base}/v2/models/stats") == 403
         assert http_status(f"{base}/v2/models/stats", {"tritonstack-admin-key": key}) == 200

@@ -64,6 +64,7 @@ def supervision(args: argparse.Namespace) -> Supervision:
         memory_limits=None if args.no_memory_limits else MemoryLimits(args.server_memory_bytes, args.stub_memory_bytes),
         recycle=RecyclePolicy(above_mib=args.recycle_above_mib) if args.recycle_above_mib > 0 else None,
         front_nice=args.front_nice,
+        warmup_s=args.warmup_s,
     )
 
 
@@ -134,6 +135,13 @@ def serve(argv: list[str] | None) -> int:
         metavar="0-19",
         help="CPU priority (nice value) of the stubs of ensembles' first steps: under overload the backlog "
         "then waits before them, where it is refused (0: as any other stub; docs/reliability.md#overload)",
+    )
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=Supervision.warmup_s,
+        help="before it is called ready, each loaded ensemble answers a real sample within this many "
+        "seconds (default: %(default)s; 0: no warmup; docs/operations.md)",
     )
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = parser.parse_args(argv)
