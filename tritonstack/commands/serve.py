@@ -56,6 +56,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         extra_args=tuple(args.extra),
         restricted_apis=() if args.open_apis else RESTRICTED_APIS,
         max_input_bytes=args.max_input_bytes,
+        summary_latencies=not args.no_summary_latencies,
     )
 
 
@@ -135,6 +136,11 @@ def serve(argv: list[str] | None) -> int:
         metavar="0-19",
         help="CPU priority (nice value) of the stubs of ensembles' first steps: under overload the backlog "
         "then waits before them, where it is refused (0: as any other stub; docs/reliability.md#overload)",
+    )
+    parser.add_argument(
+        "--no-summary-latencies",
+        action="store_true",
+        help="leave out Triton's latency quantiles (p50, p90, p99 per model) from /metrics",
     )
     parser.add_argument(
         "--warmup-s",

@@ -39,6 +39,16 @@ from tritonstack.serve.security import RESTRICTED_APIS
 # The object stores Triton reads a model repository from (its own support).
 REMOTE_REPOSITORY_SCHEMES = ("s3://", "gs://", "as://")
 EXPLICIT_MODEL_CONTROL = "--model-control-mode=explicit"
+# Triton's latency summaries (quantile: allowed error), per model over a sliding window:
+# server-side p50 and p99 beside the cumulative duration counters, which give only means.
+# The chart passes the same flags (tests/test_helm_chart.py); the dashboard and alerts
+# read these quantiles.
+SUMMARY_QUANTILES = {"0.5": "0.05", "0.9": "0.01", "0.99": "0.001"}
+
+
+def summary_metrics_flags() -> list[str]:
+    quantiles = ",".join(f"{quantile}:{error}" for quantile, error in SUMMARY_QUANTILES.items())
+    return ["--metrics-config=summary_latencies=true", f"--metrics-config=summary_quantiles={quantiles}"]
 
 
 def is_remote_repository(location: str | os.PathLike) -> bool:
@@ -61,6 +71,8 @@ class ServerConfig:
     admin_key: str | None = None
     # The largest input tensor, told to our backends (and to tritonserver where it has the flag).
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    # Latency quantiles in /metrics (SUMMARY_QUANTILES); False: only Triton's counters.
+    summary_latencies: bool = True
     # Any other tritonserver flags, passed as given, after ours (the last of a flag wins).
     extra_args: tuple[str, ...] = ()
 
@@ -135,6 +147,7 @@ class ServerConfig:
             *model_control,
             *self.security_args(supports),
             *self.region_args(),
+            *(summary_metrics_flags() if self.summary_latencies else []),
             *self.extra_args,
         ]
 
