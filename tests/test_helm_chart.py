@@ -259,6 +259,13 @@ def test_server_exports_the_launchers_latency_summaries(mode):
     assert not any(arg.startswith("--metrics-config=") for arg in off)
 
 
+def test_response_cache_is_off_unless_sized_and_then_as_the_launcher_sizes_it():
+    assert not any(arg.startswith("--cache-config") for arg in triton_container(render("cpu"))["args"])
+    args = triton_container(render("cpu", "server.responseCache.sizeMegabytes=64"))["args"]
+    launcher = ServerConfig(PROJECT_ROOT / "model_repository", response_cache_bytes=64 * 2**20)
+    assert [arg for arg in args if arg.startswith("--cache-config")] == launcher.cache_args()
+
+
 def test_alerts_read_the_servers_p99_and_refusals(server):
     """The PrometheusRule's expressions parse and name only metrics, quantiles and
     failure reasons the session's real server exports."""

@@ -18,6 +18,7 @@ from tritonstack.backend_settings import DEFAULT_MAX_INPUT_BYTES
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV
 from tritonstack.serve.launcher import ServerStartError, TritonServer, UnservableRepository
 from tritonstack.serve.limits import MemoryLimits
+from tritonstack.serve.loaded import loaded_configs
 from tritonstack.serve.network import LOOPBACK, port_in_use
 from tritonstack.serve.security import RESTRICTED_APIS
 from tritonstack.serve.server_config import ServerConfig
@@ -57,6 +58,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         restricted_apis=() if args.open_apis else RESTRICTED_APIS,
         max_input_bytes=args.max_input_bytes,
         summary_latencies=not args.no_summary_latencies,
+        response_cache_bytes=args.response_cache_mb * 2**20,
     )
 
 
@@ -69,12 +71,24 @@ def supervision(args: argparse.Namespace) -> Supervision:
     )
 
 
+def _warn_unless_cached(server: TritonServer) -> None:
+    configs = loaded_configs(server.http_url, server.admin_headers("http"))
+    cached = [config["name"] for config in configs if config.get("response_cache", {}).get("enable")]
+    if cached:
+        LOGGER.info("response cache: %s", ", ".join(cached))
+    else:
+        LOGGER.warning(
+            "--response-cache-mb: no loaded model enables response_cache (build with `tritonstack build "
+            "--response-cache`): the cache stays empty"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """The exit code; one-line errors (tritonstack.cli)."""
     return cli.run(serve, argv)
 
 
-def serve(argv: list[str] | None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = cli.parser(
         "Run tritonserver on a model repository until Ctrl-C. Exit codes: 0 stopped by Ctrl-C "
         "or SIGTERM, 1 tritonserver exited by itself, 2 it could not start."
@@ -138,6 +152,14 @@ def serve(argv: list[str] | None) -> int:
         "then waits before them, where it is refused (0: as any other stub; docs/reliability.md#overload)",
     )
     parser.add_argument(
+        "--response-cache-mb",
+        type=cli.non_negative_int,
+        default=0,
+        metavar="N",
+        help="Triton's local response cache of N MiB, for the models built with `tritonstack build "
+        "--response-cache` (default: 0, none; docs/operations.md#response-cache)",
+    )
+    parser.add_argument(
         "--no-summary-latencies",
         action="store_true",
         help="leave out Triton's latency quantiles (p50, p90, p99 per model) from /metrics",
@@ -150,7 +172,11 @@ def serve(argv: list[str] | None) -> int:
         "seconds (default: %(default)s; 0: no warmup; docs/operations.md)",
     )
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def serve(argv: list[str] | None) -> int:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     check_free_ports(
         args.host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
@@ -171,6 +197,8 @@ def serve(argv: list[str] | None) -> int:
             server.start()
         except ServerStartError as error:
             raise cli.UsageError(str(error)) from error
+        if args.response_cache_mb:
+            _warn_unless_cached(server)
         with open(server.log_path, errors="replace") as log:
             print(log.read(), end="", flush=True)
             LOGGER.info(

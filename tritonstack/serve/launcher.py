@@ -126,7 +126,10 @@ class TritonServer:
         return server_log.errors(self.log_path)
 
     def command(self, backend_directory: Path) -> list[str]:
-        return [str(self.install.binary), *self.config.args(backend_directory, self.install.supports)]
+        caches = self.install.cache_directory
+        # Where the install keeps its cache library (the wheel's is not at Triton's default path).
+        cache_directory = [f"--cache-directory={caches}"] if self.config.response_cache_bytes and caches else []
+        return [str(self.install.binary), *cache_directory, *self.config.args(backend_directory, self.install.supports)]
 
     # --- start and stop ---
 

@@ -73,6 +73,9 @@ class ServerConfig:
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
     # Latency quantiles in /metrics (SUMMARY_QUANTILES); False: only Triton's counters.
     summary_latencies: bool = True
+    # Triton's local response cache, in bytes (--cache-config=local,size=...); 0: none.
+    # Only models whose config enables `response_cache` use it.
+    response_cache_bytes: int = 0
     # Any other tritonserver flags, passed as given, after ours (the last of a flag wins).
     extra_args: tuple[str, ...] = ()
 
@@ -148,6 +151,7 @@ class ServerConfig:
             *self.security_args(supports),
             *self.region_args(),
             *(summary_metrics_flags() if self.summary_latencies else []),
+            *self.cache_args(),
             *self.extra_args,
         ]
 
@@ -156,6 +160,9 @@ class ServerConfig:
         if supports("--http-max-input-size"):
             args.append(f"--http-max-input-size={self.max_input_bytes}")
         return args
+
+    def cache_args(self) -> list[str]:
+        return [f"--cache-config=local,size={self.response_cache_bytes}"] if self.response_cache_bytes else []
 
     def region_args(self) -> list[str]:
         """The stubs' shared region sized for a full batch, unless the caller sized it."""
