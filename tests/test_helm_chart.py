@@ -50,7 +50,12 @@ from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL, DEFAULT_VIDEO_MOD
 from tritonstack.samples import PHOTOS, photo_bytes
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
-from tritonstack.serve.server_config import SUMMARY_QUANTILES, ServerConfig, summary_metrics_flags
+from tritonstack.serve.server_config import (
+    SUMMARY_QUANTILES,
+    ServerConfig,
+    otlp_trace_flags,
+    summary_metrics_flags,
+)
 
 KUBERNETES_VERSION = "1.33.0"
 MODES = ("gpu", "cpu", "local")
@@ -266,6 +271,13 @@ def test_response_cache_is_off_unless_sized_and_then_as_the_launcher_sizes_it():
     assert [arg for arg in args if arg.startswith("--cache-config")] == launcher.cache_args()
 
 
+def test_tracing_is_off_unless_an_endpoint_is_given_and_then_as_the_launcher_traces():
+    assert not any(arg.startswith("--trace") for arg in triton_container(render("cpu"))["args"])
+    endpoint = "http://otel-collector.observability:4318/v1/traces"
+    args = triton_container(render("cpu", f"tracing.otlpEndpoint={endpoint}", "tracing.rate=200"))["args"]
+    assert [arg for arg in args if arg.startswith("--trace")] == otlp_trace_flags(endpoint, 200)
+
+
 def test_alerts_read_the_servers_p99_and_refusals(server):
     """The PrometheusRule's expressions parse and name only metrics, quantiles and
     failure reasons the session's real server exports."""
@@ -478,6 +490,7 @@ def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_
         "autoscaling.kind=vpa",
         "locust.runTime=forever",
         "modelRepository.s3.url=gs://bucket/models",
+        "tracing.otlpEndpoint=otel-collector:4318",
     ],
 )
 def test_values_schema_refuses_what_the_chart_cannot_serve(setting):

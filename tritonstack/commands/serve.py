@@ -21,7 +21,7 @@ from tritonstack.serve.limits import MemoryLimits
 from tritonstack.serve.loaded import loaded_configs
 from tritonstack.serve.network import LOOPBACK, port_in_use
 from tritonstack.serve.security import RESTRICTED_APIS
-from tritonstack.serve.server_config import ServerConfig
+from tritonstack.serve.server_config import DEFAULT_TRACE_RATE, ServerConfig
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
 from tritonstack.serve.supervision import RecyclePolicy, Supervision
 
@@ -59,6 +59,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_input_bytes=args.max_input_bytes,
         summary_latencies=not args.no_summary_latencies,
         response_cache_bytes=args.response_cache_mb * 2**20,
+        trace_otlp_url=args.trace_otlp,
+        trace_rate=args.trace_rate,
     )
 
 
@@ -160,6 +162,19 @@ def parser() -> argparse.ArgumentParser:
         "--response-cache` (default: 0, none; docs/operations.md#response-cache)",
     )
     parser.add_argument(
+        "--trace-otlp",
+        metavar="URL",
+        help="export Triton's OpenTelemetry traces (the request, its ensemble, each step) over OTLP/HTTP to a "
+        "collector, e.g. http://127.0.0.1:4318/v1/traces (docs/operations.md#traces)",
+    )
+    parser.add_argument(
+        "--trace-rate",
+        type=cli.positive_int,
+        default=DEFAULT_TRACE_RATE,
+        metavar="N",
+        help="trace one request in N (default: %(default)s, Triton's)",
+    )
+    parser.add_argument(
         "--no-summary-latencies",
         action="store_true",
         help="leave out Triton's latency quantiles (p50, p90, p99 per model) from /metrics",
@@ -178,13 +193,14 @@ def parser() -> argparse.ArgumentParser:
 def serve(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        config = server_config(args)
+    except ValueError as error:  # a setting the config refuses (e.g. --trace-otlp without http://)
+        raise cli.UsageError(str(error)) from error
     check_free_ports(
         args.host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
     )
-
-    server = TritonServer(
-        server_config(args), supervision(args), environment=STUB_ENVIRONMENT if args.compact_memory else None
-    )
+    server = TritonServer(config, supervision(args), environment=STUB_ENVIRONMENT if args.compact_memory else None)
     try:
         server.check_repository()  # before anything else is said: one line, exit 2
     except UnservableRepository as error:

@@ -46,6 +46,25 @@ EXPLICIT_MODEL_CONTROL = "--model-control-mode=explicit"
 SUMMARY_QUANTILES = {"0.5": "0.05", "0.9": "0.01", "0.99": "0.001"}
 
 
+# Triton's own default: one request traced in 1000.
+DEFAULT_TRACE_RATE = 1000
+TRACE_SERVICE_NAME = "image-classifier"
+
+
+def otlp_trace_flags(url: str, rate: int = DEFAULT_TRACE_RATE, service: str = TRACE_SERVICE_NAME) -> list[str]:
+    """Triton's traces in OpenTelemetry mode, exported over OTLP/HTTP to `url` (a
+    collector's .../v1/traces): spans of each traced request, its ensemble and every
+    step with their model names, their timestamps as span events. The chart passes the
+    same flags (tests/test_helm_chart.py)."""
+    return [
+        "--trace-config=mode=opentelemetry",
+        f"--trace-config=opentelemetry,url={url}",
+        f"--trace-config=opentelemetry,resource=service.name={service}",
+        "--trace-config=level=TIMESTAMPS",
+        f"--trace-config=rate={rate}",
+    ]
+
+
 def summary_metrics_flags() -> list[str]:
     quantiles = ",".join(f"{quantile}:{error}" for quantile, error in SUMMARY_QUANTILES.items())
     return ["--metrics-config=summary_latencies=true", f"--metrics-config=summary_quantiles={quantiles}"]
@@ -76,6 +95,10 @@ class ServerConfig:
     # Triton's local response cache, in bytes (--cache-config=local,size=...); 0: none.
     # Only models whose config enables `response_cache` use it.
     response_cache_bytes: int = 0
+    # An OTLP/HTTP collector's traces endpoint (http://host:4318/v1/traces): Triton's
+    # OpenTelemetry traces of one request in `trace_rate` go there; None: no tracing.
+    trace_otlp_url: str | None = None
+    trace_rate: int = DEFAULT_TRACE_RATE
     # Any other tritonserver flags, passed as given, after ours (the last of a flag wins).
     extra_args: tuple[str, ...] = ()
 
@@ -93,6 +116,10 @@ class ServerConfig:
         resolve(self, "admin_key", security.admin_key(self.admin_key))
         resolve(self, "restricted_apis", tuple(self.restricted_apis))
         resolve(self, "extra_args", tuple(self.extra_args))
+        if self.trace_otlp_url is not None and not self.trace_otlp_url.startswith(("http://", "https://")):
+            raise ValueError(f"the OTLP endpoint must be an http:// or https:// URL, not {self.trace_otlp_url!r}")
+        if self.trace_rate < 1:
+            raise ValueError(f"the trace rate must be at least 1 (one request in N), not {self.trace_rate}")
 
     # --- addresses ---
 
@@ -152,6 +179,7 @@ class ServerConfig:
             *self.region_args(),
             *(summary_metrics_flags() if self.summary_latencies else []),
             *self.cache_args(),
+            *(otlp_trace_flags(self.trace_otlp_url, self.trace_rate) if self.trace_otlp_url else []),
             *self.extra_args,
         ]
 
