@@ -33,10 +33,14 @@ REQUESTS_PER_ENSEMBLE = 2
 class WarmupReport:
     took_s: dict[str, list[float]] = field(default_factory=dict)  # per ensemble, each request's seconds
     skipped: dict[str, str] = field(default_factory=dict)  # ensemble -> why
+    elapsed_s: float = 0.0
 
     def summary(self) -> str:
         warmed = ", ".join(f"{name} {max(times):.2f} s" for name, times in self.took_s.items()) or "none"
-        line = f"warmup: {len(self.took_s)} ensemble(s) answered a real sample (slowest request each: {warmed})"
+        line = (
+            f"warmup: {len(self.took_s)} ensemble(s) answered a real sample in {self.elapsed_s:.1f} s "
+            f"(slowest request each: {warmed})"
+        )
         if self.skipped:
             line += "; not warmed: " + "; ".join(f"{name} ({why})" for name, why in self.skipped.items())
         return line
@@ -62,12 +66,18 @@ def warm_ensembles(http_url: str, headers: dict[str, str], budget_s: float) -> W
     """Send each loaded ensemble its sample REQUESTS_PER_ENSEMBLE times, all within
     `budget_s` (each request's timeout is what is left of it)."""
     report = WarmupReport()
-    deadline = time.monotonic() + budget_s
+    started = time.monotonic()
     try:
         configs = loaded_configs(http_url, headers)
-    except InferenceServerException as error:
+    except (InferenceServerException, OSError) as error:
         report.skipped["*"] = f"cannot list the models: {error}"
         return report
+    _send_samples(http_url, configs, started + budget_s, budget_s, report)
+    report.elapsed_s = time.monotonic() - started
+    return report
+
+
+def _send_samples(http_url: str, configs: list[dict], deadline: float, budget_s: float, report: WarmupReport) -> None:
     for config in configs:
         name = config["name"]
         if config.get("platform") != "ensemble":
@@ -85,4 +95,3 @@ def warm_ensembles(http_url: str, headers: dict[str, str], budget_s: float) -> W
         except WarmupFailed as error:
             report.took_s.pop(name, None)
             report.skipped[name] = str(error)
-    return report
