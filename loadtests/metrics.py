@@ -27,6 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 SUCCESS = "nv_inference_request_success"
 FAILURE = "nv_inference_request_failure"
+# The failure reason of a request refused by a queue policy (a full queue, or its timeout
+# passed while queued): counted by the step that refused it; an ensemble counts its own
+# failure as OTHER (Triton 2.51).
+REFUSED_REASON = "REJECTED"
 INFERENCES = "nv_inference_count"
 EXECUTIONS = "nv_inference_exec_count"
 REQUEST_US = "nv_inference_request_duration_us"
@@ -53,6 +57,18 @@ def parse(text: str) -> Snapshot:
             if "model" in sample.labels:
                 snapshot[sample.labels["model"]][family.name] += sample.value
     return {model: dict(counters) for model, counters in snapshot.items()}
+
+
+def failures_by_reason(metrics_url: str, timeout_s: float = 10.0) -> dict[tuple[str, str], float]:
+    """(model, reason) -> Triton's failure count, summed over versions."""
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
+        text = response.read().decode()
+    counts: dict[tuple[str, str], float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        if family.name == FAILURE:
+            for sample in family.samples:
+                counts[(sample.labels["model"], sample.labels["reason"])] += sample.value
+    return dict(counts)
 
 
 def scrape(metrics_url: str, timeout_s: float = 10.0) -> Snapshot:

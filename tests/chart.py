@@ -4,6 +4,7 @@ run it. Shared by test_helm_chart.py and test_s3_repository.py."""
 
 from __future__ import annotations
 
+import base64
 import functools
 import os
 import re
@@ -116,8 +117,9 @@ def serve_rendered(
     tritonserver: the kubelet's $(VAR) expansion from the pod's variables only
     (none of this process's AWS_* or admin key), loopback for 0.0.0.0 (this
     machine's rule), our Python-based backends for the container's C++ ones,
-    `repository` for the pod's own when given. Ready once the startup probe's
-    path answers 200; stopped (process group, /dev/shm) on exit."""
+    `repository` for the pod's own when given. Ready once the readiness probe's
+    path answers 200 (the startup probe's warmup is the caller's: run_probe);
+    stopped (process group, /dev/shm) on exit."""
     env = pod_environment(container, secrets)
     args = [
         _KUBELET_VARIABLE.sub(lambda m: env[m.group(1)], arg).replace("=0.0.0.0", f"={LOOPBACK}")
@@ -139,9 +141,9 @@ def serve_rendered(
         )
     try:
         http = f"{LOOPBACK}:{flag(args, 'http-port')}"
-        startup = container["startupProbe"]["httpGet"]["path"]
+        ready = container["readinessProbe"]["httpGet"]["path"]
         deadline = time.monotonic() + startup_timeout_s
-        while http_status(f"http://{http}{startup}") != 200:
+        while http_status(f"http://{http}{ready}") != 200:
             assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
             time.sleep(0.2)
         yield RenderedServer(process, args, http, f"{LOOPBACK}:{flag(args, 'grpc-port')}")
@@ -158,3 +160,27 @@ def serve_rendered(
             pass
         process.wait()
         remove_orphaned_stub_regions()  # what a killed stub leaves in /dev/shm
+
+
+def run_probe(probe: dict, objects: list[dict], workdir: Path) -> subprocess.CompletedProcess:
+    """An exec probe's command run here as the kubelet would run it in the pod: the
+    ConfigMaps the pod mounts written to folders of `workdir` in place of their mount
+    paths, this Python for the image's python3."""
+    pod = one(objects, "Deployment", f"{RELEASE}-image-classifier")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    command = list(probe["exec"]["command"])
+    for mount in container["volumeMounts"]:
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        if "configMap" not in volume:
+            continue
+        folder = workdir / mount["name"]
+        folder.mkdir(parents=True, exist_ok=True)
+        config_map = one(objects, "ConfigMap", volume["configMap"]["name"])
+        for name, text in config_map.get("data", {}).items():
+            (folder / name).write_text(text)
+        for name, encoded in config_map.get("binaryData", {}).items():
+            (folder / name).write_bytes(base64.b64decode(encoded))
+        command = [arg.replace(mount["mountPath"] + "/", f"{folder}/") for arg in command]
+    if command[0] == "python3":
+        command[0] = sys.executable
+    return subprocess.run(command, capture_output=True, text=True, timeout=probe["timeoutSeconds"])

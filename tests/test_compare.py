@@ -20,6 +20,7 @@ def compared(repository, out, *load: str) -> dict:
             str(repository),
             "--b-env",
             "DALI_MALLOC_POOL_THRESHOLD=0",
+            "--b-server-arg=--metrics-config=summary_latencies=false",
             "--model",
             ENSEMBLE,
             "--rounds",
@@ -46,6 +47,8 @@ def test_two_servers_interleaved(lite0_repository, tmp_path, capsys):
     assert low <= figures["b_over_a"] <= high
     assert written["b"]["environment"] == {"DALI_MALLOC_POOL_THRESHOLD": "0"} and written["a"]["environment"] == {}
     assert written["a"]["repository"] == written["b"]["repository"]
+    assert written["b"]["server_args"] == ["--metrics-config=summary_latencies=false"]
+    assert written["a"]["server_args"] == []
     assert "| " + ENSEMBLE in capsys.readouterr().out
 
 

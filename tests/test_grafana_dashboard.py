@@ -6,17 +6,14 @@ panel plots the query the autoscaler scales on."""
 from __future__ import annotations
 
 import json
-import urllib.request
 
-import promql_parser
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from loadtests.metrics import REFUSED_REASON
 from tests.chart import RELEASE, helm, one, render
+from tests.promql import exported_series, metric_names, parse, unexported
 
 CONFIGMAP = f"{RELEASE}-image-classifier-grafana-dashboard"
-# Grafana's variables, given values so that the queries parse as plain PromQL.
-GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$namespace": "default", "$pod": ".*"}
 # Exported by Triton only where it sees a GPU (docs/user_guide/metrics.md of the server).
 GPU_ONLY = {"nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"}
 
@@ -30,25 +27,6 @@ def queries(board: dict) -> dict[str, list[str]]:
     return {panel["title"]: [target["expr"] for target in panel["targets"]] for panel in board["panels"]}
 
 
-def parse(expr: str):
-    for variable, value in GRAFANA_VARIABLES.items():
-        expr = expr.replace(variable, value)
-    return promql_parser.parse(expr)
-
-
-def metric_names(node) -> set[str]:
-    """The metric of every selector in a parsed PromQL expression."""
-    if type(node).__name__ == "VectorSelector":
-        return {node.name}
-    names = set()
-    for attribute in ("lhs", "rhs", "expr", "args", "vector_selector", "param"):
-        child = getattr(node, attribute, None)
-        for each in child if isinstance(child, list) else [child]:
-            if type(each).__module__ == "promql_parser":
-                names |= metric_names(each)
-    return names
-
-
 def test_dashboard_is_off_by_default():
     assert [o for o in render("cpu") if o["metadata"]["name"] == CONFIGMAP] == []
 
@@ -59,7 +37,7 @@ def test_dashboard_configmap_carries_the_sidecars_label_and_a_panel_per_concern(
     assert configmap["metadata"]["annotations"] == {"grafana_folder": "Triton"}
     assert board["uid"] and len(board["uid"]) <= 40 and board["title"]
     titles = " | ".join(queries(board)).lower()
-    for concern in ("throughput", "failure", "queue", "compute", "autoscaling", "cpu", "memory"):
+    for concern in ("throughput", "failure", "queue", "compute", "autoscaling", "cpu", "memory", "p99", "refused"):
         assert concern in titles, concern
     variables = {variable["name"] for variable in board["templating"]["list"]}
     assert {"datasource", "namespace", "pod"} <= variables
@@ -88,13 +66,17 @@ def test_autoscaling_panel_plots_the_autoscalers_query_and_target():
 
 
 def test_every_metric_the_dashboard_names_is_exported_by_the_server(server):
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        exported = {family.name for family in text_string_to_metric_families(response.read().decode())}
-    # prometheus_client names counters without their _total suffix; Triton's have none.
-    named = set().union(*(metric_names(parse(expr)) for exprs in queries(dashboard()[1]).values() for expr in exprs))
+    """Metrics, quantiles and failure reasons: the session's server exports each (its
+    latency summaries are on by default)."""
+    exported = exported_series(server.metrics_url)
+    exprs = [expr for exprs in queries(dashboard()[1]).values() for expr in exprs]
+    named = set().union(*(metric_names(parse(expr)) for expr in exprs))
     assert named - GPU_ONLY, "the dashboard should name Triton's metrics"
-    assert sorted(named - GPU_ONLY - exported) == []
+    missing = {expr: unexported(expr, exported, GPU_ONLY) for expr in exprs}
+    assert {expr: names for expr, names in missing.items() if names} == {}
     assert {"nv_inference_queue_duration_us", "nv_inference_count", "nv_cpu_memory_used_bytes"} <= named
+    assert "nv_inference_request_summary_us" in named
+    assert any(f'reason="{REFUSED_REASON}"' in expr for expr in exprs)
 
 
 @pytest.mark.parametrize("mode", ["cpu", "gpu"])

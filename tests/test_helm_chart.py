@@ -27,7 +27,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.metrics import QUEUE_US, SUCCESS
+from loadtests.metrics import QUEUE_US, REFUSED_REASON, SUCCESS
 from tests.chart import (
     CHART,
     HELM,
@@ -39,24 +39,36 @@ from tests.chart import (
     one,
     one_container,
     render,
+    run_probe,
     serve_rendered,
     triton_container,
 )
 from tests.conftest import PROJECT_ROOT
+from tests.promql import exported_series, unexported
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL
+from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL, is_video_model
 from tritonstack.samples import PHOTOS, photo_bytes
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
+from tritonstack.serve.server_config import (
+    SUMMARY_QUANTILES,
+    ServerConfig,
+    otlp_trace_flags,
+    summary_metrics_flags,
+)
 
 KUBERNETES_VERSION = "1.33.0"
 MODES = ("gpu", "cpu", "local")
 # Custom resources: kubernetes-validate has no schema for them (their operators' CRDs
 # define them); they are checked by the assertions below instead.
-CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("keda.sh/v1alpha1", "ScaledObject")}
+CRDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+}
 # Everything optional switched on, so that every template renders.
-EVERYTHING = ("locust.enabled=true", "metrics.serviceMonitor.enabled=true")
-HEALTH = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready", "startupProbe": "/v2/health/ready"}
+EVERYTHING = ("locust.enabled=true", "metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true")
+HEALTH = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready"}
 LOADTEST_FILES = ("__init__.py", "locustfile.py", "users.py")
 
 
@@ -96,7 +108,7 @@ def test_every_object_matches_the_kubernetes_schemas(mode, sets):
             pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {error.message} at {list(error.path)}")
     assert {"Deployment", "Service"} <= {o["kind"] for o in objects}
     if "metrics.serviceMonitor.enabled=true" in sets:
-        assert "ServiceMonitor" in skipped
+        assert {"ServiceMonitor", "PrometheusRule"} <= skipped
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -105,6 +117,11 @@ def test_probes_use_triton_health_endpoints_on_a_declared_port(mode):
     port_names = {port["name"] for port in container["ports"]}
     for probe, path in HEALTH.items():
         assert container[probe]["httpGet"] == {"path": path, "port": "http"}, probe
+    # The startup probe warms each ensemble over the same port (run against a server below).
+    url = f"--url=http://127.0.0.1:{flag(container['args'], 'http-port')}"
+    assert url in container["startupProbe"]["exec"]["command"]
+    unwarmed = triton_container(render(mode, "server.warmup.enabled=false"))
+    assert unwarmed["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert "http" in port_names
     assert int(flag(container["args"], "http-port")) == next(
         p["containerPort"] for p in container["ports"] if p["name"] == "http"
@@ -209,7 +226,9 @@ def test_hpa_scales_the_deployment_on_triton_queue_time(mode, exported_metric_na
     assert rule["name"]["as"] == metric["pods"]["metric"]["name"]
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
     _check_query(rule["metricsQuery"], exported_metric_names)
-    snippet = yaml.safe_load(one(objects, "ConfigMap")["data"]["values-snippet.yaml"])
+    snippet = yaml.safe_load(
+        one(objects, "ConfigMap", f"{RELEASE}-image-classifier-adapter-rules")["data"]["values-snippet.yaml"]
+    )
     assert snippet["rules"]["custom"] == rules["rules"]
 
 
@@ -233,6 +252,51 @@ def _check_query(query: str, exported: set[str]):
     assert {QUEUE_US, SUCCESS} <= exported, sorted(exported)
     assert f'model=~"{DEFAULT_MODEL}"' in query
     assert "rate(" in query and "delta(" not in query  # counters, not gauges
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_server_exports_the_launchers_latency_summaries(mode):
+    summaries = [arg for arg in triton_container(render(mode))["args"] if arg.startswith("--metrics-config=")]
+    assert summaries == summary_metrics_flags()
+    launcher = ServerConfig(PROJECT_ROOT / "model_repository").args(Path("backends"), lambda flag: False)
+    assert [arg for arg in launcher if arg.startswith("--metrics-config=")] == summaries
+    off = triton_container(render(mode, "metrics.summaryLatencies=false"))["args"]
+    assert not any(arg.startswith("--metrics-config=") for arg in off)
+
+
+def test_response_cache_is_off_unless_sized_and_then_as_the_launcher_sizes_it():
+    assert not any(arg.startswith("--cache-config") for arg in triton_container(render("cpu"))["args"])
+    args = triton_container(render("cpu", "server.responseCache.sizeMegabytes=64"))["args"]
+    launcher = ServerConfig(PROJECT_ROOT / "model_repository", response_cache_bytes=64 * 2**20)
+    assert [arg for arg in args if arg.startswith("--cache-config")] == launcher.cache_args()
+
+
+def test_tracing_is_off_unless_an_endpoint_is_given_and_then_as_the_launcher_traces():
+    assert not any(arg.startswith("--trace") for arg in triton_container(render("cpu"))["args"])
+    endpoint = "http://otel-collector.observability:4318/v1/traces"
+    args = triton_container(render("cpu", f"tracing.otlpEndpoint={endpoint}", "tracing.rate=200"))["args"]
+    assert [arg for arg in args if arg.startswith("--trace")] == otlp_trace_flags(endpoint, 200)
+
+
+def test_alerts_read_the_servers_p99_and_refusals(server):
+    """The PrometheusRule's expressions parse and name only metrics, quantiles and
+    failure reasons the session's real server exports."""
+    objects = render("cpu", "metrics.prometheusRule.enabled=true", "metrics.prometheusRule.p99Milliseconds=250")
+    (group,) = one(objects, "PrometheusRule")["spec"]["groups"]
+    rules = {rule["alert"]: rule for rule in group["rules"]}
+    assert set(rules) == {"ImageClassifierP99High", "ImageClassifierRefusing"}
+    exported = exported_series(server.metrics_url)
+    for name, rule in rules.items():
+        assert unexported(rule["expr"], exported) == [], name
+        assert rule["for"] and rule["annotations"]["runbook"].startswith("docs/operations.md#"), name
+    p99 = rules["ImageClassifierP99High"]["expr"]
+    assert 'quantile="0.99"' in p99 and "0.99" in SUMMARY_QUANTILES and p99.rstrip().endswith("> 250")
+    assert f'model=~"{DEFAULT_MODEL}"' in p99 and "by (namespace, pod, model)" in p99
+    refused = rules["ImageClassifierRefusing"]["expr"]
+    assert refused.count(f'reason="{REFUSED_REASON}"') == 2
+    guide = (PROJECT_ROOT / "docs" / "operations.md").read_text().splitlines()
+    anchors = {line.lstrip("#").strip().lower() for line in guide if line.startswith("#")}
+    assert {rule["annotations"]["runbook"].split("#")[1] for rule in rules.values()} <= anchors
 
 
 def test_locust_workers_reach_the_master_and_the_server():
@@ -367,6 +431,19 @@ def test_rendered_locust_pods_run_a_bounded_test_against_the_server(server, tmp_
     assert (tmp_path / "reports" / f"{RELEASE}.html").is_file()
 
 
+def _get(url: str, headers: dict[str, str]) -> str:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+        return response.read().decode()
+
+
+def test_startup_probe_gives_a_video_ensemble_the_clip_and_others_the_photo():
+    models = f"server.models={{{DEFAULT_MODEL},{DEFAULT_VIDEO_MODEL}}}"
+    command = triton_container(render("cpu", models))["startupProbe"]["exec"]["command"]
+    pairs = [command[i + 1 : i + 3] for i, arg in enumerate(command) if arg == "--model"]
+    assert pairs == [[DEFAULT_MODEL, "/warmup/sample.jpg"], [DEFAULT_VIDEO_MODEL, "/warmup/sample_clip.mp4"]]
+    assert is_video_model(DEFAULT_VIDEO_MODEL) and not is_video_model(DEFAULT_MODEL)
+
+
 def _base_env() -> dict[str, str]:
     """This environment without PYTHONPATH: the pod's own decides what imports."""
     return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
@@ -376,7 +453,8 @@ def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_
     """The Deployment's tritonserver command line, run with this machine's
     tritonserver (the release of the chart's NGC image) as the pod would run it
     (tests/chart.py), the built repository at the claim's mount path."""
-    container = triton_container(render("local", *free_server_ports()))
+    objects = render("local", *free_server_ports())
+    container = triton_container(objects)
     key = secrets.token_hex(16)
     ref = next(e for e in container["env"] if e["name"] == ADMIN_KEY_ENV)["valueFrom"]["secretKeyRef"]
     admin = (ref["name"], ref["key"])
@@ -384,6 +462,14 @@ def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_
         base = f"http://{served.http_url}"
         for probe in HEALTH:
             assert http_status(base + container[probe]["httpGet"]["path"]) == 200, probe
+        # The startup probe: each ensemble of server.models answers the sample once.
+        warmed = run_probe(container["startupProbe"], objects, tmp_path / "pod")
+        assert warmed.returncode == 0 and f"warmup: {DEFAULT_MODEL} answered" in warmed.stdout, warmed
+        stats = json.loads(_get(f"{base}/v2/models/{DEFAULT_MODEL}/stats", {"tritonstack-admin-key": key}))
+        assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) >= 1
+        # The latency summaries the dashboard and alerts read, with the chart's quantiles.
+        metrics_url = f"http://{LOOPBACK}:{flag(served.args, 'metrics-port')}/metrics"
+        assert exported_series(metrics_url)["nv_inference_request_summary_us"]["quantile"] == set(SUMMARY_QUANTILES)
         # Restricted: statistics answer only with the Secret's key; inference is open.
         assert http_status(f"{base}/v2/models/stats") == 403
         assert http_status(f"{base}/v2/models/stats", {"tritonstack-admin-key": key}) == 200
@@ -404,6 +490,7 @@ def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_
         "autoscaling.kind=vpa",
         "locust.runTime=forever",
         "modelRepository.s3.url=gs://bucket/models",
+        "tracing.otlpEndpoint=otel-collector:4318",
     ],
 )
 def test_values_schema_refuses_what_the_chart_cannot_serve(setting):

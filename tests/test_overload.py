@@ -19,6 +19,8 @@ import tritonclient.http.aio as http_aio
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from loadtests.metrics import REFUSED_REASON
+from loadtests.metrics import failures_by_reason as exported_failures
 from tests import repo_factory as rf
 from tritonstack.benchmark import overload, overload_soak
 from tritonstack.benchmark.phases import weighted_images
@@ -91,7 +93,12 @@ def blocker() -> np.ndarray:
 def step_stats(server, model: str) -> dict:
     with httpclient.InferenceServerClient(server.http_url) as client:
         stats = client.get_inference_statistics(model)["model_stats"][0]
-    return {"inferences": int(stats["inference_count"]), "failed": int(stats["inference_stats"]["fail"]["count"])}
+    failures = exported_failures(server.metrics_url)
+    return {
+        "inferences": int(stats["inference_count"]),
+        "failed": int(stats["inference_stats"]["fail"]["count"]),
+        "refused": failures.get((model, REFUSED_REASON), 0),
+    }
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -109,6 +116,8 @@ def test_a_request_past_its_deadline_is_refused_with_a_clear_status(admission_se
     after = step_stats(admission_server, FIRST_STEP)
     assert after["failed"] - before["failed"] >= LATE_REQUESTS
     assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES  # none of the late ones
+    # In /metrics, what the dashboard's refusals panel and the refusal alert count.
+    assert after["refused"] - before["refused"] >= LATE_REQUESTS
 
 
 async def behind_the_blocker(server, protocol: str, blocker: np.ndarray) -> list:

@@ -4,7 +4,11 @@
     tritonstack compare --b-env DALI_MALLOC_POOL_THRESHOLD=0 --out reports/compare.json
 
 A serves --a-repository (default: model_repository) with --a-env added to its
-environment, B serves --b-repository (default: A's) with --b-env. Both run for the
+environment and --a-server-arg added to tritonserver's flags, B serves
+--b-repository (default: A's) with --b-env and --b-server-arg:
+
+    tritonstack compare --b-server-arg=--metrics-config=summary_latencies=false --out reports/summaries.json
+ Both run for the
 whole comparison, on free loopback ports, but only one is under load at a time:
 each round measures every --model on A then B, on the next round B then A, so the
 drift of a shared machine and the order of the sides both cancel out in the
@@ -39,6 +43,7 @@ from tritonstack.benchmark.phases import (
     write_median,
 )
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.supervision import RecyclePolicy, Supervision
 
 SIDES = ("a", "b")
@@ -116,11 +121,17 @@ def compare(args: argparse.Namespace, log=print) -> dict:
     supervisions = {
         side: Supervision(recycle=recycles[side], front_nice=getattr(args, f"{side}_front_nice")) for side in SIDES
     }
+    configs = {
+        side: ServerConfig(
+            repositories[side],
+            extra_args=tuple(getattr(args, f"{side}_server_arg", ())),
+            response_cache_bytes=getattr(args, f"{side}_response_cache_mb", 0) * 2**20,
+        )
+        for side in SIDES
+    }
     with contextlib.ExitStack() as stack:
         servers = {
-            side: stack.enter_context(
-                TritonServer(repositories[side], supervisions[side], environment=environments[side])
-            )
+            side: stack.enter_context(TritonServer(configs[side], supervisions[side], environment=environments[side]))
             for side in SIDES
         }
 
@@ -154,6 +165,8 @@ def compare(args: argparse.Namespace, log=print) -> dict:
                 "environment": environments[side],
                 "recycle_above_mib": recycles[side].above_mib if recycles[side] else None,
                 "front_nice": supervisions[side].front_nice,
+                "server_args": list(configs[side].extra_args),
+                "response_cache_bytes": configs[side].response_cache_bytes,
             }
             for side in SIDES
         },

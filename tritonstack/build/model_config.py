@@ -186,6 +186,8 @@ class ModelConfig:
     warmup: tuple[Warmup, ...] = ()
     default_model_filename: str | None = None
     gpu_accelerators: tuple[Accelerator, ...] = ()
+    # Triton's response cache for this model (served only with a cache: `serve --response-cache-mb`).
+    response_cache: bool = False
 
     def to_proto(self) -> pb.ModelConfig:
         message = pb.ModelConfig(
@@ -208,6 +210,8 @@ class ModelConfig:
             message.parameters[key].string_value = value
         if self.steps:
             message.ensemble_scheduling.step.extend(step.to_proto() for step in self.steps)
+        if self.response_cache:
+            message.response_cache.enable = True
         if self.gpu_accelerators:
             message.optimization.execution_accelerators.gpu_execution_accelerator.extend(
                 accelerator.to_proto() for accelerator in self.gpu_accelerators

@@ -57,6 +57,11 @@ class BuildOptions:
     # (the last one repeated when the clip is shorter), every one classified.
     clip_frames: int = 8
     frame_stride: int = 4
+    # `response_cache { enable: true }` on the ensembles: a request whose input bytes
+    # equal an earlier one's is answered from the server's cache (`tritonstack serve
+    # --response-cache-mb`), without running the steps. Off: load tests and the
+    # benchmark repeat their images, and would measure the cache (docs/operations.md).
+    response_cache: bool = False
 
     def __post_init__(self):
         if self.device not in DEVICES:

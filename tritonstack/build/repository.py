@@ -183,6 +183,7 @@ def ensemble_config(preset: Preset, options: BuildOptions) -> ModelConfig:
         max_batch_size=options.clips_per_request if preset.video else options.max_batch_size,
         inputs=(Tensor(ENSEMBLE_INPUT, "UINT8", (-1,)),),
         outputs=(Tensor(ENSEMBLE_OUTPUT, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),),
+        response_cache=options.response_cache,
         steps=(
             EnsembleStep(
                 model_name=preset.preprocessing_name,

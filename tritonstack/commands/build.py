@@ -51,6 +51,7 @@ def build(args: argparse.Namespace) -> int:
         format=args.format,
         clip_frames=args.clip_frames,
         frame_stride=args.frame_stride,
+        response_cache=args.response_cache,
     )
     changed = write_repository(args.out, presets=_presets(args), options=options)
     for path in changed:
@@ -222,6 +223,12 @@ def _add_build_parser(commands) -> None:
         metavar="MS",
         help="a request still queued at a step after this long is refused (a request's own shorter "
         "timeout wins); 0: never",
+    )
+    parser.add_argument(
+        "--response-cache",
+        action="store_true",
+        help="enable Triton's response cache on the ensembles: a repeated upload is answered from the cache of "
+        "a server started with `tritonstack serve --response-cache-mb N` (off by default; docs/operations.md)",
     )
     video = parser.add_argument_group(
         "video presets",

@@ -40,6 +40,21 @@ def _main(argv: list[str] | None) -> int:
             metavar="N",
             help=f"{side.upper()}'s nice value for ensembles' first steps (0: as any other stub)",
         )
+        parser.add_argument(
+            f"--{side}-server-arg",
+            action="append",
+            default=[],
+            metavar="FLAG",
+            help=f"a tritonserver flag for {side.upper()}, after the launcher's (the last of a flag wins), e.g. "
+            f"--{side}-server-arg=--metrics-config=summary_latencies=false",
+        )
+        parser.add_argument(
+            f"--{side}-response-cache-mb",
+            type=cli.non_negative_int,
+            default=0,
+            metavar="N",
+            help=f"{side.upper()}'s response cache (for repositories built with --response-cache)",
+        )
     parser.add_argument("--model", action="append", help=f"default: {DALI_ENSEMBLE} and {INT8_ENSEMBLE}")
     parser.add_argument("--rounds", type=cli.positive_int, default=5, help="at least 3: a median and a spread")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured per side, model and round")
@@ -55,10 +70,12 @@ def _main(argv: list[str] | None) -> int:
         and not args.b_env
         and args.a_recycle_above_mib == args.b_recycle_above_mib
         and args.a_front_nice == args.b_front_nice
+        and args.a_server_arg == args.b_server_arg
+        and args.a_response_cache_mb == args.b_response_cache_mb
     ):
         raise cli.UsageError(
             "A and B would be the same: give --b-repository, an --a-env/--b-env or different "
-            "--a/--b-recycle-above-mib or --a/--b-front-nice"
+            "--a/--b-recycle-above-mib, --a/--b-front-nice, --a/--b-server-arg or --a/--b-response-cache-mb"
         )
     for repository in filter(None, (args.a_repository, args.b_repository)):
         reason = unservable_reason(repository)

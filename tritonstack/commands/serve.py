@@ -18,9 +18,10 @@ from tritonstack.backend_settings import DEFAULT_MAX_INPUT_BYTES
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV
 from tritonstack.serve.launcher import ServerStartError, TritonServer, UnservableRepository
 from tritonstack.serve.limits import MemoryLimits
+from tritonstack.serve.loaded import loaded_configs
 from tritonstack.serve.network import LOOPBACK, port_in_use
 from tritonstack.serve.security import RESTRICTED_APIS
-from tritonstack.serve.server_config import ServerConfig
+from tritonstack.serve.server_config import DEFAULT_TRACE_RATE, ServerConfig
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
 from tritonstack.serve.supervision import RecyclePolicy, Supervision
 
@@ -56,6 +57,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         extra_args=tuple(args.extra),
         restricted_apis=() if args.open_apis else RESTRICTED_APIS,
         max_input_bytes=args.max_input_bytes,
+        summary_latencies=not args.no_summary_latencies,
+        response_cache_bytes=args.response_cache_mb * 2**20,
+        trace_otlp_url=args.trace_otlp,
+        trace_rate=args.trace_rate,
     )
 
 
@@ -64,7 +69,20 @@ def supervision(args: argparse.Namespace) -> Supervision:
         memory_limits=None if args.no_memory_limits else MemoryLimits(args.server_memory_bytes, args.stub_memory_bytes),
         recycle=RecyclePolicy(above_mib=args.recycle_above_mib) if args.recycle_above_mib > 0 else None,
         front_nice=args.front_nice,
+        warmup_s=args.warmup_s,
     )
+
+
+def _warn_unless_cached(server: TritonServer) -> None:
+    configs = loaded_configs(server.http_url, server.admin_headers("http"))
+    cached = [config["name"] for config in configs if config.get("response_cache", {}).get("enable")]
+    if cached:
+        LOGGER.info("response cache: %s", ", ".join(cached))
+    else:
+        LOGGER.warning(
+            "--response-cache-mb: no loaded model enables response_cache (build with `tritonstack build "
+            "--response-cache`): the cache stays empty"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     return cli.run(serve, argv)
 
 
-def serve(argv: list[str] | None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = cli.parser(
         "Run tritonserver on a model repository until Ctrl-C. Exit codes: 0 stopped by Ctrl-C "
         "or SIGTERM, 1 tritonserver exited by itself, 2 it could not start."
@@ -135,16 +153,54 @@ def serve(argv: list[str] | None) -> int:
         help="CPU priority (nice value) of the stubs of ensembles' first steps: under overload the backlog "
         "then waits before them, where it is refused (0: as any other stub; docs/reliability.md#overload)",
     )
+    parser.add_argument(
+        "--response-cache-mb",
+        type=cli.non_negative_int,
+        default=0,
+        metavar="N",
+        help="Triton's local response cache of N MiB, for the models built with `tritonstack build "
+        "--response-cache` (default: 0, none; docs/operations.md#response-cache)",
+    )
+    parser.add_argument(
+        "--trace-otlp",
+        metavar="URL",
+        help="export Triton's OpenTelemetry traces (the request, its ensemble, each step) over OTLP/HTTP to a "
+        "collector, e.g. http://127.0.0.1:4318/v1/traces (docs/operations.md#traces)",
+    )
+    parser.add_argument(
+        "--trace-rate",
+        type=cli.positive_int,
+        default=DEFAULT_TRACE_RATE,
+        metavar="N",
+        help="trace one request in N (default: %(default)s, Triton's)",
+    )
+    parser.add_argument(
+        "--no-summary-latencies",
+        action="store_true",
+        help="leave out Triton's latency quantiles (p50, p90, p99 per model) from /metrics",
+    )
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=Supervision.warmup_s,
+        help="before it is called ready, each loaded ensemble answers a real sample within this many "
+        "seconds (default: %(default)s; 0: no warmup; docs/operations.md)",
+    )
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def serve(argv: list[str] | None) -> int:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        config = server_config(args)
+    except ValueError as error:  # a setting the config refuses (e.g. --trace-otlp without http://)
+        raise cli.UsageError(str(error)) from error
     check_free_ports(
         args.host, {"--http-port": args.http_port, "--grpc-port": args.grpc_port, "--metrics-port": args.metrics_port}
     )
-
-    server = TritonServer(
-        server_config(args), supervision(args), environment=STUB_ENVIRONMENT if args.compact_memory else None
-    )
+    server = TritonServer(config, supervision(args), environment=STUB_ENVIRONMENT if args.compact_memory else None)
     try:
         server.check_repository()  # before anything else is said: one line, exit 2
     except UnservableRepository as error:
@@ -157,6 +213,8 @@ def serve(argv: list[str] | None) -> int:
             server.start()
         except ServerStartError as error:
             raise cli.UsageError(str(error)) from error
+        if args.response_cache_mb:
+            _warn_unless_cached(server)
         with open(server.log_path, errors="replace") as log:
             print(log.read(), end="", flush=True)
             LOGGER.info(

@@ -36,6 +36,8 @@ class TritonInstall:
     library_dir: Path
     python_backend: Path  # libtriton_python.so and triton_python_backend_utils.py
     python_stub: Path  # triton_python_backend_stub for this Python version
+    # Triton's response cache libraries (<folder>/local/libtritoncache_local.so); None: the binary's default.
+    cache_directory: Path | None = None
 
     @classmethod
     def from_pytriton(cls) -> "TritonInstall":
@@ -46,8 +48,9 @@ class TritonInstall:
             library_dir=root.parent.parent / "nvidia_pytriton.libs",
             python_backend=root / "backends" / "python",
             python_stub=root / "python_backend_stubs" / version / "triton_python_backend_stub",
+            cache_directory=root / "caches",
         )
-        missing = [path for path in vars(install).values() if not path.exists()]
+        missing = [path for path in vars(install).values() if path is not None and not path.exists()]
         if missing:
             raise FileNotFoundError(f"nvidia-pytriton install is incomplete, missing: {missing}")
         return install

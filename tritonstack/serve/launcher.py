@@ -47,6 +47,7 @@ from tritonstack.serve.restart import ServerRestarter
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions, stub_regions
 from tritonstack.serve.supervision import StubSupervisor, Supervision, reload_model
+from tritonstack.serve.warmup import warm_ensembles
 
 LOGGER = logging.getLogger("tritonstack.serve")
 
@@ -125,7 +126,10 @@ class TritonServer:
         return server_log.errors(self.log_path)
 
     def command(self, backend_directory: Path) -> list[str]:
-        return [str(self.install.binary), *self.config.args(backend_directory, self.install.supports)]
+        caches = self.install.cache_directory
+        # Where the install keeps its cache library (the wheel's is not at Triton's default path).
+        cache_directory = [f"--cache-directory={caches}"] if self.config.response_cache_bytes and caches else []
+        return [str(self.install.binary), *cache_directory, *self.config.args(backend_directory, self.install.supports)]
 
     # --- start and stop ---
 
@@ -175,8 +179,8 @@ class TritonServer:
         return env
 
     def launch(self) -> None:
-        """Spawn tritonserver (its log appended to), wait until it is ready, then
-        call the on_ready callbacks."""
+        """Spawn tritonserver (its log appended to), wait until it is ready, send each
+        ensemble a real sample (the warmup), then call the on_ready callbacks."""
         self.process = process.spawn(self.command(self._backends), self.server_environment(), self.log_path)
         limits = self.supervision.memory_limits
         if limits:  # before it loads models: the stubs inherit it
@@ -185,6 +189,8 @@ class TritonServer:
             process.wait_ready(self.process, self.is_ready, self.startup_timeout_s, self._stopping.is_set)
         except process.NotReady as error:
             raise ServerStartError(f"{error}:\n{self.log_errors()}") from None
+        if self.supervision.warmup_s > 0:
+            LOGGER.info(warm_ensembles(self.http_url, self.admin_headers("http"), self.supervision.warmup_s).summary())
         for callback in self.on_ready:
             callback(self)
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import os
 
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+from tritonstack.serve.loaded import loaded_configs
 
 LOGGER = logging.getLogger("tritonstack.serve")
 
@@ -30,16 +31,11 @@ def front_steps(http_url: str, headers: dict[str, str]) -> set[str]:
     """The models that are the first step of a loaded ensemble: their inputs are all
     the ensemble's own inputs."""
     found = set()
-    with httpclient.InferenceServerClient(http_url) as client:
-        try:
-            index = client.get_model_repository_index(headers=headers)
-            for entry in index:
-                if entry.get("state") != "READY":
-                    continue
-                config = client.get_model_config(entry["name"], headers=headers)
-                found |= _first_steps(config)
-        except InferenceServerException as error:
-            LOGGER.warning("cannot read the ensembles' first steps: %s", error)
+    try:
+        for config in loaded_configs(http_url, headers):
+            found |= _first_steps(config)
+    except InferenceServerException as error:
+        LOGGER.warning("cannot read the ensembles' first steps: %s", error)
     return found
 
 

@@ -39,6 +39,35 @@ from tritonstack.serve.security import RESTRICTED_APIS
 # The object stores Triton reads a model repository from (its own support).
 REMOTE_REPOSITORY_SCHEMES = ("s3://", "gs://", "as://")
 EXPLICIT_MODEL_CONTROL = "--model-control-mode=explicit"
+# Triton's latency summaries (quantile: allowed error), per model over a sliding window:
+# server-side p50 and p99 beside the cumulative duration counters, which give only means.
+# The chart passes the same flags (tests/test_helm_chart.py); the dashboard and alerts
+# read these quantiles.
+SUMMARY_QUANTILES = {"0.5": "0.05", "0.9": "0.01", "0.99": "0.001"}
+
+
+# Triton's own default: one request traced in 1000.
+DEFAULT_TRACE_RATE = 1000
+TRACE_SERVICE_NAME = "image-classifier"
+
+
+def otlp_trace_flags(url: str, rate: int = DEFAULT_TRACE_RATE, service: str = TRACE_SERVICE_NAME) -> list[str]:
+    """Triton's traces in OpenTelemetry mode, exported over OTLP/HTTP to `url` (a
+    collector's .../v1/traces): spans of each traced request, its ensemble and every
+    step with their model names, their timestamps as span events. The chart passes the
+    same flags (tests/test_helm_chart.py)."""
+    return [
+        "--trace-config=mode=opentelemetry",
+        f"--trace-config=opentelemetry,url={url}",
+        f"--trace-config=opentelemetry,resource=service.name={service}",
+        "--trace-config=level=TIMESTAMPS",
+        f"--trace-config=rate={rate}",
+    ]
+
+
+def summary_metrics_flags() -> list[str]:
+    quantiles = ",".join(f"{quantile}:{error}" for quantile, error in SUMMARY_QUANTILES.items())
+    return ["--metrics-config=summary_latencies=true", f"--metrics-config=summary_quantiles={quantiles}"]
 
 
 def is_remote_repository(location: str | os.PathLike) -> bool:
@@ -61,6 +90,15 @@ class ServerConfig:
     admin_key: str | None = None
     # The largest input tensor, told to our backends (and to tritonserver where it has the flag).
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    # Latency quantiles in /metrics (SUMMARY_QUANTILES); False: only Triton's counters.
+    summary_latencies: bool = True
+    # Triton's local response cache, in bytes (--cache-config=local,size=...); 0: none.
+    # Only models whose config enables `response_cache` use it.
+    response_cache_bytes: int = 0
+    # An OTLP/HTTP collector's traces endpoint (http://host:4318/v1/traces): Triton's
+    # OpenTelemetry traces of one request in `trace_rate` go there; None: no tracing.
+    trace_otlp_url: str | None = None
+    trace_rate: int = DEFAULT_TRACE_RATE
     # Any other tritonserver flags, passed as given, after ours (the last of a flag wins).
     extra_args: tuple[str, ...] = ()
 
@@ -78,6 +116,10 @@ class ServerConfig:
         resolve(self, "admin_key", security.admin_key(self.admin_key))
         resolve(self, "restricted_apis", tuple(self.restricted_apis))
         resolve(self, "extra_args", tuple(self.extra_args))
+        if self.trace_otlp_url is not None and not self.trace_otlp_url.startswith(("http://", "https://")):
+            raise ValueError(f"the OTLP endpoint must be an http:// or https:// URL, not {self.trace_otlp_url!r}")
+        if self.trace_rate < 1:
+            raise ValueError(f"the trace rate must be at least 1 (one request in N), not {self.trace_rate}")
 
     # --- addresses ---
 
@@ -135,6 +177,9 @@ class ServerConfig:
             *model_control,
             *self.security_args(supports),
             *self.region_args(),
+            *(summary_metrics_flags() if self.summary_latencies else []),
+            *self.cache_args(),
+            *(otlp_trace_flags(self.trace_otlp_url, self.trace_rate) if self.trace_otlp_url else []),
             *self.extra_args,
         ]
 
@@ -143,6 +188,9 @@ class ServerConfig:
         if supports("--http-max-input-size"):
             args.append(f"--http-max-input-size={self.max_input_bytes}")
         return args
+
+    def cache_args(self) -> list[str]:
+        return [f"--cache-config=local,size={self.response_cache_bytes}"] if self.response_cache_bytes else []
 
     def region_args(self) -> list[str]:
         """The stubs' shared region sized for a full batch, unless the caller sized it."""

@@ -92,6 +92,9 @@ class Supervision:
     # The nice value of the stubs of ensembles' first steps (tritonstack.serve.priority):
     # under overload the backlog waits before them, where it is refused; 0: as any other.
     front_nice: int = 19
+    # Before a start is called ready, each loaded ensemble answers a real sample
+    # (tritonstack.serve.warmup), all within this many seconds; 0: no warmup.
+    warmup_s: float = 60.0
 
 
 @dataclass

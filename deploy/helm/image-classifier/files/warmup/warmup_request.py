@@ -1,0 +1,1 @@
+../../../../../tritonstack/serve/warmup_request.py

@@ -1,0 +1,93 @@
+"""Send one real sample through an ensemble, over Triton's HTTP/REST API, with the
+standard library only.
+
+    python3 warmup_request.py --url http://127.0.0.1:8000 --model ensemble_x --sample sample.jpg
+
+Triton cannot warm an ensemble by itself (`model_warmup` is refused on an ensemble:
+triton-inference-server/server#6326), and warming each step alone leaves the chain's
+own first-run costs to the first client. The launcher (tritonstack.serve.warmup)
+calls `send_sample` for each loaded ensemble before it reports ready; the Helm chart
+carries this very file in a ConfigMap and runs it as the pod's startup probe in the
+NGC image, which has python3 but not our package: hence no import beyond the standard
+library. Exit codes: 0 every model answered, 1 the server is not ready yet or a model
+refused the sample (the probe tries again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+
+# The project's ensembles take encoded bytes in one UINT8 row per item (tritonstack.contract).
+INPUT_NAME = "INPUT"
+
+
+class WarmupFailed(RuntimeError):
+    pass
+
+
+def _post(url: str, body: dict, timeout_s: float) -> dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        raise WarmupFailed(f"HTTP {error.code}: {error.read().decode(errors='replace')[:300]}") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+        raise WarmupFailed(str(error)) from None
+
+
+def send_sample(url: str, model: str, sample: bytes, timeout_s: float, input_name: str = INPUT_NAME) -> float:
+    """Infer `sample` (one item of encoded bytes) on `model`; the seconds it took.
+    Raises WarmupFailed with the server's answer when it was refused."""
+    body = {
+        "inputs": [{"name": input_name, "shape": [1, len(sample)], "datatype": "UINT8", "data": list(sample)}],
+        "outputs": [{"name": "OUTPUT", "parameters": {"classification": 1}}],
+    }
+    started = time.monotonic()
+    try:
+        _post(f"{url.rstrip('/')}/v2/models/{model}/infer", body, timeout_s)
+    except WarmupFailed as error:
+        raise WarmupFailed(f"{model}: {error}") from None
+    return time.monotonic() - started
+
+
+def is_ready(url: str, timeout_s: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/v2/health/ready", timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="Triton's HTTP endpoint")
+    parser.add_argument(
+        "--model", action="append", nargs=2, metavar=("NAME", "SAMPLE"), required=True, help="an ensemble, its sample"
+    )
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    args = parser.parse_args(argv)
+    if not is_ready(args.url):
+        print("warmup: the server is not ready yet", file=sys.stderr)
+        return 1
+    for model, path in args.model:
+        with open(path, "rb") as sample:
+            data = sample.read()
+        try:
+            took = send_sample(args.url, model, data, args.timeout)
+        except WarmupFailed as error:
+            print(f"warmup: {error}", file=sys.stderr)
+            return 1
+        print(f"warmup: {model} answered in {took:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
