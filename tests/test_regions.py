@@ -1,0 +1,219 @@
+"""The regions presets (ensemble_regions_<classifier>): an image and its boxes in, a row of
+probabilities per box out. Built with their options, checked offline, served from a
+repository of their own over HTTP and gRPC; bad boxes refused per request."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from nvidia.dali import Pipeline
+from PIL import Image
+from tritonclient.utils import InferenceServerException
+
+from tests import repo_factory as rf
+from tests.test_build import build
+from tritonstack import dali_proto
+from tritonstack.build.check import check_repository
+from tritonstack.build.model_config import read_config
+from tritonstack.build.presets import preset_named
+from tritonstack.build.repository import write_repository
+from tritonstack.contract import (
+    DEFAULT_REGIONS_MODEL,
+    ENSEMBLE_BOXES,
+    ENSEMBLE_INPUT,
+    ENSEMBLE_OUTPUT,
+    PREPROCESS_BOXES,
+    PREPROCESS_INPUT,
+    boxes_array,
+    pad_batch,
+)
+from tritonstack.samples import PHOTOS, collage, sample_jpeg
+from tritonstack.serve.launcher import TritonServer
+
+PRESET = "regions_efficientnet_lite0"
+PREPROCESS = "preprocess_regions_efficientnet_lite0"
+SAMPLE_SIZE = (451, 300)  # sample.jpg, chelsea
+
+
+def run_regions(serialized: bytes, images: list[bytes], boxes: list) -> list[np.ndarray]:
+    """The pipeline run here on a batch of images and their boxes: each image's crops."""
+    pipeline = Pipeline.deserialize(
+        serialized_pipeline=serialized, batch_size=len(images), num_threads=1, device_id=None, prefetch_queue_depth=1
+    )
+    pipeline.build()
+    pipeline.feed_input(PREPROCESS_INPUT, [np.frombuffer(image, np.uint8) for image in images])
+    pipeline.feed_input(PREPROCESS_BOXES, [boxes_array(b) for b in boxes])
+    (output,) = pipeline.run()
+    return [np.asarray(output[index]) for index in range(len(images))]
+
+
+def test_max_boxes_reaches_the_configs_and_the_pipeline(tmp_path, model_repository):
+    out = tmp_path / "repo"
+    build(out, PRESET, "--max-boxes", "4", "--max-batch-size", "16")
+    config = read_config(out / PREPROCESS)
+    assert config.max_batch_size == read_config(out / DEFAULT_REGIONS_MODEL).max_batch_size == 16 // 4
+    assert config.parameters["split_along_outer_axis"].string_value == "DALI_OUTPUT_0"
+    assert config.parameters["max_boxes"].string_value == "4"
+    assert config.parameters["boxes_input"].string_value == PREPROCESS_BOXES
+    assert [tensor.name for tensor in read_config(out / DEFAULT_REGIONS_MODEL).input] == [
+        ENSEMBLE_INPUT,
+        ENSEMBLE_BOXES,
+    ]
+    serialized = (out / PREPROCESS / "1/model.dali").read_bytes()
+    one, four, none = run_regions(
+        serialized, [sample_jpeg()] * 3, [[(0, 0, 451, 300)], [(0, 0, 10, 10)] * 4, np.zeros((0, 4))]
+    )
+    assert (one.shape, four.shape, none.shape) == ((1, 3, 224, 224), (4, 3, 224, 224), (0, 3, 224, 224))
+    assert check_repository(out) == []
+
+
+def test_more_boxes_than_a_batch_holds_is_refused(tmp_path, capsys):
+    from tritonstack.commands.build import main
+
+    assert main(["build", PRESET, "--out", str(tmp_path), "--max-boxes", "40"]) == 2
+    assert "max_boxes 40 exceeds max_batch_size 32" in capsys.readouterr().err
+
+
+def test_gpu_variant_decodes_and_cuts_on_the_gpu(tmp_path, model_repository):
+    out = tmp_path / "gpu"
+    build(out, PRESET, "--device", "gpu", "--max-boxes", "2")
+    spec = dali_proto.parse_pipeline((out / PREPROCESS / "1/model.dali").read_bytes())
+    assert spec.gpu_operators == (
+        "image(mixed)",
+        *("resize(gpu)", "crop(gpu)") * 2,  # a slot per box
+        "stack(gpu)",
+        "slice(gpu)",
+        "crop_mirror_normalize(gpu)",
+    )
+    assert check_repository(out) == []
+
+
+def test_dali_py_format_autoserializes_the_regions_pipeline(tmp_path, model_repository):
+    from nvidia.dali._utils.autoserialize import invoke_autoserialize
+
+    out = tmp_path / "py"
+    build(out, PRESET, "--format", "dali.py")
+    version_dir = out / PREPROCESS / "1"
+    spec = importlib.util.spec_from_file_location("autoserialize_regions", version_dir / "dali.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    invoke_autoserialize(module, str(tmp_path / "autoserialized.dali"))
+    boxes = [[(140, 40, 330, 230), (0, 0, 451, 300)]]
+    np.testing.assert_array_equal(
+        run_regions((tmp_path / "autoserialized.dali").read_bytes(), [sample_jpeg()], boxes)[0],
+        run_regions((model_repository / PREPROCESS / "1/model.dali").read_bytes(), [sample_jpeg()], boxes)[0],
+    )
+
+
+def test_every_classifier_gets_a_regions_preset_by_the_same_code(model_repository):
+    for name in ("regions_efficientnet_lite0", "regions_efficientnet_lite2", "regions_efficientnet_lite0_int8"):
+        preset = preset_named(name)
+        assert (model_repository / preset.ensemble_name / "config.pbtxt").is_file()
+        assert (model_repository / preset.preprocessing_name / "1/model.dali").is_file()
+    # INT8 takes Lite0's crops: one preprocessing model for both.
+    assert preset_named("regions_efficientnet_lite0_int8").preprocessing_name == PREPROCESS
+
+
+# --- served -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def regions_server(tmp_path_factory, model_repository):
+    out = tmp_path_factory.mktemp("regions")
+    rf.seed_lite0_export(out)
+    write_repository(out, presets=(preset_named(PRESET),))
+    with TritonServer(out) as running:
+        yield running
+
+
+def infer(server, protocol: str, image: bytes, boxes, class_count: int = 1):
+    """One raw request of one image and its boxes: the answer's classification strings."""
+    api = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    client = api.InferenceServerClient(url.split("://")[-1])
+    image_tensor = pad_batch([image])
+    box_tensor = np.asarray(boxes, np.float32)[None]
+    inputs = [
+        api.InferInput(ENSEMBLE_INPUT, list(image_tensor.shape), "UINT8"),
+        api.InferInput(ENSEMBLE_BOXES, list(box_tensor.shape), "FP32"),
+    ]
+    inputs[0].set_data_from_numpy(image_tensor)
+    inputs[1].set_data_from_numpy(box_tensor)
+    output = api.InferRequestedOutput(ENSEMBLE_OUTPUT, class_count=class_count)
+    try:
+        return client.infer(DEFAULT_REGIONS_MODEL, inputs, outputs=[output]).as_numpy(ENSEMBLE_OUTPUT)
+    finally:
+        client.close()
+
+
+def top_label(entry) -> str:
+    return entry.decode().split(":", 2)[2]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_collage_gets_each_panels_subject(regions_server, protocol):
+    picture = collage()
+    answer = infer(regions_server, protocol, picture.jpeg, picture.boxes)
+    assert len(answer) == len(picture.boxes)
+    for row, photo in zip(answer, picture.photos):
+        assert top_label(row[0]) in PHOTOS[photo], (photo, row)
+
+
+def exif_rotated(jpeg: bytes) -> bytes:
+    """The image stored turned a quarter, with EXIF orientation 6 saying so: decoders
+    that apply it (DALI's, Pillow's exif_transpose) give back the original."""
+    with Image.open(io.BytesIO(jpeg)) as image:
+        stored = image.transpose(Image.Transpose.ROTATE_90)
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        encoded = io.BytesIO()
+        stored.save(encoded, "JPEG", quality=95, exif=exif)
+    return encoded.getvalue()
+
+
+BAD_BOXES = [
+    # (boxes, what the message says besides the box index and the image size)
+    ([(0, 0, 452, 300)], "box 0 [0, 0, 452, 300] reaches outside the image"),
+    ([(10, 10, 50, 50), (-1, 0, 5, 5)], "box 1 [-1, 0, 5, 5] reaches outside the image"),
+    ([(10, 10, 50, 50), (60, 10, 60, 50)], "box 1 [60, 10, 60, 50] is empty"),
+    ([(10, 40, 50, 20)], "box 0 [10, 40, 50, 20] is empty"),
+    ([(10, 10, float("nan"), 50)], "box 0 [10, 10, nan, 50] is not finite"),
+    ([(1, 1, 5, 5)] * 17, "17 boxes, above this model's max_boxes 16"),
+    (np.zeros((0, 4)), "no boxes"),
+]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("boxes, says", BAD_BOXES, ids=[says.split(" [")[0] for _, says in BAD_BOXES])
+def test_bad_boxes_are_refused_naming_the_box_and_the_image_size(regions_server, protocol, boxes, says):
+    with pytest.raises(InferenceServerException) as refused:
+        infer(regions_server, protocol, sample_jpeg(), boxes)
+    message = refused.value.message()
+    assert says in message and "image 0 (451x300 after EXIF orientation)" in message, message
+    assert refused.value.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
+
+
+def test_boxes_are_in_the_pixels_after_exif_orientation(regions_server):
+    """Stored 300x451 with orientation 6: decoded 451x300, as the boxes say."""
+    rotated = exif_rotated(sample_jpeg())
+    (row,) = infer(regions_server, "http", rotated, [(140, 40, 330, 230)])
+    assert top_label(row[0]) in PHOTOS["chelsea.png"]
+    with pytest.raises(InferenceServerException, match=r"image 0 \(451x300 after EXIF orientation\).*box 0"):
+        infer(regions_server, "http", rotated, [(0, 0, 300, 451)])
+
+
+def test_a_bad_request_fails_alone_among_concurrent_ones(regions_server):
+    picture = collage()
+    jobs = [(picture.jpeg, picture.boxes)] * 3 + [(picture.jpeg, [(0, 0, 1e6, 10)])] + [(picture.jpeg, picture.boxes)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(infer, regions_server, "grpc", image, boxes) for image, boxes in jobs]
+    outcomes = [future.exception() or future.result() for future in futures]
+    assert isinstance(outcomes[3], InferenceServerException) and "box 0" in outcomes[3].message()
+    for outcome in outcomes[:3] + outcomes[4:]:
+        assert [top_label(row[0]) in PHOTOS[photo] for row, photo in zip(outcome, picture.photos)] == [True] * 3
