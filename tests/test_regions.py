@@ -217,3 +217,16 @@ def test_a_bad_request_fails_alone_among_concurrent_ones(regions_server):
     assert isinstance(outcomes[3], InferenceServerException) and "box 0" in outcomes[3].message()
     for outcome in outcomes[:3] + outcomes[4:]:
         assert [top_label(row[0]) in PHOTOS[photo] for row, photo in zip(outcome, picture.photos)] == [True] * 3
+
+
+def test_a_users_own_classifier_gets_a_regions_preset(tmp_path, model_repository):
+    from tritonstack.commands.build import main
+
+    onnx = tmp_path / "my_net.onnx"
+    onnx.symlink_to(model_repository / "efficientnet_lite0/1/model.onnx")
+    out = tmp_path / "repo"
+    own = ["--classifier-onnx", str(onnx), "--labels", str(model_repository / "efficientnet_lite0/labels.txt")]
+    assert main(["build", "--out", str(out), *own, "--preprocessors", "regions", "--max-boxes", "8"]) == 0
+    assert read_config(out / "preprocess_regions_my_net").parameters["max_boxes"].string_value == "8"
+    assert [tensor.name for tensor in read_config(out / "ensemble_regions_my_net").input] == ["INPUT", "BOXES"]
+    assert check_repository(out) == []
