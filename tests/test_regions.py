@@ -23,6 +23,8 @@ from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import read_config
 from tritonstack.build.presets import preset_named
 from tritonstack.build.repository import write_repository
+from tritonstack.client.aio import AsyncClassifierClient
+from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import (
     DEFAULT_REGIONS_MODEL,
     ENSEMBLE_BOXES,
@@ -33,6 +35,7 @@ from tritonstack.contract import (
     boxes_array,
     pad_batch,
 )
+from tritonstack.regions import BoxError
 from tritonstack.samples import PHOTOS, collage, sample_jpeg
 from tritonstack.serve.launcher import TritonServer
 
@@ -230,3 +233,40 @@ def test_a_users_own_classifier_gets_a_regions_preset(tmp_path, model_repository
     assert read_config(out / "preprocess_regions_my_net").parameters["max_boxes"].string_value == "8"
     assert [tensor.name for tensor in read_config(out / "ensemble_regions_my_net").input] == ["INPUT", "BOXES"]
     assert check_repository(out) == []
+
+
+# --- the Python clients ---------------------------------------------------------------------
+
+
+def url_of(server, protocol: str) -> str:
+    return server.http_url if protocol == "http" else server.grpc_url
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_sync_client_classifies_regions_in_order(regions_server, protocol):
+    picture = collage()
+    with ClassifierClient(url_of(regions_server, protocol), protocol, DEFAULT_REGIONS_MODEL) as client:
+        # Reversed: the answer follows the boxes' order, not the panels'.
+        answer = client.classify_regions(picture.jpeg, picture.boxes[::-1], top_k=3)
+        assert client.classify_regions(picture.jpeg, []) == []
+        with pytest.raises(BoxError, match=r"box 1 \[0, 0, 5000, 10\] reaches outside the image"):
+            client.classify_regions(picture.jpeg, [picture.boxes[0], (0, 0, 5000, 10)])
+    assert [len(top) for top in answer] == [3, 3, 3]
+    assert [top[0].label in PHOTOS[photo] for top, photo in zip(answer, picture.photos[::-1])] == [True] * 3
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_asyncio_client_classifies_regions(regions_server, protocol):
+    import asyncio
+
+    picture = collage()
+
+    async def classify():
+        async with AsyncClassifierClient(url_of(regions_server, protocol), protocol, DEFAULT_REGIONS_MODEL) as client:
+            return await client.classify_regions(picture.jpeg, picture.boxes), await client.classify_regions(
+                picture.jpeg, np.zeros((0, 4))
+            )
+
+    answer, empty = asyncio.run(classify())
+    assert empty == []
+    assert [top[0].label in PHOTOS[photo] for top, photo in zip(answer, picture.photos)] == [True] * 3

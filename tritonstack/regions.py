@@ -38,11 +38,11 @@ def oriented_size(encoded) -> tuple[int, int] | None:
     return (height, width) if orientation in _TRANSPOSED else (width, height)
 
 
-def check_boxes(boxes: np.ndarray, size: tuple[int, int] | None, max_boxes: int, image: int = 0) -> None:
-    """Raise BoxError unless `boxes` is [N, 4] with 1 <= N <= max_boxes, every value
-    finite, x0 < x1 and y0 < y1, inside the image of `size` (width, height; None: not
-    known here, only the shape and order are checked). `image`: the sample's index in its
-    request, named in the message."""
+def check_boxes(boxes: np.ndarray, size: tuple[int, int] | None, max_boxes: int | None, image: int = 0) -> None:
+    """Raise BoxError unless `boxes` is [N, 4] with 1 <= N <= max_boxes (None: no bound
+    known here), every value finite, x0 < x1 and y0 < y1, inside the image of `size`
+    (width, height; None: not known here, only the shape and order are checked).
+    `image`: the sample's index in its request, named in the message."""
     where = f"image {image}" + (f" ({size[0]}x{size[1]} after EXIF orientation)" if size else "")
     if boxes.ndim != 2 or boxes.shape[1] != BOX_WIDTH:
         raise BoxError(f"{where}: boxes must be [N, 4] (x0, y0, x1, y1), got shape {list(boxes.shape)}")
@@ -51,7 +51,7 @@ def check_boxes(boxes: np.ndarray, size: tuple[int, int] | None, max_boxes: int,
             f"{where}: no boxes. Triton cannot hand a batch of zero crops to the classifier: send at least "
             "one box (tritonstack's clients answer an image without boxes with an empty list, sending nothing)"
         )
-    if len(boxes) > max_boxes:
+    if max_boxes is not None and len(boxes) > max_boxes:
         raise BoxError(f"{where}: {len(boxes)} boxes, above this model's max_boxes {max_boxes}")
     for index, box in enumerate(boxes):
         problem = _box_problem(box, size)
