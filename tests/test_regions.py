@@ -4,8 +4,10 @@ repository of their own over HTTP and gRPC; bad boxes refused per request."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import io
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -25,6 +27,7 @@ from tritonstack.build.presets import preset_named
 from tritonstack.build.repository import write_repository
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.classifier import ClassifierClient
+from tritonstack.commands.classify import main as classify_main
 from tritonstack.contract import (
     DEFAULT_REGIONS_MODEL,
     ENSEMBLE_BOXES,
@@ -270,3 +273,70 @@ def test_the_asyncio_client_classifies_regions(regions_server, protocol):
     answer, empty = asyncio.run(classify())
     assert empty == []
     assert [top[0].label in PHOTOS[photo] for top, photo in zip(answer, picture.photos)] == [True] * 3
+
+
+# --- tritonstack classify --boxes ----------------------------------------------------------
+
+
+@pytest.fixture
+def collage_files(tmp_path):
+    picture = collage()
+    image, boxes = tmp_path / "collage.jpg", tmp_path / "boxes.json"
+    image.write_bytes(picture.jpeg)
+    boxes.write_text(json.dumps([list(box) for box in picture.boxes]))
+    return image, boxes
+
+
+@pytest.mark.parametrize("fmt", ["table", "jsonl", "csv"])
+def test_classify_prints_a_line_per_box_in_order(regions_server, collage_files, capsys, fmt):
+    image, boxes = collage_files
+    args = [
+        str(image),
+        "--boxes",
+        str(boxes),
+        "--url",
+        regions_server.grpc_url,
+        "--protocol",
+        "grpc",
+        "--format",
+        fmt,
+        "--top-k",
+        "3",
+    ]
+    assert classify_main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    photos = collage().photos
+    if fmt == "jsonl":
+        records = [json.loads(line) for line in lines]
+        assert [record["box"] for record in records] == [0, 1, 2]
+        assert [record["region"] for record in records] == [list(box) for box in collage().boxes]
+        labels = [record["top"][0]["label"] for record in records]
+    elif fmt == "csv":
+        header, *rows = list(csv.reader(lines))
+        assert header[:7] == ["path", "box", "x0", "y0", "x1", "y1", "error"] and len(header) == 7 + 3 * 3
+        assert [row[1] for row in rows] == ["0", "1", "2"]
+        labels = [row[7] for row in rows]
+    else:
+        assert [line.split("]")[0].rsplit("[", 1)[1] for line in lines] == ["box 0", "box 1", "box 2"]
+        labels = [line.split("]", 1)[1].strip().split(" (")[0] for line in lines]
+    assert [label in PHOTOS[photo] for label, photo in zip(labels, photos)] == [True] * 3
+
+
+def test_classify_gives_the_servers_refusal_as_the_images_error_line(regions_server, tmp_path, capsys):
+    image, boxes = tmp_path / "sample.jpg", tmp_path / "boxes.json"
+    image.write_bytes(sample_jpeg())
+    boxes.write_text(json.dumps([[0, 0, 10, 10]] * 17))  # only the server knows max_boxes
+    assert (
+        classify_main([str(image), "--boxes", str(boxes), "--url", regions_server.http_url, "--format", "jsonl"]) == 1
+    )
+    (line,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert "17 boxes, above this model's max_boxes 16" in line["error"] and "451x300" in line["error"]
+
+
+def test_classify_refuses_boxes_for_a_model_that_takes_none(regions_server, collage_files, capsys):
+    image, boxes = collage_files
+    code = classify_main(
+        [str(image), "--boxes", str(boxes), "--url", regions_server.http_url, "--model", "efficientnet_lite0"]
+    )
+    assert code == 2
+    assert "takes" in capsys.readouterr().err
