@@ -18,6 +18,7 @@ from nvidia.dali import Pipeline
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from tests import reference
 from tests import repo_factory as rf
 from tests.test_build import build
 from tritonstack import dali_proto
@@ -39,7 +40,7 @@ from tritonstack.contract import (
     pad_batch,
 )
 from tritonstack.regions import BoxError
-from tritonstack.samples import PHOTOS, collage, sample_jpeg
+from tritonstack.samples import PHOTOS, collage, photo_bytes, sample_jpeg
 from tritonstack.serve.launcher import TritonServer
 
 PRESET = "regions_efficientnet_lite0"
@@ -151,7 +152,7 @@ def infer(server, protocol: str, image: bytes, boxes, class_count: int = 1):
     ]
     inputs[0].set_data_from_numpy(image_tensor)
     inputs[1].set_data_from_numpy(box_tensor)
-    output = api.InferRequestedOutput(ENSEMBLE_OUTPUT, class_count=class_count)
+    output = api.InferRequestedOutput(ENSEMBLE_OUTPUT, class_count=class_count)  # 0: the probabilities
     try:
         return client.infer(DEFAULT_REGIONS_MODEL, inputs, outputs=[output]).as_numpy(ENSEMBLE_OUTPUT)
     finally:
@@ -340,3 +341,53 @@ def test_classify_refuses_boxes_for_a_model_that_takes_none(regions_server, coll
     )
     assert code == 2
     assert "takes" in capsys.readouterr().err
+
+
+# --- parity with Pillow ----------------------------------------------------------------------
+
+
+def parity_cases() -> list[tuple[str, bytes, list]]:
+    """Real photos (JPEG and PNG, one stored turned with EXIF orientation) and boxes of
+    every kind: subjects, whole images, thin strips, fractional corners, random ones."""
+    rng = np.random.default_rng(7)
+    cases = [
+        ("collage", collage().jpeg, collage().boxes),
+        ("exif-rotated", exif_rotated(sample_jpeg()), [(140, 40, 330, 230), (0, 0, 451, 300)]),
+    ]
+    for name in ("chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png"):
+        with Image.open(io.BytesIO(photo_bytes(name))) as image:
+            width, height = image.size
+        corners = np.sort(rng.uniform(0, 1, (4, 2, 2)), axis=1) * (width, height)
+        boxes = [(0, 0, width, height), (10.5, 20.25, 60.75, height - 1.5), (0, height / 2, width, height / 2 + 7)]
+        boxes += [(x0, y0, x1, y1) for (x0, y0), (x1, y1) in corners if x1 - x0 > 2 and y1 - y0 > 2]
+        cases.append((name, photo_bytes(name), boxes))
+    return cases
+
+
+def test_each_box_matches_its_pillow_crop_classified_in_process(regions_server, model_repository):
+    """The image preset's parity (tests/test_parity.py): the same top-1 and top-5, tensors
+    a rounding apart on average; the probabilities served near those of Pillow's crops."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model_repository / "efficientnet_lite0/1/model.onnx"))
+    serialized = (model_repository / PREPROCESS / "1/model.dali").read_bytes()
+    preprocessing = preset_named(PRESET).classifier.preprocessing
+    served, local, level_differences = [], [], []
+    for _, image, boxes in parity_cases():
+        crops = np.stack(
+            [
+                reference.letterbox(image, box, preprocessing.crop, preprocessing.mean, preprocessing.std)
+                for box in boxes
+            ]
+        )
+        dali_crops = run_regions(serialized, [image], [boxes])[0]
+        level_differences.append(np.abs(reference.levels(dali_crops - crops, preprocessing.std)).mean(axis=(1, 2, 3)))
+        local.append(session.run(None, {"input": crops})[0])
+        served.append(infer(regions_server, "http", image, boxes, class_count=0))
+    served, local, level_differences = np.concatenate(served), np.concatenate(local), np.concatenate(level_differences)
+    assert len(served) == len(local) >= 25
+    assert (served.argmax(1) == local.argmax(1)).all()
+    assert [set(np.argsort(-row)[:5]) for row in served] == [set(np.argsort(-row)[:5]) for row in local]
+    assert level_differences.mean() <= 0.01, level_differences.round(4).tolist()
+    # Measured below 0.001 here; ten times that leaves room for other CPUs' rounding.
+    assert np.abs(served - local).max() <= 0.01, np.abs(served - local).max(1).round(4).tolist()
