@@ -80,26 +80,35 @@ def regions_classification(resize_shorter, crop, mean, std, max_boxes, device="c
 
     DALI has no operator that cuts a varying number of regions (NVIDIA/DALI#4735): the
     pipeline has `max_boxes` slots, each a resize of the decoded image's region of
-    interest at box i; slots past the image's N boxes cut a 1-pixel dummy region, and the
-    stacked crops are sliced back to the first N before normalizing."""
+    interest at box i; a slot past the image's N boxes resizes a 1-pixel region to one
+    pixel (padded like the others, so that all stack), and the stacked crops are sliced
+    back to the first N before normalizing."""
     images = _decoded_images(device)
     boxes = fn.external_source(name=BOXES_NAME, dtype=types.FLOAT, ndim=2)
     slots = fn.pad(boxes, axes=(0,), shape=(max_boxes,), fill_value=0)
-    crops = [_letterboxed(images, slots[slot], crop, mean) for slot in range(max_boxes)]
-    stacked = fn.stack(*crops, axis_name="F")
     count = boxes.shape(dtype=types.INT32)[0:1]
+    crops = [
+        _letterboxed(images, slots[slot], _slot_side(count[0] > slot, crop), crop, mean) for slot in range(max_boxes)
+    ]
+    stacked = fn.stack(*crops, axis_name="F")
     kept = fn.slice(stacked, fn.zeros_like(count), count, axes=(0,))
     return fn.crop_mirror_normalize(kept, mean=list(mean), std=list(std), dtype=types.FLOAT, output_layout="FCHW")
 
 
-def _letterboxed(images, box, crop, fill):
+def _slot_side(used, crop):
+    """The resize's bound for a slot: the crop where the slot holds a box, else one pixel."""
+    side = fn.cast(used, dtype=types.FLOAT) * (crop - 1) + 1
+    return fn.stack(side, side)
+
+
+def _letterboxed(images, box, side, crop, fill):
     """One box (x0, y0, x1, y1) of each image as one resize of a region of interest, its
-    longer side to `crop`, then centered on a crop x crop canvas of `fill`."""
+    longer side to `side`, then centered on a crop x crop canvas of `fill`."""
     # DALI's region of interest follows the tensor's axes: (y, x).
     start = fn.stack(box[1], box[0])
     end = dmath.max(fn.stack(box[3], box[2]), start + 1)  # a dummy slot's empty box: 1 pixel
     fitted = fn.resize(
-        images, roi_start=start, roi_end=end, roi_relative=False, size=(crop, crop), mode="not_larger", antialias=True
+        images, roi_start=start, roi_end=end, roi_relative=False, size=side, mode="not_larger", antialias=True
     )
     return fn.crop(fitted, crop=(crop, crop), out_of_bounds_policy="pad", fill_values=list(fill))
 
