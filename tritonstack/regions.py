@@ -69,3 +69,16 @@ def _box_problem(box: np.ndarray, size: tuple[int, int] | None) -> str | None:
     if size and (x0 < 0 or y0 < 0 or x1 > size[0] or y1 > size[1]):
         return f"reaches outside the image: need 0 <= x0 < x1 <= {size[0]} and 0 <= y0 < y1 <= {size[1]}"
     return None
+
+
+def random_boxes(size: tuple[int, int], count: int, rng, min_side: int = 32) -> list[tuple[float, float, float, float]]:
+    """`count` boxes inside an image of `size` (width, height), each side at least
+    `min_side` pixels (or the image's side) and at most the image's: detector-like load."""
+    width, height = size
+    boxes = []
+    for _ in range(count):
+        box_width = rng.uniform(min(min_side, width), width)
+        box_height = rng.uniform(min(min_side, height), height)
+        x0, y0 = rng.uniform(0, width - box_width), rng.uniform(0, height - box_height)
+        boxes.append((x0, y0, x0 + box_width, y0 + box_height))
+    return boxes
