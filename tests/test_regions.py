@@ -391,3 +391,19 @@ def test_each_box_matches_its_pillow_crop_classified_in_process(regions_server, 
     assert level_differences.mean() <= 0.01, level_differences.round(4).tolist()
     # Measured below 0.001 here; ten times that leaves room for other CPUs' rounding.
     assert np.abs(served - local).max() <= 0.01, np.abs(served - local).max(1).round(4).tolist()
+
+
+# --- load ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("user", ["grpc", "http"])
+def test_locust_users_send_random_boxes_and_check_a_row_per_box(regions_server, tmp_path, user):
+    from loadtests.report import final_stats
+    from tritonstack.commands import loadtest
+
+    servers = ["--url", regions_server.http_url, "--grpc-url", regions_server.grpc_url]
+    bounds = ["--shape", "closed", "--users", "1", "--run-time", "60", "--max-requests", "6"]
+    assert loadtest.main([*servers, "--out", str(tmp_path), "--user", user, "--boxes", "4", *bounds]) == 0
+    rows = {(row["Type"], row["Name"]): row for row in final_stats(tmp_path / "locust")}
+    row = rows[(user, DEFAULT_REGIONS_MODEL)]
+    assert int(row["Request Count"]) >= 6 and int(row["Failure Count"]) == 0
