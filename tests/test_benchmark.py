@@ -91,3 +91,13 @@ def test_a_missed_ratio_names_the_ceiling_this_cpu_sets():
     assert result_keys.missed_targets(results) == [
         "int8_vs_fp32_ensemble = 1.2 (target >= 1.5; this CPU's ceiling 1.38)"
     ]
+
+
+def test_regions_benchmark_writes_its_figures(server):
+    from tritonstack.benchmark.regions import run_regions
+
+    written = run_regions(server, 4, settings.SMOKE, log=lambda _: None)
+    assert written["boxes"] == 4 and written["errors"] == 0
+    for key in ("regions_crops_per_s", "per_crop_crops_per_s", "regions_speedup", "regions_speedup_per_cpu_s"):
+        low, high = written[f"{key}_spread"]
+        assert 0 < low <= written[key] <= high, key
