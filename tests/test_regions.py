@@ -407,3 +407,21 @@ def test_locust_users_send_random_boxes_and_check_a_row_per_box(regions_server, 
     rows = {(row["Type"], row["Name"]): row for row in final_stats(tmp_path / "locust")}
     row = rows[(user, DEFAULT_REGIONS_MODEL)]
     assert int(row["Request Count"]) >= 6 and int(row["Failure Count"]) == 0
+
+
+def test_the_decode_budget_counts_the_image_once_plus_its_crops(tmp_path, model_repository):
+    """max_request_pixels set to the image's pixels and two crops': two boxes pass, three do not."""
+    from tritonstack.build.model_config import write_config
+
+    out = tmp_path / "repo"
+    rf.seed_lite0_export(out)
+    write_repository(out, presets=(preset_named(PRESET),))
+    config = read_config(out / PREPROCESS)
+    config.parameters["max_request_pixels"].string_value = str(451 * 300 + 2 * 224 * 224)
+    write_config(out / PREPROCESS, config)
+    with TritonServer(out) as server:
+        assert len(infer(server, "grpc", sample_jpeg(), [(0, 0, 100, 100)] * 2)) == 2
+        with pytest.raises(InferenceServerException) as refused:
+            infer(server, "grpc", sample_jpeg(), [(0, 0, 100, 100)] * 3)
+    message = refused.value.message()
+    assert "(135300 pixels) and their 3 crops (150528 pixels) exceed" in message, message

@@ -81,8 +81,9 @@ class RegionInputs:
         self.max_boxes = max_boxes
         self.crop_pixels = crop_pixels
 
-    def request_pixels(self, feed: dict[str, np.ndarray], budget: DecodeBudget) -> int:
-        """The crops' pixels; raises InputError naming the image and box refused."""
+    def request_pixels(self, feed: dict[str, np.ndarray], budget: DecodeBudget, image_pixels: int) -> int:
+        """The crops' pixels; raises InputError naming the image and box refused, and
+        BudgetError when the images' pixels and their crops' exceed max_request_pixels."""
         crops = 0
         for row, (image, boxes) in enumerate(zip(feed[self.image], feed[self.boxes])):
             try:
@@ -91,10 +92,11 @@ class RegionInputs:
                 raise InputError(f"input '{self.boxes}': {error}") from error
             crops += len(boxes)
         pixels = crops * self.crop_pixels
-        if pixels > budget.max_request_pixels:
+        if image_pixels + pixels > budget.max_request_pixels:
             raise BudgetError(
-                f"input '{self.boxes}': the request's {crops} crops take {pixels} pixels, above this "
-                f"model's max_request_pixels {budget.max_request_pixels}: send fewer boxes per request"
+                f"input '{self.boxes}': the request's images ({image_pixels} pixels) and their {crops} crops "
+                f"({pixels} pixels) exceed this model's max_request_pixels {budget.max_request_pixels}: send "
+                "fewer boxes or smaller images per request"
             )
         return pixels
 
@@ -139,7 +141,7 @@ def samples_of(
     if clips is not None:
         pixels += sum(clips.request_pixels(name, feed[name], budget) for name in clips.names)
     if regions is not None:
-        pixels += regions.request_pixels(feed, budget)
+        pixels += regions.request_pixels(feed, budget, pixels)
     return feed, pixels
 
 
