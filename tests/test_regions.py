@@ -425,3 +425,17 @@ def test_the_decode_budget_counts_the_image_once_plus_its_crops(tmp_path, model_
             infer(server, "grpc", sample_jpeg(), [(0, 0, 100, 100)] * 3)
     message = refused.value.message()
     assert "(135300 pixels) and their 3 crops (150528 pixels) exceed" in message, message
+
+
+def test_check_refuses_regions_models_the_server_could_not_serve(tmp_path, model_repository):
+    from tritonstack.build.model_config import write_config
+
+    out = tmp_path / "repo"
+    build(out, PRESET)
+    config = read_config(out / PREPROCESS)
+    config.max_batch_size = 4  # 4 images of 16 crops: 64 rows for a classifier of 32
+    config.parameters["boxes_input"].string_value = "DALI_INPUT_0"
+    write_config(out / PREPROCESS, config)
+    problems = [str(problem) for problem in check_repository(out)]
+    assert any("boxes_input" in p and "names no config input of TYPE_FP32 with dims [-1, 4]" in p for p in problems)
+    assert any("hands on up to 64 crops per request" in p and "takes at most 32" in p for p in problems), problems
