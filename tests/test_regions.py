@@ -439,3 +439,12 @@ def test_check_refuses_regions_models_the_server_could_not_serve(tmp_path, model
     problems = [str(problem) for problem in check_repository(out)]
     assert any("boxes_input" in p and "names no config input of TYPE_FP32 with dims [-1, 4]" in p for p in problems)
     assert any("hands on up to 64 crops per request" in p and "takes at most 32" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_boxes_of_the_wrong_shape_are_refused_by_name(regions_server, protocol):
+    """Triton checks the BOXES tensor against the ensemble's dims [-1, 4] before any step."""
+    with pytest.raises(InferenceServerException) as refused:
+        infer(regions_server, protocol, sample_jpeg(), [(1, 2, 3, 4, 5)])
+    assert "BOXES" in refused.value.message() and "[-1,-1,4]" in refused.value.message(), refused.value.message()
+    assert refused.value.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
