@@ -5,7 +5,6 @@ repository of their own over HTTP and gRPC; bad boxes refused per request."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import reference
 from tests import repo_factory as rf
-from tests.test_build import build
+from tests.test_build import autoserialized, build
 from tritonstack import dali_proto
 from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import read_config
@@ -102,18 +101,11 @@ def test_gpu_variant_decodes_and_cuts_on_the_gpu(tmp_path, model_repository):
 
 
 def test_dali_py_format_autoserializes_the_regions_pipeline(tmp_path, model_repository):
-    from nvidia.dali._utils.autoserialize import invoke_autoserialize
-
     out = tmp_path / "py"
     build(out, PRESET, "--format", "dali.py")
-    version_dir = out / PREPROCESS / "1"
-    spec = importlib.util.spec_from_file_location("autoserialize_regions", version_dir / "dali.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    invoke_autoserialize(module, str(tmp_path / "autoserialized.dali"))
     boxes = [[(140, 40, 330, 230), (0, 0, 451, 300)]]
     np.testing.assert_array_equal(
-        run_regions((tmp_path / "autoserialized.dali").read_bytes(), [sample_jpeg()], boxes)[0],
+        run_regions(autoserialized(out / PREPROCESS / "1/dali.py", tmp_path), [sample_jpeg()], boxes)[0],
         run_regions((model_repository / PREPROCESS / "1/model.dali").read_bytes(), [sample_jpeg()], boxes)[0],
     )
 
