@@ -76,12 +76,22 @@ def run_regions(server, boxes: int, settings: Settings, log=print) -> dict:
         "settings": {"seconds": settings.seconds, "warmup_s": settings.warmup_s, "repeats": settings.repeats},
     }
     results["errors"] = sum(phase.errors for phases in rounds.values() for phase in phases)
-    for suffix, rate in (("", lambda phase: phase.images_per_s), ("_per_cpu_s", lambda phase: phase.images_per_cpu_s)):
+    # A round in which no photo's answer came back within the window measured nothing (None),
+    # not a rate of zero: it gives no ratio.
+    for suffix, rate in (("", _per_s), ("_per_cpu_s", _per_cpu_s)):
         rates = {name: [rate(phase) for phase in phases] for name, phases in rounds.items()}
         write_median(results, f"regions_crops{suffix or '_per_s'}", [r for r in rates["regions"] if r is not None])
         write_median(results, f"per_crop_crops{suffix or '_per_s'}", [r for r in rates["per_crop"] if r is not None])
         write_median(results, f"regions_speedup{suffix}", ratios(rates["regions"], rates["per_crop"]))
     return results
+
+
+def _per_s(phase: Phase) -> float | None:
+    return phase.images_per_s or None
+
+
+def _per_cpu_s(phase: Phase) -> float | None:
+    return phase.images_per_cpu_s or None
 
 
 def _phase(server, model: str, item, boxes: int, settings: Settings, send) -> Phase:
