@@ -45,6 +45,13 @@ def _options(parser):
     group.add_argument("--top-k", type=int, default=1, help="classes asked back per image")
     group.add_argument("--corpus-seed", type=int, default=0, help="seed of the weighted image draw")
     group.add_argument(
+        "--boxes",
+        type=int,
+        default=0,
+        help="N random boxes per image, sent with it to a regions model (ensemble_regions_...; the default "
+        "model becomes ensemble_regions_efficientnet_lite0); each box is a request's answer row (0: plain images)",
+    )
+    group.add_argument(
         "--max-requests", type=int, default=0, help="stop the run after this many requests (0: no limit)"
     )
     group.add_argument(

@@ -91,7 +91,7 @@ def preflight(args: argparse.Namespace, http_url: str, grpc_url: str) -> None:
     for protocol in protocols(args.user):
         url = grpc_url if protocol == "grpc" else http_url
         try:
-            check_model(url, protocol, args.model, admin_headers(protocol), RetryPolicy(retries=1))
+            check_model(url, protocol, args.model, admin_headers(protocol), RetryPolicy(retries=1), bool(args.boxes))
         except ModelError:
             if not args.skip_preflight:
                 raise
@@ -112,6 +112,8 @@ def shared_options(args: argparse.Namespace, grpc_url: str) -> list[str]:
         str(args.max_requests),
         "--deadline-ms",
         str(args.deadline_ms),
+        "--boxes",
+        str(args.boxes),
         "--step-users",
         str(args.step_users),
         "--step-seconds",

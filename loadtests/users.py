@@ -9,7 +9,9 @@ Each user owns one client; timing and reporting happen in one place
   and parsed by tritonclient.http's own encoder.
 Each request is one image drawn from a weighted corpus of real photos
 (tritonstack/corpus.py) and is reported to Locust with its real outcome: a non-2xx
-answer or a response without the expected output is a failure.
+answer or a response without the expected output is a failure. With `--boxes N`, the
+image goes with N random boxes of it to a regions model, and the answer must have a
+row per box.
 
 Closed loop (default): each user sends its next request when the previous answer
 arrives. Open loop (`--target-rps`, with loadtests/shape_constant_rate.py): each
@@ -37,6 +39,7 @@ import time
 import gevent
 import gevent.pool
 import grpc.experimental.gevent
+import numpy as np
 import tritonclient.http as httpclient
 from locust import User, task
 from locust.contrib.fasthttp import FastHttpUser
@@ -48,8 +51,9 @@ from tritonstack.address import parse_address
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.protocol import request_deadline_options
 from tritonstack.client.retry import NO_RETRY, describe_error, is_expired, is_refusal, is_timeout
-from tritonstack.contract import pad_batch
+from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL, ENSEMBLE_BOXES, boxes_array, pad_batch
 from tritonstack.corpus import WeightedSampler, build_corpus
+from tritonstack.regions import oriented_size, random_boxes
 
 # gRPC's C core must cooperate with gevent's loop (Locust monkey-patched the
 # standard library on import); this must run before any channel exists.
@@ -91,10 +95,12 @@ class TritonUser(User):
 
     def on_start(self):
         options = self.environment.parsed_options
-        self.model = options.model
+        self.boxes = getattr(options, "boxes", 0)
+        self.model = DEFAULT_REGIONS_MODEL if self.boxes and options.model == DEFAULT_MODEL else options.model
         self.top_k = options.top_k
         # Each user its own seed: users draw different sequences of the same mix.
         self.sampler = WeightedSampler(build_corpus(), seed=options.corpus_seed * 7919 + id(self))
+        self.box_rng = np.random.default_rng(options.corpus_seed * 7919 + id(self))
         self.deadline_s = options.deadline_ms / 1000 if options.deadline_ms > 0 else None
         self.pool = gevent.pool.Pool(options.max_in_flight)
         self.connect()
@@ -136,6 +142,14 @@ class TritonUser(User):
     def send(self, started: float):
         raise NotImplementedError
 
+    def draw_boxes(self, image: bytes) -> np.ndarray:
+        """`--boxes` random boxes of the image (none without the option)."""
+        return boxes_array(random_boxes(oriented_size(image), self.boxes, self.box_rng) if self.boxes else [])
+
+    @property
+    def rows_per_answer(self) -> int:
+        return self.boxes or 1
+
     def report(self, started: float, length: int, exception: Exception | None, name: str | None = None):
         self.environment.events.request.fire(
             request_type=self.request_type,
@@ -172,11 +186,15 @@ class GrpcUser(TritonUser):
     def send(self, started: float):
         image = self.sampler.draw()
         try:
-            top = self.client.classify([image.data], top_k=self.top_k)
+            if self.boxes:
+                top = self.client.classify_regions(image.data, self.draw_boxes(image.data), top_k=self.top_k)
+            else:
+                top = self.client.classify([image.data], top_k=self.top_k)
         except InferenceServerException as error:
             self.report(started, 0, deadline_outcome(error, time.perf_counter() - started, self.deadline_s))
             return
-        wrong = None if len(top) == 1 else ValueError(f"{len(top)} answers for 1 image")
+        expected = self.rows_per_answer
+        wrong = None if len(top) == expected else ValueError(f"{len(top)} answers for {expected} rows")
         late = deadline_outcome(None, time.perf_counter() - started, self.deadline_s)
         self.report(started, len(image.data), wrong or late)
 
@@ -208,7 +226,7 @@ class HttpUser(TritonUser, FastHttpUser):
         except (InferenceServerException, ConnectionError) as error:
             self.report(time.perf_counter(), 0, error, name="connect")
             raise StopUser() from error
-        self.input_name = metadata["inputs"][0]["name"]
+        self.input_name = next(t["name"] for t in metadata["inputs"] if t["name"] != ENSEMBLE_BOXES)
         self.output_name = metadata["outputs"][0]["name"]
 
     def send(self, started: float):
@@ -240,10 +258,15 @@ class HttpUser(TritonUser, FastHttpUser):
         batch = pad_batch([image])
         tensor = httpclient.InferInput(self.input_name, list(batch.shape), "UINT8")
         tensor.set_data_from_numpy(batch, binary_data=True)
+        tensors = [tensor]
+        if self.boxes:
+            boxes = self.draw_boxes(image)[None]
+            tensors.append(httpclient.InferInput(ENSEMBLE_BOXES, list(boxes.shape), "FP32"))
+            tensors[-1].set_data_from_numpy(boxes, binary_data=True)
         output = httpclient.InferRequestedOutput(self.output_name, binary_data=True, class_count=self.top_k)
         timeout = request_deadline_options("http", self.deadline_s).get("timeout")
         body, json_size = httpclient.InferenceServerClient.generate_request_body(
-            [tensor], outputs=[output], timeout=timeout
+            tensors, outputs=[output], timeout=timeout
         )
         return body, json_size
 
@@ -257,8 +280,8 @@ class HttpUser(TritonUser, FastHttpUser):
         except Exception as error:  # a malformed answer is the server's failure
             response.failure(f"unreadable response: {error}")
             return
-        if top is None or top.shape != (1, self.top_k):
-            response.failure(f"expected {self.output_name} of shape (1, {self.top_k})")
+        if top is None or top.shape != (self.rows_per_answer, self.top_k):
+            response.failure(f"expected {self.output_name} of shape ({self.rows_per_answer}, {self.top_k})")
         elif late := deadline_outcome(None, latency_s, self.deadline_s):
             response.failure(late)
 

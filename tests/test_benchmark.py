@@ -2,6 +2,7 @@
 session's real server (the shortest settings: figures are rough, keys are real).
 Performance itself is never asserted here."""
 
+import dataclasses
 import json
 import math
 
@@ -98,3 +99,19 @@ def test_a_missed_ratio_names_the_ceiling_this_cpu_sets():
     assert result_keys.missed_targets(results) == [
         "int8_vs_fp32_ensemble = 1.2 (target >= 1.5; this CPU's ceiling 1.38)"
     ]
+
+
+def test_regions_benchmark_writes_its_figures(server):
+    from tritonstack.benchmark.regions import run_regions
+
+    # Rounds of 3 s: a one-second round on a loaded machine may end before a photo's crops are answered.
+    written = run_regions(server, 4, dataclasses.replace(settings.SMOKE, seconds=3.0), log=lambda _: None)
+    assert written["boxes"] == 4 and written["errors"] == 0
+    # A round that measured nothing is skipped, not every round.
+    for key in ("regions_crops_per_s", "per_crop_crops_per_s", "regions_crops_per_cpu_s", "per_crop_crops_per_cpu_s"):
+        low, high = written[f"{key}_spread"]
+        assert 0 < low <= written[key] <= high, key
+    for key in ("regions_speedup", "regions_speedup_per_cpu_s"):
+        if written[key] is not None:  # None: no round measured both sides
+            low, high = written[f"{key}_spread"]
+            assert 0 < low <= written[key] <= high, key

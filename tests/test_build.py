@@ -5,6 +5,7 @@ import io
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -34,6 +35,19 @@ PREPROCESS = "preprocess_dali_efficientnet_lite0"
 def build(out, *args):
     rf.seed_lite0_export(out)
     assert main(["build", "--out", str(out), *args]) == 0
+
+
+def autoserialized(script, folder) -> bytes:
+    """What the DALI backend serializes at load from a model's `dali.py`."""
+    import importlib.util
+
+    from nvidia.dali._utils.autoserialize import invoke_autoserialize
+
+    spec = importlib.util.spec_from_file_location(f"autoserialize_{Path(folder).name}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    invoke_autoserialize(module, str(Path(folder) / "autoserialized.dali"))
+    return (Path(folder) / "autoserialized.dali").read_bytes()
 
 
 def run_pipeline(serialized, image):
@@ -186,22 +200,14 @@ def test_cpu_backend_loads_a_classifier_that_asks_for_tensorrt(tmp_path, model_r
 
 
 def test_dali_py_format_autoserializes_to_the_same_pipeline(tmp_path, model_repository):
-    import importlib.util
-
-    from nvidia.dali._utils.autoserialize import invoke_autoserialize
-
     out = tmp_path / "py"
     build(out, "dali_efficientnet_lite0", "--format", "dali.py")
     version_dir = out / PREPROCESS / "1"
     assert sorted(p.name for p in version_dir.iterdir()) == ["dali.py", "preprocessing.json"]
-    spec = importlib.util.spec_from_file_location("autoserialize.model", version_dir / "dali.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    invoke_autoserialize(module, str(tmp_path / "autoserialized.dali"))
     image = photo_bytes("chelsea.png")
     shipped = (MODEL_REPOSITORY / PREPROCESS / "1/model.dali").read_bytes()
     np.testing.assert_array_equal(
-        run_pipeline((tmp_path / "autoserialized.dali").read_bytes(), image), run_pipeline(shipped, image)
+        run_pipeline(autoserialized(version_dir / "dali.py", tmp_path), image), run_pipeline(shipped, image)
     )
     assert check_repository(out) == []
     build(out, "dali_efficientnet_lite0")  # back to model.dali: the dali.py files go

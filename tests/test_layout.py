@@ -28,6 +28,7 @@ SHARED = (
     "tritonstack.decode_budget",
     "tritonstack.decodable",
     "tritonstack.video_header",
+    "tritonstack.regions",
     "tritonstack.rules",
     "tritonstack.rules.common",
     "tritonstack.rules.dali",

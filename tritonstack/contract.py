@@ -69,6 +69,35 @@ def is_video_model(name: str) -> bool:
     return name.startswith(VIDEO_ENSEMBLE_PREFIX)
 
 
+# Regions presets' preprocessing is "regions": their ensembles take one encoded image per
+# sample (a zero-padded row, as above) and its boxes, FP32 [N, 4] of x0, y0, x1, y1 in the
+# image's pixels after EXIF orientation, and answer one row of probabilities per box, in order.
+REGIONS_PREPROCESSOR = "regions"
+REGIONS_ENSEMBLE_PREFIX = ensemble_name(f"{REGIONS_PREPROCESSOR}_")
+DEFAULT_REGIONS_MODEL = ensemble_name(f"{REGIONS_PREPROCESSOR}_efficientnet_lite0")
+ENSEMBLE_BOXES = "BOXES"
+PREPROCESS_BOXES = "DALI_INPUT_1"
+BOX_WIDTH = 4  # x0, y0, x1, y1
+# Our dali backend's model config parameters for a regions model: the input that carries
+# the boxes and the most boxes per image (the pipeline's slots). NVIDIA's C++ backend
+# ignores parameters it does not know (docs/backends.md, Regions).
+BOXES_INPUT_PARAMETER = "boxes_input"
+MAX_BOXES_PARAMETER = "max_boxes"
+
+
+def is_regions_model(name: str) -> bool:
+    return name.startswith(REGIONS_ENSEMBLE_PREFIX)
+
+
+def boxes_array(boxes) -> np.ndarray:
+    """A request's boxes as the regions models take them: FP32 [N, 4] (x0, y0, x1, y1),
+    [0, 4] for none."""
+    array = np.asarray(boxes, dtype=np.float32)
+    if array.size == 0:
+        return np.zeros((0, BOX_WIDTH), np.float32)
+    return array
+
+
 # --- the wire format of a batch of images ------------------------------------------------
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import io
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,3 +84,42 @@ def bad_samples(seed: int = 0) -> list[Sample]:
         Sample("text", b"this is not an image\n" * 100),
         Sample("truncated-jpeg", jpeg[: len(jpeg) // 3]),
     ]
+
+
+# Three labelled photos side by side: one image and a box per panel around its subject,
+# as a detector would draw it, for the regions presets (the demo, the tests). Each box's
+# subject is its photo's (PHOTOS). Subjects as shares of the photo: x0, y0, x1, y1.
+COLLAGE_PHOTOS = ("chelsea.png", "coffee.png", "rocket.jpg")
+SUBJECTS = {
+    "chelsea.png": (0.0, 0.0, 0.9, 1.0),  # the cat's head
+    "coffee.png": (0.1, 0.0, 0.8, 1.0),  # the cup on its saucer
+    "rocket.jpg": (0.4, 0.25, 0.62, 0.98),  # the rocket, between its towers
+}
+
+
+@dataclass(frozen=True)
+class Collage:
+    jpeg: bytes
+    boxes: list[tuple[float, float, float, float]]  # x0, y0, x1, y1 of each panel's subject
+    photos: tuple[str, ...]
+
+
+@functools.cache
+def collage(photos: tuple[str, ...] = COLLAGE_PHOTOS, height: int = 300) -> Collage:
+    """The photos scaled to `height`, pasted left to right, encoded as JPEG (quality 90)."""
+    from PIL import Image
+
+    panels = []
+    for name in photos:
+        with Image.open(photo_path(name)) as photo:
+            panels.append(photo.convert("RGB").resize((round(photo.width * height / photo.height), height)))
+    canvas = Image.new("RGB", (sum(panel.width for panel in panels), height))
+    boxes, left = [], 0
+    for name, panel in zip(photos, panels):
+        canvas.paste(panel, (left, 0))
+        x0, y0, x1, y1 = SUBJECTS[name]
+        boxes.append((left + x0 * panel.width, y0 * height, left + x1 * panel.width, y1 * height))
+        left += panel.width
+    encoded = io.BytesIO()
+    canvas.save(encoded, "JPEG", quality=90)
+    return Collage(encoded.getvalue(), boxes, photos)

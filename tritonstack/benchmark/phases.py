@@ -59,9 +59,19 @@ def load_client(url: str, protocol: str, model: str, max_connections: int = 100)
 
 
 async def closed_loop(
-    url: str, protocol: str, model: str, images: list[bytes], concurrency: int, seconds: float, warmup_s: float
+    url: str,
+    protocol: str,
+    model: str,
+    images: list,
+    concurrency: int,
+    seconds: float,
+    warmup_s: float,
+    send=None,
 ) -> Phase:
-    """`concurrency` requests always in flight, one image each, for `seconds` after warm-up."""
+    """`concurrency` requests always in flight, one image each, for `seconds` after
+    warm-up. `send(client, item)`: what one request of `images`' items is, when not the
+    probabilities of one encoded image."""
+    send = send or (lambda client, image: client.probabilities([image]))
     phase = Phase()
     async with load_client(url, protocol, model) as client:
         loop = asyncio.get_running_loop()
@@ -75,7 +85,7 @@ async def closed_loop(
                 index += concurrency
                 sent = loop.time()
                 try:
-                    await client.probabilities([image])
+                    await send(client, image)
                     ok = True
                 except Exception:
                     ok = False

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from tritonstack.build.model_config import config_dict
 from tritonstack.rules.common import Problem
+from tritonstack.rules.dali import max_boxes, split_outputs
 
 
 def type_name(data_type: int) -> str:
@@ -70,6 +72,8 @@ def check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) -
     # ensemble tensor -> (data_type, dims) as known so far
     known = {t.name: (t.data_type, list(t.dims)) for t in config.input}
     produced: dict[str, tuple[int, list[int]]] = {}
+    # ensemble tensor -> (the regions model that splits it into crops, the most rows per request)
+    crops: dict[str, tuple[str, int]] = {}
     problems = []
     steps = list(config.ensemble_scheduling.step)
     for index, step in enumerate(steps):
@@ -98,6 +102,8 @@ def check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) -
             )
         model_outputs = {t.name: t for t in model.output}
         problems += _check_step_inputs(name, field, step, model, known, steps, configs)
+        problems += _check_crop_batches(name, field, step, model, crops)
+        crops.update(_split_crops(step, model))
         for model_tensor, ensemble_tensor in step.output_map.items():
             origin = model_outputs.get(model_tensor)
             if origin is None:
@@ -124,6 +130,37 @@ def check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) -
                     f"declared {type_name(output.data_type)} {list(output.dims)}, the step gives "
                     f"{type_name(source[0])} {source[1]}",
                     "make them agree",
+                )
+            )
+    return problems
+
+
+def _split_crops(step, model: pb.ModelConfig) -> dict[str, tuple[str, int]]:
+    """The ensemble tensors a regions model's split outputs feed, with the most rows one
+    request can hold: max_batch_size images of max_boxes crops."""
+    as_dict = config_dict(model)
+    boxes, split = max_boxes(as_dict), split_outputs(as_dict)
+    if not boxes:
+        return {}
+    rows = max(model.max_batch_size, 1) * boxes
+    return {tensor: (step.model_name, rows) for output, tensor in step.output_map.items() if output in split}
+
+
+def _check_crop_batches(name: str, field: str, step, model: pb.ModelConfig, crops: dict) -> list[Problem]:
+    """A request's crops reach the next step as one request: its max_batch_size must hold them."""
+    problems = []
+    for tensor in step.input_map.values():
+        source, rows = crops.get(tensor, ("", 0))
+        if rows > model.max_batch_size:
+            problems.append(
+                Problem(
+                    name,
+                    f"{field}.input_map",
+                    tensor,
+                    f"{source} hands on up to {rows} crops per request (max_batch_size x max_boxes), "
+                    f"{step.model_name} takes at most {model.max_batch_size}",
+                    f"lower {source}'s max_batch_size or max_boxes (tritonstack build --max-boxes), or raise "
+                    f"{step.model_name}'s max_batch_size",
                 )
             )
     return problems

@@ -11,10 +11,12 @@ function marked `@autoserialize`.
 import json
 from pathlib import Path
 
+import nvidia.dali.math as dmath
 from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.plugin.triton import autoserialize
 
 INPUT_NAME = "DALI_INPUT_0"
+BOXES_NAME = "DALI_INPUT_1"  # a regions pipeline's boxes: FP32 [N, 4], x0, y0, x1, y1
 OUTPUT_NAME = "DALI_OUTPUT_0"
 PARAMETERS_FILENAME = "preprocessing.json"
 # Share of JPEG decoding given to the GPU's hardware decoder (A100/H100), the
@@ -28,12 +30,16 @@ def classification(resize_shorter, crop, mean, std, device="cpu"):
     `device="gpu"` decodes with nvJPEG ("mixed": hardware decoder where there is
     one), and resize and normalize then run on the GPU since their input is there.
     """
+    return _resize_crop_normalize(_decoded_images(device), resize_shorter, crop, mean, std, "CHW")
+
+
+def _decoded_images(device):
+    """The encoded images of the input, decoded to RGB with their EXIF orientation applied
+    (the decoder's default)."""
     encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
     if device == "gpu":
-        images = fn.decoders.image(encoded, device="mixed", output_type=types.RGB, hw_decoder_load=HW_DECODER_LOAD)
-    else:
-        images = fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
-    return _resize_crop_normalize(images, resize_shorter, crop, mean, std, "CHW")
+        return fn.decoders.image(encoded, device="mixed", output_type=types.RGB, hw_decoder_load=HW_DECODER_LOAD)
+    return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
 
 
 def _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout):
@@ -62,6 +68,53 @@ def video_classification(resize_shorter, crop, mean, std, frames, stride, device
 
 video_classification_pipeline = pipeline_def(video_classification, output_dtype=types.FLOAT, output_ndim=4)
 
+
+def regions_classification(resize_shorter, crop, mean, std, max_boxes, device="cpu"):
+    """decode an image once -> each of its boxes cut and letterboxed to crop x crop (its
+    longer side resized to the crop, the rest filled with the classifier's mean, which
+    normalizes to zero) -> FP32 FCHW, one frame per box, in order. Served with
+    `split_along_outer_axis` on its output, each box leaves as one sample for the
+    classifier. `resize_shorter` is the whole-image transform's and unused: a
+    detector's box is already the subject, and letterboxing keeps all of it with its
+    aspect ratio (measured against squashing and a center crop in docs/building.md).
+
+    DALI has no operator that cuts a varying number of regions (NVIDIA/DALI#4735): the
+    pipeline has `max_boxes` slots, each a resize of the decoded image's region of
+    interest at box i; a slot past the image's N boxes resizes a 1-pixel region to one
+    pixel (padded like the others, so that all stack), and the stacked crops are sliced
+    back to the first N before normalizing."""
+    images = _decoded_images(device)
+    boxes = fn.external_source(name=BOXES_NAME, dtype=types.FLOAT, ndim=2)
+    slots = fn.pad(boxes, axes=(0,), shape=(max_boxes,), fill_value=0)
+    count = boxes.shape(dtype=types.INT32)[0:1]
+    crops = [
+        _letterboxed(images, slots[slot], _slot_side(count[0] > slot, crop), crop, mean) for slot in range(max_boxes)
+    ]
+    stacked = fn.stack(*crops, axis_name="F")
+    kept = fn.slice(stacked, fn.zeros_like(count), count, axes=(0,))
+    return fn.crop_mirror_normalize(kept, mean=list(mean), std=list(std), dtype=types.FLOAT, output_layout="FCHW")
+
+
+def _slot_side(used, crop):
+    """The resize's bound for a slot: the crop where the slot holds a box, else one pixel."""
+    side = fn.cast(used, dtype=types.FLOAT) * (crop - 1) + 1
+    return fn.stack(side, side)
+
+
+def _letterboxed(images, box, side, crop, fill):
+    """One box (x0, y0, x1, y1) of each image as one resize of a region of interest, its
+    longer side to `side`, then centered on a crop x crop canvas of `fill`."""
+    # DALI's region of interest follows the tensor's axes: (y, x).
+    start = fn.stack(box[1], box[0])
+    end = dmath.max(fn.stack(box[3], box[2]), start + 1)  # a dummy slot's empty box: 1 pixel
+    fitted = fn.resize(
+        images, roi_start=start, roi_end=end, roi_relative=False, size=side, mode="not_larger", antialias=True
+    )
+    return fn.crop(fitted, crop=(crop, crop), out_of_bounds_policy="pad", fill_values=list(fill))
+
+
+regions_classification_pipeline = pipeline_def(regions_classification, output_dtype=types.FLOAT, output_ndim=4)
+
 _PARAMETERS_FILE = Path(__file__).with_name(PARAMETERS_FILENAME)
 if _PARAMETERS_FILE.exists():  # only as a model's dali.py, never as tritonstack's module
     _parameters = json.loads(_PARAMETERS_FILE.read_text())
@@ -76,5 +129,9 @@ if _PARAMETERS_FILE.exists():  # only as a model's dali.py, never as tritonstack
         if "clips" in _parameters:  # a video preset's: {"frames": ..., "stride": ...}
             return video_classification(
                 **_parameters["preprocessing"], **_parameters["clips"], device=_parameters["device"]
+            )
+        if "max_boxes" in _parameters:  # a regions preset's
+            return regions_classification(
+                **_parameters["preprocessing"], max_boxes=_parameters["max_boxes"], device=_parameters["device"]
             )
         return classification(**_parameters["preprocessing"], device=_parameters["device"])

@@ -16,7 +16,11 @@ from nvidia.dali._utils import dali_trace
 
 from tritonstack.build import dali_model
 from tritonstack.build.classifiers import Preprocessing
-from tritonstack.build.dali_model import classification_pipeline, video_classification_pipeline
+from tritonstack.build.dali_model import (
+    classification_pipeline,
+    regions_classification_pipeline,
+    video_classification_pipeline,
+)
 from tritonstack.build.presets import FrameSampling
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 
@@ -29,6 +33,7 @@ def serialize_pipeline(
     num_threads: int,
     device: str = "cpu",
     clips: FrameSampling | None = None,
+    max_boxes: int | None = None,
 ) -> bytes:
     """Serialize without building: works on a machine with no GPU, for the GPU
     variant too (device_id is left unset; the DALI backend sets each instance's).
@@ -38,27 +43,18 @@ def serialize_pipeline(
     leak the builder's paths, so tracing is off while the graph is defined; errors
     still name the failing operator.
 
-    With `clips`, the pipeline decodes a video per sample into those frames.
+    With `clips`, the pipeline decodes a video per sample into those frames; with
+    `max_boxes`, it cuts up to that many boxes per image (a regions preset).
     """
+    common = dict(device=device, batch_size=max_batch_size, num_threads=num_threads, device_id=None)
     dali_trace.set_tracing(enabled=False)
     try:
-        if clips is None:
-            pipe = classification_pipeline(
-                **asdict(preprocessing),
-                device=device,
-                batch_size=max_batch_size,
-                num_threads=num_threads,
-                device_id=None,
-            )
+        if clips is not None:
+            pipe = video_classification_pipeline(**asdict(preprocessing), **asdict(clips), **common)
+        elif max_boxes is not None:
+            pipe = regions_classification_pipeline(**asdict(preprocessing), max_boxes=max_boxes, **common)
         else:
-            pipe = video_classification_pipeline(
-                **asdict(preprocessing),
-                **asdict(clips),
-                device=device,
-                batch_size=max_batch_size,
-                num_threads=num_threads,
-                device_id=None,
-            )
+            pipe = classification_pipeline(**asdict(preprocessing), **common)
         return pipe.serialize()
     finally:
         dali_trace.set_tracing(enabled=True)
@@ -70,6 +66,7 @@ def dali_py_files(
     num_threads: int,
     device: str = "cpu",
     clips: FrameSampling | None = None,
+    max_boxes: int | None = None,
 ) -> dict[str, bytes]:
     """The `dali.py` model format: the pipeline's source file and its parameters."""
     parameters = {
@@ -80,6 +77,8 @@ def dali_py_files(
     }
     if clips is not None:
         parameters["clips"] = asdict(clips)
+    if max_boxes is not None:
+        parameters["max_boxes"] = max_boxes
     return {
         "dali.py": open(dali_model.__file__, "rb").read(),
         dali_model.PARAMETERS_FILENAME: (json.dumps(parameters, indent=2) + "\n").encode(),

@@ -12,7 +12,7 @@ from tritonstack.repository_files import DALI_MODEL_FILENAME, DALI_SCRIPT_FILENA
 
 DEVICES = ("cpu", "gpu")
 FORMATS = (DALI_MODEL_FILENAME, DALI_SCRIPT_FILENAME)
-PREPROCESSORS = ("dali", "python", contract.VIDEO_PREPROCESSOR)
+PREPROCESSORS = ("dali", "python", contract.VIDEO_PREPROCESSOR, contract.REGIONS_PREPROCESSOR)
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,25 @@ class BuildOptions:
     # --response-cache-mb`), without running the steps. Off: load tests and the
     # benchmark repeat their images, and would measure the cache (docs/operations.md).
     response_cache: bool = False
+    # Regions presets: the most boxes one image may come with, the pipeline's slots (DALI
+    # has no operator that cuts a varying number of regions). Each slot past an image's
+    # boxes still costs a 1-pixel region's resize to the crop (docs/building.md, Regions).
+    max_boxes: int = 16
 
     def __post_init__(self):
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, not {self.device!r}")
         if self.format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, not {self.format!r}")
-        for name in ("max_batch_size", "num_threads", "intra_op_threads", "instances", "clip_frames", "frame_stride"):
+        for name in (
+            "max_batch_size",
+            "num_threads",
+            "intra_op_threads",
+            "instances",
+            "clip_frames",
+            "frame_stride",
+            "max_boxes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.classifier_instances < 0:
@@ -97,6 +109,17 @@ class BuildOptions:
                 "the classifier takes a clip's frames in one batch"
             )
         return self.max_batch_size // self.clip_frames
+
+    @property
+    def images_per_regions_request(self) -> int:
+        """A regions model's max_batch_size: as many images as the classifier's batch holds
+        boxes of (a request's crops reach the classifier as one request)."""
+        if self.max_boxes > self.max_batch_size:
+            raise ValueError(
+                f"max_boxes {self.max_boxes} exceeds max_batch_size {self.max_batch_size}: "
+                "the classifier takes an image's crops in one batch"
+            )
+        return self.max_batch_size // self.max_boxes
 
     @property
     def classifier_preferred_batches(self) -> tuple[int, ...]:
@@ -136,6 +159,11 @@ class Preset:
         """Takes clips: DALI's video decoder, each frame classified (tritonstack.contract)."""
         return self.preprocessor == contract.VIDEO_PREPROCESSOR
 
+    @property
+    def regions(self) -> bool:
+        """Takes an image and its boxes: a row of probabilities per box (tritonstack.contract)."""
+        return self.preprocessor == contract.REGIONS_PREPROCESSOR
+
 
 PRESETS = (
     Preset(classifiers.EFFICIENTNET_LITE0, "dali"),
@@ -143,6 +171,9 @@ PRESETS = (
     Preset(classifiers.EFFICIENTNET_LITE2, "dali"),
     Preset(classifiers.EFFICIENTNET_LITE0_INT8, "dali"),
     Preset(classifiers.EFFICIENTNET_LITE0, contract.VIDEO_PREPROCESSOR),
+    Preset(classifiers.EFFICIENTNET_LITE0, contract.REGIONS_PREPROCESSOR),
+    Preset(classifiers.EFFICIENTNET_LITE2, contract.REGIONS_PREPROCESSOR),
+    Preset(classifiers.EFFICIENTNET_LITE0_INT8, contract.REGIONS_PREPROCESSOR),
 )
 
 

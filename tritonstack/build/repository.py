@@ -37,7 +37,18 @@ from tritonstack.build.model_config import (
     WarmupInput,
 )
 from tritonstack.build.presets import PRESETS, BuildOptions, Preset
-from tritonstack.contract import ENSEMBLE_INPUT, ENSEMBLE_OUTPUT, PREPROCESS_INPUT, PREPROCESS_OUTPUT
+from tritonstack.contract import (
+    BOX_WIDTH,
+    BOXES_INPUT_PARAMETER,
+    ENSEMBLE_BOXES,
+    ENSEMBLE_INPUT,
+    ENSEMBLE_OUTPUT,
+    MAX_BOXES_PARAMETER,
+    PREPROCESS_BOXES,
+    PREPROCESS_INPUT,
+    PREPROCESS_OUTPUT,
+    boxes_array,
+)
 from tritonstack.repository_files import (
     CONFIG_FILENAME,
     DALI_MODEL_FILENAME,
@@ -56,6 +67,10 @@ LOGGER = logging.getLogger(__name__)  # a line per step; build_pipelines.py show
 EXPORT_SECONDS = 15
 WARMUP_SAMPLE = "sample.jpg"
 WARMUP_CLIP = "sample_clip.mp4"
+WARMUP_BOXES = "sample_boxes.fp32"
+# The regions models' warmup: two boxes of the warmup JPEG (chelsea, 451x300): the cat's
+# head and the whole image.
+WARMUP_SAMPLE_BOXES = ((140.0, 40.0, 330.0, 230.0), (0.0, 0.0, 451.0, 300.0))
 
 
 def _batching(
@@ -132,6 +147,32 @@ def video_config(preset: Preset, options: BuildOptions) -> ModelConfig:
     )
 
 
+def regions_config(preset: Preset, options: BuildOptions, sample: bytes) -> ModelConfig:
+    """An image and its boxes per sample in, a crop per box out as samples of their own
+    (`split_along_outer_axis`), so the classifier takes them as a batch."""
+    boxes = WarmupInput(PREPROCESS_BOXES, "FP32", (len(WARMUP_SAMPLE_BOXES), BOX_WIDTH), data_file=WARMUP_BOXES)
+    image = WarmupInput(PREPROCESS_INPUT, "UINT8", (len(sample),), data_file=WARMUP_SAMPLE)
+    return ModelConfig(
+        name=preset.preprocessing_name,
+        backend="dali",
+        max_batch_size=options.images_per_regions_request,
+        inputs=(
+            Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),
+            Tensor(PREPROCESS_BOXES, "FP32", (-1, BOX_WIDTH), allow_ragged_batch=True),
+        ),
+        outputs=(_preprocessed(preset.classifier),),
+        dynamic_batching=_batching(options, first_step=True),
+        instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
+        parameters={
+            "num_threads": str(options.num_threads),
+            "split_along_outer_axis": PREPROCESS_OUTPUT,
+            BOXES_INPUT_PARAMETER: PREPROCESS_BOXES,
+            MAX_BOXES_PARAMETER: str(options.max_boxes),
+        },
+        warmup=(Warmup(name="sample_jpeg_boxes", batch_size=1, inputs=(image, boxes)),),
+    )
+
+
 def python_config(preset: Preset, options: BuildOptions, sample: bytes) -> ModelConfig:
     preprocessing = preset.classifier.preprocessing
     # Pillow runs on the CPU whatever the device of the rest.
@@ -176,18 +217,26 @@ def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelCon
 def ensemble_config(preset: Preset, options: BuildOptions) -> ModelConfig:
     classifier = preset.classifier
     preprocessed = "preprocessed_image"
+    inputs, input_map = (Tensor(ENSEMBLE_INPUT, "UINT8", (-1,)),), {PREPROCESS_INPUT: ENSEMBLE_INPUT}
+    # A video ensemble answers with clip_frames rows per clip; a regions one with a row per box.
+    max_batch_size = options.max_batch_size
+    if preset.video:
+        max_batch_size = options.clips_per_request
+    elif preset.regions:
+        max_batch_size = options.images_per_regions_request
+        inputs += (Tensor(ENSEMBLE_BOXES, "FP32", (-1, BOX_WIDTH)),)
+        input_map = {**input_map, PREPROCESS_BOXES: ENSEMBLE_BOXES}
     return ModelConfig(
         name=preset.ensemble_name,
         platform="ensemble",
-        # A video ensemble answers with clip_frames rows per clip.
-        max_batch_size=options.clips_per_request if preset.video else options.max_batch_size,
-        inputs=(Tensor(ENSEMBLE_INPUT, "UINT8", (-1,)),),
+        max_batch_size=max_batch_size,
+        inputs=inputs,
         outputs=(Tensor(ENSEMBLE_OUTPUT, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),),
         response_cache=options.response_cache,
         steps=(
             EnsembleStep(
                 model_name=preset.preprocessing_name,
-                input_map={PREPROCESS_INPUT: ENSEMBLE_INPUT},
+                input_map=input_map,
                 output_map={PREPROCESS_OUTPUT: preprocessed},
             ),
             EnsembleStep(
@@ -242,6 +291,8 @@ def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions,
     warmup = (WARMUP_CLIP, sample_clip()) if preset.video else (WARMUP_SAMPLE, sample)
     changed = _write_if_changed(model_dir / WARMUP_DIR / warmup[0], warmup[1])
     version_dir = model_dir / VERSION
+    if preset.regions:
+        changed += _write_if_changed(model_dir / WARMUP_DIR / WARMUP_BOXES, boxes_array(WARMUP_SAMPLE_BOXES).tobytes())
     if preset.preprocessor == "python":
         changed += _write_model(model_dir, python_config(preset, options, sample))
         changed += _write_if_changed(version_dir / PYTHON_MODEL_FILENAME, Path(pillow_model.__file__).read_bytes())
@@ -250,20 +301,21 @@ def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions,
         return changed + _write_if_changed(
             version_dir / decode_budget.MODULE_FILENAME, Path(decode_budget.__file__).read_bytes()
         )
+    clips = options.frame_sampling if preset.video else None
+    max_boxes = options.max_boxes if preset.regions else None
     if preset.video:
-        config, clips = video_config(preset, options), options.frame_sampling
+        config = video_config(preset, options)
+    elif preset.regions:
+        config = regions_config(preset, options, sample)
     else:
-        config, clips = dali_config(preset, options, sample), None
+        config = dali_config(preset, options, sample)
     changed += _write_model(model_dir, config)
+    pipeline = (preprocessing, config.max_batch_size, options.num_threads, options.device, clips, max_boxes)
     if options.format == DALI_SCRIPT_FILENAME:
-        files = pipelines.dali_py_files(
-            preprocessing, config.max_batch_size, options.num_threads, options.device, clips
-        )
+        files = pipelines.dali_py_files(*pipeline)
         stale = (DALI_MODEL_FILENAME, DALI_VERSION_FILENAME)
     else:
-        serialized = pipelines.serialize_pipeline(
-            preprocessing, config.max_batch_size, options.num_threads, options.device, clips
-        )
+        serialized = pipelines.serialize_pipeline(*pipeline)
         files = {DALI_MODEL_FILENAME: serialized, DALI_VERSION_FILENAME: f"{pipelines.DALI_VERSION}\n".encode()}
         stale = tuple(pipelines.dali_py_files(preprocessing, 1, 1))
     for name in stale:  # the other format's files, from an earlier build

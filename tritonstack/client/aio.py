@@ -27,11 +27,13 @@ from tritonstack.client.protocol import (
     ModelInfo,
     Prediction,
     batch_rows,
+    build_regions_request,
     build_request,
     clip_predictions,
     labels_from,
     output_nbytes,
     parse_classification,
+    region_boxes,
     region_steps,
     top_predictions,
     worth_splitting,
@@ -114,6 +116,15 @@ class AsyncClassifierClient(ClientBase):
                 except Exception as error:
                     outcomes.append(error)
         return outcomes
+
+    async def classify_regions(self, image: bytes, boxes, top_k: int = 5) -> list[list[Prediction]]:
+        """As ClassifierClient.classify_regions: each box's ranking, in order."""
+        boxes = region_boxes(self.info, image, boxes)
+        if not len(boxes):
+            return []
+        inputs, outputs = build_regions_request(self.protocol, self.info, image, boxes, top_k)
+        result = await self._aretrying(lambda: self._infer(inputs, outputs))
+        return [parse_classification(row) for row in result.as_numpy(self.info.output_name)]
 
     async def probabilities(self, images: Sequence[bytes]) -> np.ndarray:
         parts = [await self._probabilities_chunk(chunk) for chunk in self.info.chunks(images)]

@@ -30,11 +30,13 @@ from tritonstack.client.protocol import (
     ModelInfo,
     Prediction,
     batch_rows,
+    build_regions_request,
     build_request,
     clip_predictions,
     labels_from,
     output_nbytes,
     parse_classification,
+    region_boxes,
     region_steps,
     top_predictions,
     worth_splitting,
@@ -118,6 +120,17 @@ class ClassifierClient(ClientBase):
             for chunk in self.info.chunks(clips)
             for outcome in outcome_per_image(lambda part: self._classify_clips_chunk(part, top_k), chunk)
         ]
+
+    def classify_regions(self, image: bytes, boxes, top_k: int = 5) -> list[list[Prediction]]:
+        """With a regions model: each box's ranking, in the boxes' order. Boxes are
+        x0, y0, x1, y1 in the image's pixels after EXIF orientation; none: an empty list,
+        nothing sent. Bad boxes raise tritonstack.regions.BoxError before any request."""
+        boxes = region_boxes(self.info, image, boxes)
+        if not len(boxes):
+            return []
+        inputs, outputs = build_regions_request(self.protocol, self.info, image, boxes, top_k)
+        result = self._retrying(lambda: self._infer(inputs, outputs))
+        return [parse_classification(row) for row in result.as_numpy(self.info.output_name)]
 
     def probabilities(self, images: Sequence[bytes]) -> np.ndarray:
         parts = [self._probabilities_chunk(chunk) for chunk in self.info.chunks(images)]

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from tritonstack.cli import UsageError
 from tritonstack.client.retry import RetryPolicy, ServerUnavailableError, explain_unreachable, wrong_protocol_message
-from tritonstack.contract import ADMIN_KEY_ENV
+from tritonstack.contract import ADMIN_KEY_ENV, ENSEMBLE_BOXES
 
 PREFLIGHT_TIMEOUT_S = 10.0
 # Triton's words for a model name it does not know (HTTP 400, gRPC NOT_FOUND / UNAVAILABLE).
@@ -27,8 +27,13 @@ class ModelError(UsageError):
 
 
 def takes_encoded_images(metadata: dict) -> bool:
-    inputs = metadata.get("inputs", [])
+    """One UINT8 input of encoded images (beside a regions model's boxes)."""
+    inputs = [tensor for tensor in metadata.get("inputs", []) if tensor["name"] != ENSEMBLE_BOXES]
     return len(inputs) == 1 and inputs[0]["datatype"] == "UINT8"
+
+
+def takes_boxes(metadata: dict) -> bool:
+    return any(tensor["name"] == ENSEMBLE_BOXES for tensor in metadata.get("inputs", []))
 
 
 def classifies_images(metadata: dict) -> bool:
@@ -39,11 +44,17 @@ def classifies_images(metadata: dict) -> bool:
 
 
 def check_model(
-    url: str, protocol: str, model: str, headers: dict[str, str] | None = None, retry: RetryPolicy = RetryPolicy()
+    url: str,
+    protocol: str,
+    model: str,
+    headers: dict[str, str] | None = None,
+    retry: RetryPolicy = RetryPolicy(),
+    boxes: bool = False,
 ) -> None:
-    """Return when `model` is ready at `url` and takes encoded images; raise
-    ServerUnavailableError (no server, wrong port or protocol, not ready) or
-    ModelError (unknown model, not an image model) otherwise."""
+    """Return when `model` is ready at `url` and takes encoded images, and boxes when
+    `boxes` is set (a regions model) or none when not; raise ServerUnavailableError (no
+    server, wrong port or protocol, not ready) or ModelError (unknown model, not an image
+    model, boxes where none are taken or none where they are) otherwise."""
     client = _Client(url, protocol, headers)
     try:
         try:
@@ -73,6 +84,12 @@ def check_model(
             raise ModelError(
                 f"model {model!r} takes encoded images but answers {answer}, not class scores; "
                 f"{client.image_models_text()}"
+            )
+        if takes_boxes(metadata) != boxes:
+            raise ModelError(
+                f"model {model!r} takes an image and its boxes: give --boxes"
+                if not boxes
+                else f"model {model!r} takes no boxes: name a regions model (ensemble_regions_...) with --boxes"
             )
         if not client.model_ready(model):
             raise ServerUnavailableError(f"model {model!r} is not ready at {url}: read the server's log")

@@ -32,7 +32,8 @@ from tritonstack.client.retry import (
     wrong_protocol_message,
 )
 from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
-from tritonstack.contract import DEFAULT_MODEL, QUEUES_PER_REQUEST, pad_batch
+from tritonstack.contract import DEFAULT_MODEL, ENSEMBLE_BOXES, QUEUES_PER_REQUEST, boxes_array, pad_batch
+from tritonstack.regions import check_boxes, oriented_size
 
 PROTOCOLS = ("http", "grpc")
 DEFAULT_URLS = {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}  # `make serve`
@@ -111,12 +112,14 @@ class ModelInfo:
     output_datatype: str
     output_shape: tuple[int, ...]  # per image
     max_batch_size: int  # 0: the model takes one image per request, without a batch axis
+    boxes_name: str | None = None  # a regions model's boxes input (tritonstack.contract)
 
     @classmethod
     def from_server(cls, metadata: dict, config: dict) -> "ModelInfo":
         """From get_model_metadata / get_model_config as JSON (gRPC: as_json=True)."""
         config = config.get("config", config)
-        (model_input,) = metadata["inputs"]
+        boxes = [tensor for tensor in metadata["inputs"] if tensor["name"] == ENSEMBLE_BOXES]
+        (model_input,) = [tensor for tensor in metadata["inputs"] if tensor["name"] != ENSEMBLE_BOXES]
         model_output = metadata["outputs"][0]
         batched = int(config.get("max_batch_size", 0)) > 0
         output_shape = tuple(int(d) for d in model_output["shape"])[1 if batched else 0 :]
@@ -128,6 +131,7 @@ class ModelInfo:
             output_datatype=model_output["datatype"],
             output_shape=output_shape,
             max_batch_size=int(config.get("max_batch_size", 0)),
+            boxes_name=boxes[0]["name"] if boxes else None,
         )
         if info.input_datatype != "UINT8":
             raise ValueError(
@@ -176,6 +180,27 @@ def build_request(
         output = api.InferRequestedOutput(info.output_name, **binary)
         output.set_shared_memory(regions.output.name, output_nbytes(info, tensor))
     return [model_input], [output]
+
+
+def region_boxes(info: ModelInfo, image: bytes, boxes) -> np.ndarray:
+    """An image's boxes as a regions model takes them, checked as the server will
+    (tritonstack.regions) except for the model's max_boxes, which only the server knows."""
+    if info.boxes_name is None:
+        raise ValueError(f"model {info.name!r} takes no boxes: name a regions model (ensemble_regions_...)")
+    boxes = boxes_array(boxes)
+    if len(boxes):
+        check_boxes(boxes, oriented_size(image), max_boxes=None)
+    return boxes
+
+
+def build_regions_request(protocol: str, info: ModelInfo, image: bytes, boxes: np.ndarray, class_count: int):
+    """One image and its boxes (FP32 [N, 4]) in one request: the answer has a row per box."""
+    inputs, outputs = build_request(protocol, info, info.encode([image]), class_count)
+    api = httpclient if protocol == "http" else grpcclient
+    batched = boxes[None] if info.max_batch_size else boxes
+    box_input = api.InferInput(info.boxes_name, list(batched.shape), "FP32")
+    box_input.set_data_from_numpy(batched, **({"binary_data": True} if protocol == "http" else {}))
+    return [*inputs, box_input], outputs
 
 
 def output_nbytes(info: ModelInfo, tensor: np.ndarray) -> int:

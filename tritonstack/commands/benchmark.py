@@ -1,7 +1,9 @@
-"""`tritonstack benchmark`: the command line of tritonstack.benchmark.run (see its docstring)."""
+"""`tritonstack benchmark`: the command line of tritonstack.benchmark.run (see its docstring);
+with --regions N, of tritonstack.benchmark.regions alone."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -34,6 +36,13 @@ def benchmark(argv: list[str] | None) -> int:
     parser.add_argument("--smoke", action="store_true", help="shortest phases (tests): every key, rough figures")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument(
+        "--regions",
+        type=cli.positive_int,
+        metavar="N",
+        help="only the regions benchmark: an image and N boxes per request against each crop sent alone "
+        "(crops/s of each and the speed-up, tritonstack.benchmark.regions)",
+    )
+    parser.add_argument(
         "--model-repository",
         type=Path,
         default=Path("model_repository"),
@@ -56,10 +65,32 @@ def benchmark(argv: list[str] | None) -> int:
         for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
             check_model(url, protocol, DALI_ENSEMBLE, admin_headers(protocol), RetryPolicy(retries=1))
     started = time.monotonic()
-    results = run(settings, args.model_repository.resolve(), log=lambda text: print(text, flush=True), server=server)
+    log = lambda text: print(text, flush=True)  # noqa: E731
+    if args.regions:
+        results = _regions(args.regions, settings, args.model_repository.resolve(), server, log)
+        results["benchmark_seconds"] = time.monotonic() - started
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        print(
+            f"{args.out}: {results['regions_crops_per_s']:.1f} crops/s in regions requests of {args.regions} boxes, "
+            f"{results['per_crop_crops_per_s']:.1f} crops/s one per request: x{results['regions_speedup']:.2f} "
+            f"(rounds {results['regions_speedup_spread']})"
+        )
+        return 0 if results["errors"] == 0 else 1
+    results = run(settings, args.model_repository.resolve(), log=log, server=server)
     results["benchmark_seconds"] = time.monotonic() - started
     print(write_results(results, args.out))
     return 0 if results["errors"] == 0 else 1
+
+
+def _regions(boxes: int, settings, repository: Path, server, log) -> dict:
+    from tritonstack.benchmark.regions import run_regions
+    from tritonstack.serve.launcher import TritonServer
+
+    if server is not None:
+        return run_regions(server, boxes, settings, log)
+    with TritonServer(repository) as started:
+        return run_regions(started, boxes, settings, log)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ def build(args: argparse.Namespace) -> int:
         clip_frames=args.clip_frames,
         frame_stride=args.frame_stride,
         response_cache=args.response_cache,
+        max_boxes=args.max_boxes,
     )
     changed = write_repository(args.out, presets=_presets(args), options=options)
     for path in changed:
@@ -250,6 +251,20 @@ def _add_build_parser(commands) -> None:
         default=defaults.frame_stride,
         metavar="N",
         help="distance between kept frames",
+    )
+    regions = parser.add_argument_group(
+        "regions presets",
+        "An image and its boxes (FP32 [N, 4]: x0, y0, x1, y1 in the image's pixels) per sample, "
+        "decoded once; each box is cut, resized and center-cropped as a whole image would be, "
+        "and answered with a row of probabilities, in order.",
+    )
+    regions.add_argument(
+        "--max-boxes",
+        type=cli.positive_int,
+        default=defaults.max_boxes,
+        metavar="N",
+        help="the most boxes an image may have (the pipeline's slots; each unused one costs a small "
+        "resize); a request holds max_batch_size // N images",
     )
     own = parser.add_argument_group(
         "bring your own classifier",

@@ -4,11 +4,17 @@
     tritonstack classify my_photos/ --url grpc://127.0.0.1:8001 --batch-size 8 --concurrency 4 --format jsonl
     tritonstack classify my_photos/ --async --shm system --retries 8 --timeout 30
     tritonstack classify clip.mp4 --model ensemble_video_efficientnet_lite0 --format jsonl --per-frame
+    tritonstack classify street.jpg --boxes boxes.json --format csv
 
 Clips (.mp4, .webm, .mkv, .mov, or by content) go to the video model, photos to
 the image model: --model names either kind (a video model's name starts with
 ensemble_video_), --video-model the one for clips. A clip's line ranks the mean
 of its frames' probabilities; --per-frame adds a line per frame.
+
+--boxes BOXES.json (a JSON list of [x0, y0, x1, y1] in the image's pixels, after EXIF
+orientation) classifies each box of one image with a regions model (default:
+ensemble_regions_efficientnet_lite0 unless --model names another), the image sent
+once: one line per box, in order.
 
 --url takes host:port, http://host:port or grpc://host:port (the scheme sets the
 protocol). Folders are searched recursively for images (by extension, or by
@@ -32,13 +38,20 @@ from typing import TextIO
 
 from tritonstack import cli
 from tritonstack.address import endpoint
+from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.images import image_files
 from tritonstack.client.options import add_server_options
 from tritonstack.client.preflight import check_model
 from tritonstack.client.protocol import DEFAULT_URLS, SHM_MODES, Prediction
-from tritonstack.client.retry import RetryPolicy
+from tritonstack.client.retry import RetryPolicy, describe_error
 from tritonstack.client.runner import FileResult, Progress, RunSettings, classify_files
-from tritonstack.contract import DEFAULT_MODEL, DEFAULT_VIDEO_MODEL, admin_headers, is_video_model
+from tritonstack.contract import (
+    DEFAULT_MODEL,
+    DEFAULT_REGIONS_MODEL,
+    DEFAULT_VIDEO_MODEL,
+    admin_headers,
+    is_video_model,
+)
 
 FORMATS = ("table", "jsonl", "csv")
 
@@ -53,6 +66,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--video-model", default=DEFAULT_VIDEO_MODEL, help="the model for clips, unless --model is a video model"
     )
     parser.add_argument("--per-frame", action="store_true", help="a clip's frames' rankings too, a line each")
+    parser.add_argument(
+        "--boxes",
+        type=Path,
+        metavar="BOXES.json",
+        help=f"a JSON list of [x0, y0, x1, y1]: each box of the one image given, a line each, with a regions "
+        f"model (default: {DEFAULT_REGIONS_MODEL})",
+    )
     parser.add_argument("--top-k", type=cli.positive_int, default=5, help="classes shown per image")
     parser.add_argument("--batch-size", type=cli.positive_int, default=1, help="images per request")
     parser.add_argument("--concurrency", type=cli.positive_int, default=1, help="requests in flight")
@@ -67,7 +87,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class ResultWriter:
     """Formats results on stdout: one line (or CSV row) per file."""
 
-    def __init__(self, fmt: str, top_k: int, out: TextIO | None = None, path_width: int = 0, per_frame: bool = False):
+    def __init__(
+        self,
+        fmt: str,
+        top_k: int,
+        out: TextIO | None = None,
+        path_width: int = 0,
+        per_frame: bool = False,
+        boxes: bool = False,
+    ):
         self.fmt = fmt
         self.per_frame = per_frame
         self.out = out or sys.stdout
@@ -75,7 +103,24 @@ class ResultWriter:
         if fmt == "csv":
             self._csv = csv.writer(self.out)
             ranks = [f"{field}_{rank}" for rank in range(1, top_k + 1) for field in ("label", "index", "score")]
-            self._csv.writerow(["path", *(["frame"] if per_frame else []), "error", *ranks])
+            part = ["frame"] if per_frame else ["box", "x0", "y0", "x1", "y1"] if boxes else []
+            self._csv.writerow(["path", *part, "error", *ranks])
+
+    def write_box(self, path: Path, index: int, box: list[float], top: list[Prediction]) -> None:
+        """One box of an image: its index in the boxes given, its corners and its ranking."""
+        if self.fmt == "jsonl":
+            record = {"path": str(path), "box": index, "region": box}
+            self.out.write(json.dumps({**record, **_as_dict(path, None, top, None, None)}) + "\n")
+        elif self.fmt == "csv":
+            cells = [str(path), index, *box, ""]
+            for p in top:
+                cells += [p.label, p.index, f"{p.score:.6f}"]
+            self._csv.writerow(cells)
+        else:
+            shown = f"{path} [box {index}]"
+            ranking = ", ".join(f"{p.label} ({p.score:.3f})" for p in top)
+            self.out.write(f"{shown:<{self.path_width}}  {ranking}\n")
+        self.out.flush()
 
     def write(self, result: FileResult) -> None:
         self._write_line(result.path, result.error, result.top, frames=len(result.frames or []) or None)
@@ -127,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
 def classify(argv: list[str] | None) -> int:
     args = parse_args(argv)
     url, protocol = endpoint(args.url, args.protocol, DEFAULT_URLS)
+    if args.boxes is not None:
+        return classify_boxes(args, url, protocol)
     files = image_files(cli.existing_paths(args.paths), clips=True)
     if not files:
         raise cli.UsageError(f"no image or clip files in {' '.join(map(str, args.paths))}")
@@ -161,6 +208,41 @@ def classify(argv: list[str] | None) -> int:
         progress.update(result)
     progress.close()
     return 1 if progress.failed else 0
+
+
+def classify_boxes(args: argparse.Namespace, url: str, protocol: str) -> int:
+    """One image and its boxes in one request: a line per box, in order, or one error line."""
+    (image_path, *others) = cli.existing_paths(args.paths)
+    if others or not image_path.is_file():
+        raise cli.UsageError("--boxes takes one image file, the one its boxes are drawn on")
+    boxes = read_boxes(args.boxes)
+    model = DEFAULT_REGIONS_MODEL if args.model == DEFAULT_MODEL else args.model
+    headers = admin_headers(protocol, args.admin_key)
+    retry = RetryPolicy(retries=args.retries)
+    check_model(url, protocol, model, headers, retry, boxes=True)
+    writer = ResultWriter(args.format, args.top_k, path_width=len(str(image_path)) + len(" [box 999]"), boxes=True)
+    try:
+        with ClassifierClient(url, protocol, model, timeout_s=args.timeout, retry=retry, headers=headers) as client:
+            answer = client.classify_regions(image_path.read_bytes(), boxes, top_k=args.top_k)
+    except Exception as error:  # the image's one request failed: its error line, as for a file that fails
+        writer.write(FileResult(image_path, error=describe_error(error, args.timeout)))
+        return 1
+    for index, (box, top) in enumerate(zip(boxes, answer)):
+        writer.write_box(image_path, index, box, top)
+    return 0
+
+
+def read_boxes(path: Path) -> list[list[float]]:
+    """A JSON list of [x0, y0, x1, y1]; refused in one line otherwise."""
+    try:
+        boxes = json.loads(cli.existing_paths([path])[0].read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise cli.UsageError(f"{path}: not JSON ({error})") from error
+    if not isinstance(boxes, list) or not all(
+        isinstance(box, list) and len(box) == 4 and all(isinstance(v, (int, float)) for v in box) for box in boxes
+    ):
+        raise cli.UsageError(f"{path}: need a JSON list of [x0, y0, x1, y1] boxes, numbers in the image's pixels")
+    return [[float(value) for value in box] for box in boxes]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """`make demo`: start tritonserver on the model repository, classify real photos
 over HTTP and over gRPC, print each one's top 5, classify a clip with the video
-preset when the repository has it, stop the server."""
+preset and the boxes of a collage with the regions preset when the repository has
+them, stop the server."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import sys
 from pathlib import Path
 
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.contract import DEFAULT_MODEL, DEFAULT_VIDEO_MODEL
+from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL, DEFAULT_VIDEO_MODEL
 from tritonstack.repository_files import CONFIG_FILENAME
-from tritonstack.samples import PHOTOS, SAMPLE_CLIP, photo_bytes, sample_clip
+from tritonstack.samples import PHOTOS, SAMPLE_CLIP, collage, photo_bytes, sample_clip
 from tritonstack.serve.launcher import TritonServer
 
 
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
                 print()
         if (args.model_repository / DEFAULT_VIDEO_MODEL / CONFIG_FILENAME).exists():
             show_clip(server)
+        if (args.model_repository / DEFAULT_REGIONS_MODEL / CONFIG_FILENAME).exists():
+            show_collage(server)
     print("server stopped")
     return 0
 
@@ -51,6 +54,20 @@ def show_clip(server: TritonServer) -> None:
                 + ", ".join(f"{frame[0].label} ({frame[0].score:.2f})" for frame in clip.frames)
             )
             print()
+
+
+def show_collage(server: TritonServer) -> None:
+    """Three photos side by side in one JPEG, a box around each subject, sent once
+    through the regions ensemble: each box's top 3, in order."""
+    picture = collage()
+    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        with ClassifierClient(url, protocol, DEFAULT_REGIONS_MODEL) as client:
+            answer = client.classify_regions(picture.jpeg, picture.boxes, top_k=3)
+        print(f"== {DEFAULT_REGIONS_MODEL} over {protocol.upper()}: a collage of {', '.join(picture.photos)} ==")
+        for index, (box, top) in enumerate(zip(picture.boxes, answer)):
+            corners = ", ".join(f"{value:.0f}" for value in box)
+            print(f"  box {index} [{corners}]  " + ", ".join(f"{p.label} ({p.score:.3f})" for p in top))
+        print()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from loadtests.run import (
 )
 from tritonstack import cli
 from tritonstack.client.retry import PROTOCOL_NAMES
-from tritonstack.contract import DEFAULT_MODEL
+from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL
 from tritonstack.serve.target import given_endpoints, target_server
 
 
@@ -43,6 +43,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--model-repository", default=str(PROJECT_ROOT / "model_repository"), help="served when no --url is given"
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help="the image classifier to load")
+    parser.add_argument(
+        "--boxes",
+        type=cli.non_negative_int,
+        default=0,
+        metavar="N",
+        help=f"N random boxes with each image, to a regions model (default then: {DEFAULT_REGIONS_MODEL}); "
+        "each answer must have a row per box (0: plain images)",
+    )
     parser.add_argument("--user", choices=sorted(USER_CLASSES), default="grpc", help="protocol of the users")
     parser.add_argument(
         "--shape",
@@ -90,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: reports/loadtest-<time>)")
     args = parser.parse_args(argv)
+    if args.boxes and args.model == DEFAULT_MODEL:
+        args.model = DEFAULT_REGIONS_MODEL
     if args.url and not args.grpc_url and args.user != "http":
         parser.error("--url names a running server: give its --grpc-url too (gRPC users)")
     if args.grpc_url and not args.url:

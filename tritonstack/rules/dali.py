@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tritonstack.contract import BOX_WIDTH, BOXES_INPUT_PARAMETER, MAX_BOXES_PARAMETER
 from tritonstack.dali_proto import PipelineSpec, Port
 from tritonstack.rules.common import MISSING_TYPES, Problem, dims_of, is_batched
 
@@ -81,7 +82,56 @@ def dali_problems(config: dict, spec: PipelineSpec, instance_kind: str = "KIND_C
     ]
     for tensor, port, kind, source in pairs:
         problems += _dali_tensor(model, kind, tensor, port, source)
-    return problems + _streamed_inputs(model, config, spec) + gpu_operators_on_cpu(model, spec, instance_kind)
+    problems += _streamed_inputs(model, config, spec) + _regions(model, config)
+    return problems + gpu_operators_on_cpu(model, spec, instance_kind)
+
+
+def max_boxes(config: dict) -> int | None:
+    """A regions model's most boxes per image (our parameter), None for any other model."""
+    value = config.get("parameters", {}).get(MAX_BOXES_PARAMETER, {}).get("string_value")
+    return int(value) if value and value.lstrip("-").isdigit() else None
+
+
+def _regions(model: str, config: dict) -> list[Problem]:
+    """A regions model's parameters (tritonstack.contract): the boxes input is a config
+    input of FP32 [-1, 4], max_boxes a positive integer, the crops' output split."""
+    parameters = config.get("parameters", {})
+    boxes = parameters.get(BOXES_INPUT_PARAMETER, {}).get("string_value")
+    if not boxes:
+        return []
+    problems = []
+    tensor = next((t for t in config.get("input", []) if t.get("name") == boxes), None)
+    if tensor is None or tensor.get("data_type") != "TYPE_FP32" or dims_of(tensor)[-1:] != [BOX_WIDTH]:
+        problems.append(
+            Problem(
+                model,
+                f"parameters.{BOXES_INPUT_PARAMETER}",
+                boxes,
+                "names no config input of TYPE_FP32 with dims [-1, 4]",
+                "name the input that carries the boxes, TYPE_FP32, dims [-1, 4]",
+            )
+        )
+    if not max_boxes(config) or max_boxes(config) < 1:
+        problems.append(
+            Problem(
+                model,
+                f"parameters.{MAX_BOXES_PARAMETER}",
+                "",
+                f"is {parameters.get(MAX_BOXES_PARAMETER, {}).get('string_value')!r}",
+                "give the pipeline's slot count, a positive integer",
+            )
+        )
+    if not split_outputs(config):
+        problems.append(
+            Problem(
+                model,
+                f"parameters.{SPLIT_PARAMETER}",
+                "",
+                "is missing: a regions model's crops must leave as samples of their own",
+                f"list its output in {SPLIT_PARAMETER}",
+            )
+        )
+    return problems
 
 
 def is_decoupled(config: dict) -> bool:

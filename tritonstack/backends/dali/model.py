@@ -25,18 +25,25 @@ from tritonstack.backend_settings import (
 )
 from tritonstack.backends.cancellation import cancelled_response, is_cancelled
 from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes, reserve_host_pool
-from tritonstack.backends.dali.requests import BudgetError, ClipInputs, InputError, UndecodableError, samples_of
+from tritonstack.backends.dali.requests import (
+    BudgetError,
+    ClipInputs,
+    InputError,
+    RegionInputs,
+    UndecodableError,
+    samples_of,
+)
 from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
 from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
 from tritonstack.backends.residency import PoolResidency, RegionResidency, statm_bytes
 from tritonstack.backends.stub_memory import StubMemoryGauge
-from tritonstack.contract import TRITON_TO_NUMPY
+from tritonstack.contract import BOXES_INPUT_PARAMETER, MAX_BOXES_PARAMETER, TRITON_TO_NUMPY
 
 # The one reader of model.dali and the one set of load rules, shared with `tritonstack check`.
 from tritonstack.dali_proto import parse_pipeline
 from tritonstack.decode_budget import DecodeBudget, int_parameter, plan_parts
 from tritonstack.repository_files import CONFIG_FILENAME, latest_version_dir
-from tritonstack.rules.common import raise_problems, stated_max_batch_size
+from tritonstack.rules.common import dims_of, raise_problems, stated_max_batch_size
 from tritonstack.rules.dali import dali_autocomplete, dali_problems, split_flags
 
 
@@ -99,6 +106,7 @@ class TritonPythonModel:
         self._clips = (
             ClipInputs(video_inputs, device_id is not None, frames, streamed=self._streamed) if video_inputs else None
         )
+        self._regions = _region_inputs(config, self._decoded_inputs)
         self._batch_size = batch_size
         self._outputs = [(tensor["name"], TRITON_TO_NUMPY[tensor["data_type"]]) for tensor in config["output"]]
         self._runner = PipelineRunner(
@@ -186,6 +194,7 @@ class TritonPythonModel:
             self._max_input_bytes,
             self._budget,
             self._clips,
+            self._regions,
         )
         samples = len(next(iter(feed.values())))
         if samples > self._batch_size:  # only an unbatched model's requests can be (Triton bounds the others)
@@ -255,6 +264,22 @@ class TritonPythonModel:
             for (name, dtype), array in zip(self._outputs, outputs)
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _region_inputs(config: dict, decoded_inputs: list[str]) -> RegionInputs | None:
+    """A regions model's (parameters boxes_input and max_boxes, our extension of the
+    contract: the C++ backend ignores them): its boxes are checked per request."""
+    parameters = config.get("parameters", {})
+    boxes = parameters.get(BOXES_INPUT_PARAMETER, {}).get("string_value")
+    if not boxes:
+        return None
+    if len(decoded_inputs) != 1 or not int_parameter(parameters, MAX_BOXES_PARAMETER):
+        raise ValueError(
+            f"parameter {BOXES_INPUT_PARAMETER} needs one image input that feeds a decoder (found "
+            f"{decoded_inputs or 'none'}) and a positive {MAX_BOXES_PARAMETER}"
+        )
+    height, width = dims_of(config["output"][0])[-2:]
+    return RegionInputs(boxes, decoded_inputs[0], int_parameter(parameters, MAX_BOXES_PARAMETER), height * width)
 
 
 def load_plugins(plugin_libs: str) -> None:

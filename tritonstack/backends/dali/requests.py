@@ -1,6 +1,7 @@
 """A request's samples as the pipeline will take them, refused before the pipeline
-runs when they are too large (max_input_bytes, the decode budget) or certain not to
-decode (tritonstack.decodable for images, tritonstack.video_header for clips)."""
+runs when they are too large (max_input_bytes, the decode budget), certain not to
+decode (tritonstack.decodable for images, tritonstack.video_header for clips) or, for a
+regions model, when an image's boxes are not ones it can cut (tritonstack.regions)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import triton_python_backend_utils as pb_utils
 
 from tritonstack.decodable import undecodable_reason
 from tritonstack.decode_budget import BudgetError, DecodeBudget
+from tritonstack.regions import BoxError, check_boxes, oriented_size
 from tritonstack.video_header import CPU_CODECS, GPU_CODECS, read_header, unreadable_reason
 
-__all__ = ["BudgetError", "ClipInputs", "InputError", "UndecodableError", "check_size", "samples_of"]
+__all__ = ["BudgetError", "ClipInputs", "InputError", "RegionInputs", "UndecodableError", "check_size", "samples_of"]
 
 
 class InputError(Exception):
@@ -68,6 +70,37 @@ class ClipInputs:
         return total
 
 
+class RegionInputs:
+    """A regions model's boxes input (config parameter boxes_input), the image input its
+    boxes are cut from, the most boxes an image may have (max_boxes) and the pixels of
+    one crop: the decode budget counts each image once, plus its crops."""
+
+    def __init__(self, boxes: str, image: str, max_boxes: int, crop_pixels: int):
+        self.boxes = boxes
+        self.image = image
+        self.max_boxes = max_boxes
+        self.crop_pixels = crop_pixels
+
+    def request_pixels(self, feed: dict[str, np.ndarray], budget: DecodeBudget, image_pixels: int) -> int:
+        """The crops' pixels; raises InputError naming the image and box refused, and
+        BudgetError when the images' pixels and their crops' exceed max_request_pixels."""
+        crops = 0
+        for row, (image, boxes) in enumerate(zip(feed[self.image], feed[self.boxes])):
+            try:
+                check_boxes(np.asarray(boxes), oriented_size(image.data), self.max_boxes, row)
+            except BoxError as error:
+                raise InputError(f"input '{self.boxes}': {error}") from error
+            crops += len(boxes)
+        pixels = crops * self.crop_pixels
+        if image_pixels + pixels > budget.max_request_pixels:
+            raise BudgetError(
+                f"input '{self.boxes}': the request's images ({image_pixels} pixels) and their {crops} crops "
+                f"({pixels} pixels) exceed this model's max_request_pixels {budget.max_request_pixels}: send "
+                "fewer boxes or smaller images per request"
+            )
+        return pixels
+
+
 def samples_of(
     request,
     input_names: list[str],
@@ -76,6 +109,7 @@ def samples_of(
     max_input_bytes: int,
     budget: DecodeBudget,
     clips: ClipInputs | None = None,
+    regions: RegionInputs | None = None,
 ) -> tuple[dict[str, np.ndarray], int]:
     """A request's inputs and the pixels its images and clips declare. Each row of
     an input is one sample, whether or not Triton batches the model: an unbatched
@@ -106,6 +140,8 @@ def samples_of(
                 )
     if clips is not None:
         pixels += sum(clips.request_pixels(name, feed[name], budget) for name in clips.names)
+    if regions is not None:
+        pixels += regions.request_pixels(feed, budget, pixels)
     return feed, pixels
 
 

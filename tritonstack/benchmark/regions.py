@@ -1,0 +1,114 @@
+"""Regions: an image and its boxes in one request against each box sent as an image
+of its own, side by side on one server.
+
+    tritonstack benchmark --regions 8 --out reports/regions.json
+
+Both sides classify the same crops of the same photo (a 640-pixel JPEG of the load
+tests' corpus) with Lite0, CONCURRENCY photos in flight from one asyncio client:
+- regions: the photo and its `boxes` boxes in one request to ensemble_regions_efficientnet_lite0
+  (decoded once on the server, each box letterboxed there);
+- per crop: each box cut by Pillow here and JPEG-encoded (once, before measuring: the
+  client's cutting is not counted), then the photo's crops sent at once, each alone, to
+  ensemble_dali_efficientnet_lite0, as a user without the regions preset does.
+
+Written: regions_crops_per_s, per_crop_crops_per_s and regions_speedup (their ratio), and
+the same per second of the server's CPU (`_per_cpu_s`, `regions_speedup_per_cpu_s`: on a
+machine shared with other work, the steadier figure), each the median of `repeats`
+interleaved rounds with `<key>_spread` [min, max]; the box count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+
+import numpy as np
+from PIL import Image
+
+from tritonstack.benchmark.phases import (
+    Phase,
+    closed_loop,
+    interleaved,
+    ratios,
+    server_cpu_seconds,
+    write_median,
+)
+from tritonstack.benchmark.results import cpu_model
+from tritonstack.benchmark.settings import DALI_ENSEMBLE, Settings
+from tritonstack.contract import DEFAULT_REGIONS_MODEL
+from tritonstack.corpus import build_corpus
+from tritonstack.regions import oriented_size, random_boxes
+
+CONCURRENCY = 4
+PHOTO = "coffee@640q85.jpg"
+CROP_QUALITY = 90
+
+
+def regions_workload(boxes: int, seed: int = 0) -> tuple[bytes, list[tuple[float, ...]], list[bytes]]:
+    """The photo, `boxes` random boxes of it, and each box cut and encoded as a JPEG."""
+    photo = next(image.data for image in build_corpus() if image.name == PHOTO)
+    regions = random_boxes(oriented_size(photo), boxes, np.random.default_rng(seed))
+    crops = []
+    with Image.open(io.BytesIO(photo)) as image:
+        for box in regions:
+            encoded = io.BytesIO()
+            image.convert("RGB").crop(tuple(round(value) for value in box)).save(encoded, "JPEG", quality=CROP_QUALITY)
+            crops.append(encoded.getvalue())
+    return photo, regions, crops
+
+
+def run_regions(server, boxes: int, settings: Settings, log=print) -> dict:
+    """The figures above, on `server` (which serves both ensembles)."""
+    photo, regions, crops = regions_workload(boxes)
+
+    measures = {
+        "regions": lambda: _phase(server, DEFAULT_REGIONS_MODEL, (photo, regions), boxes, settings, _classify_regions),
+        "per_crop": lambda: _phase(server, DALI_ENSEMBLE, crops, boxes, settings, _classify_each),
+    }
+    rounds = interleaved(measures, settings.repeats, log)
+    results = {
+        "boxes": boxes,
+        "concurrency": CONCURRENCY,
+        "photo": PHOTO,
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "settings": {"seconds": settings.seconds, "warmup_s": settings.warmup_s, "repeats": settings.repeats},
+    }
+    results["errors"] = sum(phase.errors for phases in rounds.values() for phase in phases)
+    # A round in which no photo's answer came back within the window measured nothing (None),
+    # not a rate of zero: it gives no ratio.
+    for suffix, rate in (("", _per_s), ("_per_cpu_s", _per_cpu_s)):
+        rates = {name: [rate(phase) for phase in phases] for name, phases in rounds.items()}
+        write_median(results, f"regions_crops{suffix or '_per_s'}", [r for r in rates["regions"] if r is not None])
+        write_median(results, f"per_crop_crops{suffix or '_per_s'}", [r for r in rates["per_crop"] if r is not None])
+        write_median(results, f"regions_speedup{suffix}", ratios(rates["regions"], rates["per_crop"]))
+    return results
+
+
+def _per_s(phase: Phase) -> float | None:
+    return phase.images_per_s or None
+
+
+def _per_cpu_s(phase: Phase) -> float | None:
+    return phase.images_per_cpu_s or None
+
+
+def _phase(server, model: str, item, boxes: int, settings: Settings, send) -> Phase:
+    """A closed loop of one photo's worth of work per request slot; counts its crops."""
+    cpu = server_cpu_seconds(server)
+    phase = asyncio.run(
+        closed_loop(server.grpc_url, "grpc", model, [item], CONCURRENCY, settings.seconds, settings.warmup_s, send)
+    )
+    phase.server_cpu_s, phase.warmup_s = server_cpu_seconds(server) - cpu, settings.warmup_s
+    phase.images = len(phase.latencies_s) * boxes
+    return phase
+
+
+def _classify_regions(client, item):
+    image, boxes = item
+    return client.classify_regions(image, boxes, top_k=1)
+
+
+def _classify_each(client, crops: list[bytes]):
+    return asyncio.gather(*(client.classify([crop], top_k=1) for crop in crops))
