@@ -27,15 +27,15 @@ class FrameSampling:
 class BuildOptions:
     max_batch_size: int = 32
     num_threads: int = 2  # DALI CPU threads; raise to the serving machine's cores
-    # ONNX Runtime threads per classifier instance; fixed like num_threads so the
-    # committed repository is the same everywhere (README, Performance).
-    intra_op_threads: int = 2
+    # ONNX Runtime threads per classifier instance, and instances of each classifier
+    # (0: `instances`); fixed like num_threads so the committed repository is the same
+    # everywhere. On a CPU, two instances of one thread each spend less CPU per image
+    # than one instance of two threads (no synchronization between the threads of one
+    # run), for a classifier stub's memory more, and a lone request computes on one
+    # core: measured side by side in docs/performance.md#thread-layout.
+    intra_op_threads: int = 1
     instances: int = 1
-    # Instances of each classifier, 0: `instances`. On a CPU two instances of one
-    # ONNX Runtime thread each spend less CPU per image than one of two threads (no
-    # sync between the threads of one run), for a classifier stub's memory more:
-    # docs/performance.md#thread-layout.
-    classifier_instances: int = 0
+    classifier_instances: int = 2
     max_queue_delay_us: int = 0
     # The batch the classifier's dynamic batcher forms from queued requests on the
     # CPU (`preferred_batch_size`; 0: none, batches up to max_batch_size). ONNX

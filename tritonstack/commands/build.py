@@ -169,15 +169,16 @@ def _add_build_parser(commands) -> None:
         "--instances",
         type=cli.positive_int,
         default=defaults.instances,
-        help="instances of each model (each one is a process on CPU machines)",
+        help="instances of each preprocessing model, and of each classifier with "
+        "--classifier-instances 0 (each one is a process on CPU machines)",
     )
     parser.add_argument(
         "--classifier-instances",
         type=cli.non_negative_int,
         default=defaults.classifier_instances,
         metavar="N",
-        help="instances of each classifier (0: --instances); with --intra-op-threads 1, "
-        "a CPU's cores split between instances (docs/performance.md#thread-layout)",
+        help="instances of each classifier (0: --instances; default 2, of one ONNX Runtime "
+        "thread each: a CPU's cores split between instances, docs/performance.md#thread-layout)",
     )
     parser.add_argument(
         "--num-threads",
