@@ -1,5 +1,6 @@
 """Triton's response cache: `tritonstack build --response-cache` enables it on the
-ensembles, `tritonstack serve --response-cache-mb` gives the server a local cache; a
+ensembles, `tritonstack serve --response-cache-mb` gives the server a local cache and
+turns it on for ensembles built without it (through the API, the files untouched); a
 repeated upload is then answered from the cache, a new one computed. Off by default."""
 
 from __future__ import annotations
@@ -66,3 +67,23 @@ def test_serve_gives_the_server_a_cache_of_the_size_asked(model_repository):
     command = TritonServer(serve.server_config(args)).command(model_repository)
     assert f"--cache-config=local,size={64 * 2**20}" in command
     assert any(arg.startswith("--cache-directory=") for arg in command)
+
+
+def test_a_server_with_a_cache_turns_it_on_for_ensembles_built_without_it(tmp_path, model_repository):
+    """`tritonstack serve --response-cache-mb` on a repository built without
+    `--response-cache` (the committed one): the launcher reloads each ensemble with the
+    cache on, through the API, and writes nothing into the repository."""
+    out = tmp_path / "plain"
+    rf.seed_lite0_export(out)
+    write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),), options=BuildOptions())
+    files_before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    config = ServerConfig(out, restricted_apis=(), response_cache_bytes=CACHE_BYTES)
+    with TritonServer(config, Supervision(warmup_s=0)) as running:
+        with httpclient.InferenceServerClient(running.http_url) as client:
+            assert client.get_model_config(DEFAULT_MODEL)["response_cache"] == {"enable": True}
+            hits, misses = cache_counts(client)
+            first = infer(client, photo_bytes("coffee.png"))
+            again = infer(client, photo_bytes("coffee.png"))
+            assert cache_counts(client) == (hits + 1, misses + 1)
+    np.testing.assert_array_equal(first, again)
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == files_before

@@ -20,6 +20,7 @@ from tritonstack.serve.launcher import ServerStartError, TritonServer, Unservabl
 from tritonstack.serve.limits import MemoryLimits
 from tritonstack.serve.loaded import loaded_configs
 from tritonstack.serve.network import LOOPBACK, port_in_use
+from tritonstack.serve.response_cache import cached
 from tritonstack.serve.security import RESTRICTED_APIS
 from tritonstack.serve.server_config import DEFAULT_TRACE_RATE, ServerConfig
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
@@ -74,11 +75,10 @@ def supervision(args: argparse.Namespace) -> Supervision:
 
 
 def _warn_unless_cached(server: TritonServer) -> None:
+    """The launcher turns the ensembles' cache on where it controls the models; where
+    the caller chose the model control mode, only configs that enable it use it."""
     configs = loaded_configs(server.http_url, server.admin_headers("http"))
-    cached = [config["name"] for config in configs if config.get("response_cache", {}).get("enable")]
-    if cached:
-        LOGGER.info("response cache: %s", ", ".join(cached))
-    else:
+    if not any(cached(config) for config in configs):
         LOGGER.warning(
             "--response-cache-mb: no loaded model enables response_cache (build with `tritonstack build "
             "--response-cache`): the cache stays empty"

@@ -43,6 +43,7 @@ from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.limits import limit_address_space
 from tritonstack.serve.network import is_loopback
 from tritonstack.serve.priority import front_steps, lower_priority
+from tritonstack.serve.response_cache import cache_ensembles
 from tritonstack.serve.restart import ServerRestarter
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions, stub_regions
@@ -179,8 +180,9 @@ class TritonServer:
         return env
 
     def launch(self) -> None:
-        """Spawn tritonserver (its log appended to), wait until it is ready, send each
-        ensemble a real sample (the warmup), then call the on_ready callbacks."""
+        """Spawn tritonserver (its log appended to), wait until it is ready, turn the
+        ensembles' response cache on when the server has a cache, send each ensemble a
+        real sample (the warmup), then call the on_ready callbacks."""
         self.process = process.spawn(self.command(self._backends), self.server_environment(), self.log_path)
         limits = self.supervision.memory_limits
         if limits:  # before it loads models: the stubs inherit it
@@ -189,6 +191,9 @@ class TritonServer:
             process.wait_ready(self.process, self.is_ready, self.startup_timeout_s, self._stopping.is_set)
         except process.NotReady as error:
             raise ServerStartError(f"{error}:\n{self.log_errors()}") from None
+        if self.config.response_cache_bytes and self.config.explicit_model_control:
+            names = cache_ensembles(self.http_url, self.admin_headers("http"))
+            LOGGER.info("response cache (%d MiB): on for %s", self.config.response_cache_bytes >> 20, ", ".join(names))
         if self.supervision.warmup_s > 0:
             LOGGER.info(warm_ensembles(self.http_url, self.admin_headers("http"), self.supervision.warmup_s).summary())
         for callback in self.on_ready:
