@@ -299,10 +299,13 @@ def run_overload(target: Target, model: str, images: list[bytes], settings: Over
     return {"model": model, "capacity_rps": capacity, "settings": settings.as_dict(), "phases": phases}
 
 
-def phase_line(phase: dict) -> str:
-    def ms(value: float | None) -> str:
-        return f"{value:.0f} ms" if value is not None else "-"
+def ms_text(value: float | None) -> str:
+    """A latency for a log line: "412 ms", or "-" when none was measured."""
+    return f"{value:.0f} ms" if value is not None else "-"
 
+
+def phase_line(phase: dict) -> str:
+    ms = ms_text
     return (
         f"goodput {phase['goodput_share']:.2f} of capacity, wasted {phase['wasted_share']:.2f}, "
         f"in time {phase['in_time']}, refused {phase['refused']}, late {phase['late']}, failed {phase['failed']}; "

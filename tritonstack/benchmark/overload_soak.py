@@ -32,6 +32,7 @@ from tritonstack.benchmark.overload import (
     Target,
     in_flight_bound,
     measure_capacity,
+    ms_text,
     on_schedule,
     p99_ms,
     poisson_offsets,
@@ -235,9 +236,7 @@ def run_overload_soak(
 
 
 def period_line(period: dict) -> str:
-    def ms(value: float | None) -> str:
-        return f"{value:.0f} ms" if value is not None else "-"
-
+    ms = ms_text
     return (
         f"goodput {period['goodput_share']:.2f}, in time {period['in_time']}, late {period['answered_late']}, "
         f"refused {period['refused']}, unresolved {period['unresolved']}, wrong {period['wrong']}, "
