@@ -1,5 +1,5 @@
-"""The launcher sends every loaded ensemble a real sample (a photo; the clip for a
-video ensemble) before it calls the server ready: the first client request then
+"""The launcher sends every loaded ensemble a real sample (a photo, with a box for a
+regions ensemble; the clip for a video ensemble) before it calls the server ready: the first client request then
 costs about what the next ones do."""
 
 from __future__ import annotations
@@ -9,8 +9,16 @@ import statistics
 import time
 
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.contract import DEFAULT_MODEL, DEFAULT_VIDEO_MODEL
-from tritonstack.samples import photo_bytes
+from tritonstack.contract import (
+    DEFAULT_MODEL,
+    DEFAULT_REGIONS_MODEL,
+    DEFAULT_VIDEO_MODEL,
+    ENSEMBLE_BOXES,
+    ENSEMBLE_INPUT,
+    is_regions_model,
+)
+from tritonstack.samples import photo_bytes, sample_jpeg
+from tritonstack.serve import warmup_request
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.warmup import REQUESTS_PER_ENSEMBLE, warm_ensembles
 from tritonstack.serve.warmup_request import main as warmup_request_main
@@ -51,3 +59,15 @@ def test_first_request_after_ready_answers_like_the_next_ten(lite0_repository, c
     assert len(warmed) == 1 and DEFAULT_MODEL in warmed[0], warmed
     first, median = took[0], statistics.median(took[1:])
     assert first < 3 * median, f"first {first * 1000:.0f} ms, median of the next ten {median * 1000:.0f} ms"
+
+
+def test_the_standalone_request_speaks_the_contract_and_warms_a_regions_ensemble(server, tmp_path, capsys):
+    """The chart's probe imports nothing of ours: its tensor names are the contract's, and a
+    regions ensemble listed in the chart's models answers its sample with one box."""
+    assert (warmup_request.INPUT_NAME, warmup_request.BOXES_NAME) == (ENSEMBLE_INPUT, ENSEMBLE_BOXES)
+    assert is_regions_model(warmup_request.REGIONS_PREFIX + "efficientnet_lite0")
+    sample = tmp_path / "sample.jpg"
+    sample.write_bytes(sample_jpeg())
+    url = f"http://{server.http_url}"
+    assert warmup_request_main(["--url", url, "--model", DEFAULT_REGIONS_MODEL, str(sample)]) == 0
+    assert f"warmup: {DEFAULT_REGIONS_MODEL} answered" in capsys.readouterr().out

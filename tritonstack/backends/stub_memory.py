@@ -8,6 +8,7 @@ from __future__ import annotations
 import triton_python_backend_utils as pb_utils
 
 from tritonstack.backends.residency import statm_bytes
+from tritonstack.backends.server_watch import server_alive
 
 METRIC = "tritonstack_stub_rss_bytes"
 
@@ -22,5 +23,7 @@ class StubMemoryGauge:
         self.update()
 
     def update(self, resident: int | None = None) -> None:
-        """`resident`: the stub's resident bytes where the caller has just read them."""
-        self._gauge.set(statm_bytes().resident if resident is None else resident)
+        """`resident`: the stub's resident bytes where the caller has just read them.
+        Skipped once the server is gone: the update waits for its answer."""
+        if server_alive():
+            self._gauge.set(statm_bytes().resident if resident is None else resident)

@@ -2,11 +2,12 @@
 its own, wait for it to be ready, stop it, kill what is left of its group.
 
 The group holds tritonserver and the Python backend stubs it spawns, so a stop
-leaves no orphan. A launcher that is itself killed (SIGKILL, the OOM killer, a CI
-timeout) cannot stop anything: the kernel does it instead, since tritonserver starts
-with PR_SET_PDEATHSIG=SIGKILL (`setpriv --pdeathsig`, else `die_with_launcher`), and the stubs leave when their
-server is gone (tests/test_launcher_cli.py shows both). The signal follows the
-*thread* that started the server: start it from a thread that outlives it.
+leaves no orphan; a watcher kills the group once the server is gone, however it
+went. A launcher that is itself killed (SIGKILL, the OOM killer, a CI timeout)
+cannot stop anything: the kernel does it instead, since tritonserver starts with
+PR_SET_PDEATHSIG=SIGKILL (`setpriv --pdeathsig`, else `die_with_launcher`), and the
+watcher then kills the stubs (tests/test_launcher_cli.py shows both). The signal
+follows the *thread* that started the server: start it from a thread that outlives it.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def spawn(command: list[str], environment: dict[str, str], log_path: Path) -> su
     setpriv = shutil.which("setpriv")
     wrapped = [setpriv, "--pdeathsig", "KILL", "--", *command] if setpriv else command
     with open(log_path, "ab") as log:
-        return subprocess.Popen(
+        started = subprocess.Popen(
             wrapped,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -71,6 +72,25 @@ def spawn(command: list[str], environment: dict[str, str], log_path: Path) -> su
             start_new_session=True,  # its own process group, stubs included
             preexec_fn=None if setpriv else die_with_launcher(os.getpid()),
         )
+    watch_group(started)
+    return started
+
+
+def watch_group(process: subprocess.Popen) -> None:
+    """A watcher in a session of its own, which outlives the launcher: once the
+    server's process is gone (stopped, crashed, or killed by its parent-death signal
+    when the launcher was SIGKILLed), it kills what is left of the server's group. A
+    stub notices its server's death between requests only: one in the middle of a
+    request waited for its dead server for minutes (seen after a SIGKILLed launcher
+    while the warmup's requests ran). `tail --pid` waits without a process a poll."""
+    script = f"tail --pid={process.pid} -f /dev/null; kill -KILL -{process.pid}"
+    # Started in the background by a shell that exits at once: the watcher is no child
+    # of the launcher (whose children are its server), and nobody needs to reap it.
+    subprocess.run(
+        ["sh", "-c", f"({script}) </dev/null >/dev/null 2>&1 &"],
+        start_new_session=True,
+        check=True,
+    )
 
 
 def wait_ready(

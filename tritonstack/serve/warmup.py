@@ -4,8 +4,8 @@ Each step of our ensembles warms up alone (`model_warmup` in its config), but Tr
 refuses `model_warmup` on an ensemble, and the first request through the chain still
 paid the chain's first-run costs (the steps' first batch of a real shape, the ensemble
 scheduler's first allocations). The launcher sends each loaded ensemble whose input is
-our encoded-bytes tensor the package's sample (a photo; the clip for a video
-ensemble) a few times, within a time budget, and logs one line of what it did. A
+our encoded-bytes tensor the package's sample (a photo, with a one-pixel box for a
+regions ensemble; the clip for a video ensemble) a few times, within a time budget, and logs one line of what it did. A
 sample refused or a budget spent is logged, not fatal: the server still serves.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.contract import ENSEMBLE_INPUT, is_video_model
+from tritonstack.contract import ENSEMBLE_BOXES, ENSEMBLE_INPUT, is_regions_model, is_video_model
 from tritonstack.samples import sample_clip, sample_jpeg
 from tritonstack.serve.loaded import loaded_configs
 from tritonstack.serve.warmup_request import WarmupFailed, send_sample
@@ -47,14 +47,17 @@ class WarmupReport:
 
 
 def takes_encoded_bytes(config: dict) -> bool:
-    """An ensemble whose one input is our encoded-bytes row (tritonstack.contract)."""
-    inputs = config.get("input", [])
+    """An ensemble whose input is our encoded-bytes row (tritonstack.contract), alone or
+    with a regions ensemble's boxes."""
+    inputs = {tensor.get("name"): tensor for tensor in config.get("input", [])}
+    image = inputs.pop(ENSEMBLE_INPUT, {})
+    boxes = inputs.pop(ENSEMBLE_BOXES, None) if is_regions_model(config.get("name", "")) else None
     return (
         config.get("platform") == "ensemble"
-        and len(inputs) == 1
-        and inputs[0].get("name") == ENSEMBLE_INPUT
-        and inputs[0].get("data_type") == "TYPE_UINT8"
-        and list(map(int, inputs[0].get("dims", []))) == [-1]
+        and not inputs
+        and image.get("data_type") == "TYPE_UINT8"
+        and list(map(int, image.get("dims", []))) == [-1]
+        and (boxes is None or boxes.get("data_type") == "TYPE_FP32")
     )
 
 
