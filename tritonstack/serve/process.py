@@ -83,7 +83,8 @@ def watch_group(process: subprocess.Popen) -> None:
     stub notices its server's death between requests only: one in the middle of a
     request waited for its dead server for minutes (seen after a SIGKILLed launcher
     while the warmup's requests ran). `tail --pid` waits without a process a poll."""
-    script = f"tail --pid={process.pid} -f /dev/null; kill -KILL -{process.pid}"
+    # `&&`: a tail without --pid (not GNU coreutils) fails at once and kills nothing.
+    script = f"tail --pid={process.pid} -f /dev/null && kill -KILL -{process.pid}"
     # Started in the background by a shell that exits at once: the watcher is no child
     # of the launcher (whose children are its server), and nobody needs to reap it.
     subprocess.run(
