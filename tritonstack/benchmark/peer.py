@@ -84,9 +84,8 @@ def peer_server(repository: Path, presets: list[str], workers: int = PEER_WORKER
                 raise RuntimeError(f"the peer service did not start: {Path(log.name).read_text()[-2000:]}") from error
             yield PeerServer(url, peer.pid)
         finally:
-            if not process.interrupt(peer, grace_s=10.0):
-                process.kill_group(peer)
-            process.kill_group(peer)  # the workers, whatever their parent did
+            process.interrupt(peer, grace_s=10.0)
+            process.kill_group(peer)  # what is left: the workers, whatever their parent did
 
 
 def answers(url: str) -> bool:
