@@ -45,8 +45,8 @@ def huge_png() -> bytes:
 
 
 @pytest.fixture(scope="module")
-def server(model_repository):
-    with TritonServer(ServerConfig(model_repository, stop_grace_s=5)) as running:
+def server(lite0_repository):
+    with TritonServer(ServerConfig(lite0_repository, stop_grace_s=5)) as running:
         yield running
 
 

@@ -95,9 +95,11 @@ def test_unknown_model_without_the_admin_key_says_how_to_list_them(server):
     )
 
 
-def test_a_model_that_does_not_take_encoded_images(server):
+def test_a_model_that_does_not_take_encoded_images(server, tmp_path):
+    (tmp_path / "espresso").mkdir()
+    shutil.copy(photo_path("coffee.png"), tmp_path / "espresso" / "coffee.png")
     one_line_error(
-        run(EVALUATE, PROJECT_ROOT, "--url", server.http_url, "--model", "efficientnet_lite0"),
+        run(EVALUATE, tmp_path, "--url", server.http_url, "--model", "efficientnet_lite0"),
         "model 'efficientnet_lite0' takes FP32",
         "not encoded images",
     )

@@ -85,9 +85,9 @@ def successful_inferences(server: TritonServer) -> int:
         ("grpc", ["--async", "--concurrency", "2", "--shm", "system"]),
     ],
 )
-def test_folder_run_survives_a_server_restart(model_repository, many_images, tmp_path, protocol, options):
+def test_folder_run_survives_a_server_restart(lite0_repository, many_images, tmp_path, protocol, options):
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
-    first = TritonServer(ServerConfig(model_repository, stop_grace_s=FIRST_SERVER_GRACE_S, **ports)).start()
+    first = TritonServer(ServerConfig(lite0_repository, stop_grace_s=FIRST_SERVER_GRACE_S, **ports)).start()
     second = None
     url = first.http_url if protocol == "http" else first.grpc_url
     stderr_path = tmp_path / "stderr.txt"
@@ -120,7 +120,7 @@ def test_folder_run_survives_a_server_restart(model_repository, many_images, tmp
         reader.wait_for(LINES_BEFORE_STOP, timeout_s=60)
         first.stop()
         second = TritonServer(
-            ServerConfig(model_repository, stop_grace_s=STOP_GRACE_S, admin_key=first.admin_key, **ports)
+            ServerConfig(lite0_repository, stop_grace_s=STOP_GRACE_S, admin_key=first.admin_key, **ports)
         ).start()
         process.wait(timeout=120)
         reader.join()

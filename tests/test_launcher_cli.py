@@ -46,7 +46,9 @@ def server_groups(cli: subprocess.Popen) -> set[int]:
         return set()
 
 
-def start_cli(model_repository: Path, ports: list[int], log_path: Path, env: dict | None = None) -> subprocess.Popen:
+def start_cli(
+    model_repository: Path, ports: list[int], log_path: Path, env: dict | None = None, *options: str
+) -> subprocess.Popen:
     """`tritonstack serve` on (HTTP, gRPC, metrics) ports, its output appended to log_path."""
     command = [
         sys.executable,
@@ -61,15 +63,16 @@ def start_cli(model_repository: Path, ports: list[int], log_path: Path, env: dic
         str(ports[1]),
         "--metrics-port",
         str(ports[2]),
+        *options,
     ]
     with open(log_path, "a") as log:
         return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def test_cli_serves_locked_down_and_stops_on_sigterm(model_repository, tmp_path):
+def test_cli_serves_locked_down_and_stops_on_sigterm(lite0_repository, tmp_path):
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     env = dict(os.environ, **{ADMIN_KEY_ENV: "cli-test-key"})
-    cli = start_cli(model_repository, [http_port, grpc_port, metrics_port], tmp_path / "cli.log", env)
+    cli = start_cli(lite0_repository, [http_port, grpc_port, metrics_port], tmp_path / "cli.log", env)
     client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
     groups: set[int] = set()
     try:
@@ -178,7 +181,7 @@ def test_port_probe_counts_a_listener_not_time_wait():
     assert not port_in_use("127.0.0.1", port)
 
 
-def test_a_stopped_server_starts_again_at_once_on_its_ports(model_repository, tmp_path):
+def test_a_stopped_server_starts_again_at_once_on_its_ports(lite0_repository, tmp_path):
     """Stop `tritonstack serve` right after it answered clients over HTTP and gRPC,
     then start it again on the same ports: it serves, with no wait for TIME_WAIT."""
     ports = [free_port(), free_port(), free_port()]
@@ -187,10 +190,13 @@ def test_a_stopped_server_starts_again_at_once_on_its_ports(model_repository, tm
     clis = []
     try:
         for run in (1, 2):
-            clis.append(cli := start_cli(model_repository, ports, log_path))
+            # Triton waits for the clients' open HTTP connections until its exit timeout.
+            clis.append(cli := start_cli(lite0_repository, ports, log_path, None, "--stop-grace-s", "3"))
             http = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
             wait_ready(cli, http, timeout_s=180)
             groups |= server_groups(cli)
+            (server,) = psutil.Process(cli.pid).children()
+            assert "--exit-timeout-secs=3" in server.cmdline()
             with (
                 ClassifierClient(f"127.0.0.1:{ports[0]}", "http") as over_http,
                 ClassifierClient(f"127.0.0.1:{ports[1]}", "grpc") as over_grpc,

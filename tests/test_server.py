@@ -23,8 +23,8 @@ def ports_of(server):
     return (server.config.http_port, server.config.grpc_port, server.config.metrics_port)
 
 
-def test_stop_leaves_no_process_stub_or_port_behind(model_repository):
-    server = TritonServer(model_repository).start()
+def test_stop_leaves_no_process_stub_or_port_behind(lite0_repository):
+    server = TritonServer(lite0_repository).start()
     try:
         pgid = server.process.pid
         names = [process.name() for process in group_processes(pgid)]
@@ -37,10 +37,10 @@ def test_stop_leaves_no_process_stub_or_port_behind(model_repository):
     assert_nothing_left(pgid, ports_of(server))
 
 
-def test_stop_kills_a_server_that_ignores_sigint(model_repository):
+def test_stop_kills_a_server_that_ignores_sigint(lite0_repository):
     """A frozen server (SIGSTOP: SIGINT stays pending) is killed, group and all,
     after the grace period."""
-    server = TritonServer(ServerConfig(model_repository, stop_grace_s=1)).start()
+    server = TritonServer(ServerConfig(lite0_repository, stop_grace_s=1)).start()
     try:
         pgid = server.process.pid
         assert any(process.name() == STUB for process in group_processes(pgid))
@@ -82,9 +82,9 @@ def held_stub_regions(pgid) -> set[Path]:
     }
 
 
-def test_stop_after_a_crash_removes_the_stubs_shared_memory(model_repository):
+def test_stop_after_a_crash_removes_the_stubs_shared_memory(lite0_repository):
     before = stub_regions()
-    server = TritonServer(model_repository).start()
+    server = TritonServer(lite0_repository).start()
     try:
         regions = held_stub_regions(server.process.pid)
         assert regions, "the Python backend maps one /dev/shm region per stub"

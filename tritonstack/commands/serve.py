@@ -62,6 +62,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         response_cache_bytes=args.response_cache_mb * 2**20,
         trace_otlp_url=args.trace_otlp,
         trace_rate=args.trace_rate,
+        stop_grace_s=args.stop_grace_s,
     )
 
 
@@ -185,6 +186,15 @@ def parser() -> argparse.ArgumentParser:
         default=Supervision.warmup_s,
         help="before it is called ready, each loaded ensemble answers a real sample within this many "
         "seconds (default: %(default)s; 0: no warmup; docs/operations.md)",
+    )
+    parser.add_argument(
+        "--stop-grace-s",
+        type=cli.non_negative_int,
+        default=int(ServerConfig.stop_grace_s),
+        metavar="S",
+        help="after Ctrl-C or SIGTERM, how long requests in flight and open HTTP connections get before "
+        "tritonserver exits (--exit-timeout-secs; Triton waits for a client's idle keep-alive connection "
+        "too; default: %(default)s)",
     )
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     return parser
