@@ -47,7 +47,7 @@ def server_groups(cli: subprocess.Popen) -> set[int]:
 
 
 def start_cli(
-    model_repository: Path, ports: list[int], log_path: Path, env: dict | None = None, *options: str
+    model_repository: Path, ports: list[int], log_path: Path, env: dict | None = None, options: tuple[str, ...] = ()
 ) -> subprocess.Popen:
     """`tritonstack serve` on (HTTP, gRPC, metrics) ports, its output appended to log_path."""
     command = [
@@ -191,7 +191,7 @@ def test_a_stopped_server_starts_again_at_once_on_its_ports(lite0_repository, tm
     try:
         for run in (1, 2):
             # Triton waits for the clients' open HTTP connections until its exit timeout.
-            clis.append(cli := start_cli(lite0_repository, ports, log_path, None, "--stop-grace-s", "3"))
+            clis.append(cli := start_cli(lite0_repository, ports, log_path, options=("--stop-grace-s", "3")))
             http = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
             wait_ready(cli, http, timeout_s=180)
             groups |= server_groups(cli)

@@ -25,7 +25,7 @@ from tritonstack.serve.warmup_request import main as warmup_request_main
 
 
 def test_every_ensemble_of_the_repository_answers_its_sample(server, model_repository):
-    report = warm_ensembles(server.http_url, server.admin_headers("http"), budget_s=120)
+    report = warm_ensembles(server.http_url, server.loaded, budget_s=120)
     ensembles = {path.parent.name for path in model_repository.glob("ensemble_*/config.pbtxt")}
     assert set(report.took_s) == ensembles and DEFAULT_VIDEO_MODEL in ensembles, report.summary()
     assert not report.skipped, report.summary()
@@ -33,7 +33,7 @@ def test_every_ensemble_of_the_repository_answers_its_sample(server, model_repos
 
 
 def test_a_spent_budget_is_reported_not_raised(server):
-    report = warm_ensembles(server.http_url, server.admin_headers("http"), budget_s=0)
+    report = warm_ensembles(server.http_url, server.loaded, budget_s=0)
     assert not report.took_s and "budget is spent" in report.summary(), report.summary()
 
 

@@ -36,11 +36,14 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from tritonclient.utils import InferenceServerException
+
 from tritonstack.backend_settings import stub_defaults
 from tritonstack.rules.repository import shell_unsafe_reason, unservable_reason
 from tritonstack.serve import process, server_log
 from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.limits import limit_address_space
+from tritonstack.serve.loaded import loaded_configs
 from tritonstack.serve.network import is_loopback
 from tritonstack.serve.priority import front_steps, lower_priority
 from tritonstack.serve.response_cache import cache_ensembles
@@ -83,6 +86,9 @@ class TritonServer:
         self.restarter: ServerRestarter | None = None
         # Called with the server after every start that became ready, restarts included.
         self.on_ready: list[Callable[[TritonServer], None]] = []
+        # The configs of the models READY at the last start, read once for the cache,
+        # the warmup and the callbacks (the server's own: its repository may be remote).
+        self.loaded: list[dict] = []
         self._workdir: Path | None = None
         self._backends: Path | None = None
         self._stopping = threading.Event()
@@ -191,13 +197,21 @@ class TritonServer:
             process.wait_ready(self.process, self.is_ready, self.startup_timeout_s, self._stopping.is_set)
         except process.NotReady as error:
             raise ServerStartError(f"{error}:\n{self.log_errors()}") from None
+        self.loaded = self._read_loaded()
         if self.config.response_cache_bytes and self.config.explicit_model_control:
-            names = cache_ensembles(self.http_url, self.admin_headers("http"))
+            names = cache_ensembles(self.http_url, self.admin_headers("http"), self.loaded)
             LOGGER.info("response cache (%d MiB): on for %s", self.config.response_cache_bytes >> 20, ", ".join(names))
         if self.supervision.warmup_s > 0:
-            LOGGER.info(warm_ensembles(self.http_url, self.admin_headers("http"), self.supervision.warmup_s).summary())
+            LOGGER.info(warm_ensembles(self.http_url, self.loaded, self.supervision.warmup_s).summary())
         for callback in self.on_ready:
             callback(self)
+
+    def _read_loaded(self) -> list[dict]:
+        try:
+            return loaded_configs(self.http_url, self.admin_headers("http"))
+        except (InferenceServerException, OSError) as error:
+            LOGGER.warning("cannot list the loaded models (no warmup, cache or priorities): %s", error)
+            return []
 
     def relaunch(self) -> None:
         """Clear what a dead server left (its stubs, their shared memory), then
@@ -254,7 +268,7 @@ def _supervise_stubs(server: TritonServer) -> None:
         server.supervisor.stop()
     reload = functools.partial(reload_model, server.http_url, server.admin_headers("http"))
     supervision = server.supervision
-    front = front_steps(server.http_url, server.admin_headers("http")) if supervision.front_nice else set()
+    front = front_steps(server.loaded) if supervision.front_nice else set()
 
     def on_new_stub(pid: int, model: str) -> None:
         if supervision.memory_limits:

@@ -20,23 +20,13 @@ from __future__ import annotations
 import logging
 import os
 
-from tritonclient.utils import InferenceServerException
-
-from tritonstack.serve.loaded import loaded_configs
-
 LOGGER = logging.getLogger("tritonstack.serve")
 
 
-def front_steps(http_url: str, headers: dict[str, str]) -> set[str]:
+def front_steps(configs: list[dict]) -> set[str]:
     """The models that are the first step of a loaded ensemble: their inputs are all
     the ensemble's own inputs."""
-    found = set()
-    try:
-        for config in loaded_configs(http_url, headers):
-            found |= _first_steps(config)
-    except InferenceServerException as error:
-        LOGGER.warning("cannot read the ensembles' first steps: %s", error)
-    return found
+    return set().union(*map(_first_steps, configs))
 
 
 def _first_steps(config: dict) -> set[str]:

@@ -11,16 +11,14 @@ import json
 
 import tritonclient.http as httpclient
 
-from tritonstack.serve.loaded import loaded_configs
-
 
 def cached(config: dict) -> bool:
     return bool(config.get("response_cache", {}).get("enable"))
 
 
-def cache_ensembles(http_url: str, headers: dict[str, str]) -> list[str]:
-    """Every loaded ensemble's name, each one now answering repeats from the cache."""
-    ensembles = [config for config in loaded_configs(http_url, headers) if config.get("ensemble_scheduling")]
+def cache_ensembles(http_url: str, headers: dict[str, str], configs: list[dict]) -> list[str]:
+    """Every ensemble of the loaded `configs` by name, each one now answering repeats from the cache."""
+    ensembles = [config for config in configs if config.get("ensemble_scheduling")]
     with httpclient.InferenceServerClient(http_url) as client:
         for config in ensembles:
             if not cached(config):

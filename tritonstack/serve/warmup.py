@@ -15,11 +15,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from tritonclient.utils import InferenceServerException
-
 from tritonstack.contract import ENSEMBLE_BOXES, ENSEMBLE_INPUT, is_regions_model, is_video_model
 from tritonstack.samples import sample_clip, sample_jpeg
-from tritonstack.serve.loaded import loaded_configs
 from tritonstack.serve.warmup_request import WarmupFailed, send_sample
 
 LOGGER = logging.getLogger("tritonstack.serve")
@@ -65,16 +62,11 @@ def sample_for(model: str) -> bytes:
     return sample_clip() if is_video_model(model) else sample_jpeg()
 
 
-def warm_ensembles(http_url: str, headers: dict[str, str], budget_s: float) -> WarmupReport:
-    """Send each loaded ensemble its sample REQUESTS_PER_ENSEMBLE times, all within
-    `budget_s` (each request's timeout is what is left of it)."""
+def warm_ensembles(http_url: str, configs: list[dict], budget_s: float) -> WarmupReport:
+    """Send each ensemble of the loaded `configs` its sample REQUESTS_PER_ENSEMBLE times,
+    all within `budget_s` (each request's timeout is what is left of it)."""
     report = WarmupReport()
     started = time.monotonic()
-    try:
-        configs = loaded_configs(http_url, headers)
-    except (InferenceServerException, OSError) as error:
-        report.skipped["*"] = f"cannot list the models: {error}"
-        return report
     _send_samples(http_url, configs, started + budget_s, budget_s, report)
     report.elapsed_s = time.monotonic() - started
     return report
