@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from tests.processes import assert_nothing_left, wait_for
-from tritonstack.processes import group_processes
+from tritonstack.processes import group_processes, processes_by_role
 from tritonstack.serve.launcher import ServerStartError, TritonServer
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.shm_cleanup import REGION_GLOB, held_regions, stub_regions
@@ -133,3 +133,13 @@ def names_in_group(pgid: int) -> list[str]:
         except psutil.NoSuchProcess:
             continue
     return names
+
+
+def test_the_first_steps_stubs_run_at_a_lower_cpu_priority(lite0_repository):
+    """Under overload the backlog waits before the ensemble's first step, where it is
+    refused (docs/reliability.md#overload): its stub runs at Supervision.front_nice."""
+    with TritonServer(lite0_repository) as server:
+        nice = {name: process.nice() for name, process in processes_by_role(server.process.pid).items()}
+        front = server.supervision.front_nice
+    assert front > 0 and nice.pop("stub:preprocess_dali_efficientnet_lite0") == front, nice
+    assert set(nice.values()) == {psutil.Process().nice()}, nice  # tritonserver and the classifier's stubs: as started
