@@ -3,15 +3,60 @@
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
+import threading
+from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
+# Where the kernel takes the local port of an outgoing connection (Linux).
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# The lowest port chosen below that range: above the well-known and common service ports.
+LOWEST_CHOSEN_PORT = 20000
+PROBES = 1000
+_RANDOM = random.SystemRandom()  # not the random module's state, which tests and callers may seed
+
+_handed_out: set[int] = set()
+_handing_out = threading.Lock()
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    """A port nothing listens on right now (the OS picks it)."""
+    """A port nothing listens on right now, never the same twice in this process.
+
+    Chosen below the kernel's ephemeral range where it has room: tritonserver binds its
+    ports only after loading every model, seconds after they were chosen, and in that
+    time any client connection may take a port of that range as its own local port
+    (seen: a server of a side-by-side comparison failing on its metrics port, taken
+    while the other side was warmed up)."""
+    with _handing_out:
+        for _ in range(PROBES):
+            port = _probe(host, _candidate())
+            if port and port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise OSError(f"no free port on {host} after {PROBES} probes")
+
+
+def _candidate() -> int:
+    """A random port below the ephemeral range, 0 (the OS picks) where there is none."""
+    try:
+        lowest_ephemeral = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    if lowest_ephemeral - LOWEST_CHOSEN_PORT < 1000:
+        return 0
+    return _RANDOM.randrange(LOWEST_CHOSEN_PORT, lowest_ephemeral)
+
+
+def _probe(host: str, port: int) -> int | None:
+    """The port bound (the OS's pick for 0), or None when it is taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
+        try:
+            probe.bind((host, port))
+        except OSError:
+            if port == 0:
+                raise
+            return None
         return probe.getsockname()[1]
 
 
