@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 from loadtests.metrics import REFUSED_REASON
 from loadtests.metrics import failures_by_reason as exported_failures
 from tests import repo_factory as rf
+from tests.conftest import TEST_STOP_GRACE_S
 from tritonstack.benchmark import overload, overload_soak
 from tritonstack.benchmark.phases import weighted_images
 from tritonstack.build.presets import BuildOptions, preset_named
@@ -56,7 +57,7 @@ def admission_server(tmp_path_factory, model_repository):
     out = tmp_path_factory.mktemp("admission")
     rf.seed_lite0_export(out)
     write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),), options=BuildOptions())
-    with TritonServer(ServerConfig(out, restricted_apis=())) as running:
+    with TritonServer(ServerConfig(out, restricted_apis=(), stop_grace_s=TEST_STOP_GRACE_S)) as running:
         yield running
 
 

@@ -77,7 +77,7 @@ QUICK = Settings(
 
 # For the test suite: every key, in the least time that still measures something.
 SMOKE = Settings(
-    0.6, 0.2, (4,), ((8, 2, 2),), 1.5, repeats=3, capacity_probes=1, capacity_s=1.0, open_loop_min_requests=0
+    0.6, 0.2, (4,), ((8, 2, 2),), 1.5, repeats=2, capacity_probes=1, capacity_s=1.0, open_loop_min_requests=0
 )
 
 
