@@ -124,9 +124,22 @@ class BuildOptions:
     @property
     def classifier_preferred_batches(self) -> tuple[int, ...]:
         """Only on the CPU (a GPU gains from large batches), and only below max_batch_size."""
-        if self.device != "cpu" or not 0 < self.classifier_batch < self.max_batch_size:
+        return self._preferred_below_max(self.classifier_batch)
+
+    @property
+    def first_step_preferred_batches(self) -> tuple[int, ...]:
+        """The classifier's batch, but never below the default's: one DALI run per image
+        or two, at the first step's lower CPU priority, falls behind at 70 % load (its
+        queue grew to seconds) where a classifier batch of one keeps up
+        (docs/performance.md#a-classifier-batch-of-one-the-tail-for-8--of-the-throughput)."""
+        if not self.classifier_batch:
             return ()
-        return (self.classifier_batch,)
+        return self._preferred_below_max(max(self.classifier_batch, BuildOptions.classifier_batch))
+
+    def _preferred_below_max(self, batch: int) -> tuple[int, ...]:
+        if self.device != "cpu" or not 0 < batch < self.max_batch_size:
+            return ()
+        return (batch,)
 
     @property
     def instance_kind(self) -> str:

@@ -116,9 +116,10 @@ def _preprocessing_config(
         max_batch_size=options.max_batch_size,
         inputs=(Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),),
         outputs=(_preprocessed(preset.classifier),),
-        # In the classifier's batches on the CPU: under overload the first step hands
-        # on one classifier batch at a time, not all it holds (docs/reliability.md#overload).
-        dynamic_batching=_batching(options, options.classifier_preferred_batches, first_step=True),
+        # In the classifier's batches on the CPU (of the default's at least): under overload
+        # the first step hands on one classifier batch at a time, not all it holds
+        # (docs/reliability.md#overload).
+        dynamic_batching=_batching(options, options.first_step_preferred_batches, first_step=True),
         instance_groups=(InstanceGroup(count=options.instances, kind=kind),),
         parameters=parameters,
         warmup=_sample_warmup(sample),
