@@ -28,21 +28,26 @@ def free_port(host: str = LOOPBACK) -> int:
     time any client connection may take a port of that range as its own local port
     (seen: a server of a side-by-side comparison failing on its metrics port, taken
     while the other side was warmed up)."""
+    lowest_ephemeral = _lowest_ephemeral_port()
     with _handing_out:
         for _ in range(PROBES):
-            port = _probe(host, _candidate())
+            port = _probe(host, _candidate(lowest_ephemeral))
             if port and port not in _handed_out:
                 _handed_out.add(port)
                 return port
     raise OSError(f"no free port on {host} after {PROBES} probes")
 
 
-def _candidate() -> int:
-    """A random port below the ephemeral range, 0 (the OS picks) where there is none."""
+def _lowest_ephemeral_port() -> int:
+    """The start of the kernel's range for outgoing connections, 0 where unknown."""
     try:
-        lowest_ephemeral = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _candidate(lowest_ephemeral: int) -> int:
+    """A random port below the ephemeral range, 0 (the OS picks) where there is no room."""
     if lowest_ephemeral - LOWEST_CHOSEN_PORT < 1000:
         return 0
     return _RANDOM.randrange(LOWEST_CHOSEN_PORT, lowest_ephemeral)
