@@ -10,7 +10,7 @@ import time
 from collections import Counter
 
 from tritonstack.client.aio import AsyncClassifierClient
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 
 
 async def main(url: str, requests: int, in_flight: int) -> None:

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.samples import PHOTOS, photo_path
+from tritonstack.samples.photos import PHOTOS, photo_path
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("images", nargs="*", type=Path, default=[photo_path(name) for name in PHOTOS])

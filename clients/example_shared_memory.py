@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.shm import PREFIX
 from tritonstack.contract import admin_headers
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--url", default="127.0.0.1:8000")

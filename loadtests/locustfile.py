@@ -29,7 +29,7 @@ from loadtests.users import GrpcUser, HttpUser  # noqa: F401
 from tritonstack.contract import DEFAULT_MODEL
 
 # The users Locust runs: found here because they are imported here.
-from tritonstack.corpus import build_corpus
+from tritonstack.samples.corpus import build_corpus
 
 # How often the request-count bound is checked: at ~200 requests/s a run overshoots
 # --max-requests by about this many seconds of requests.

@@ -4,7 +4,7 @@
 
 Each step holds long enough for throughput and latency to settle, so the report
 can plot them against the number of users. `--run-time` bounds the ramp too
-(loadtests/run.py fits the steps into it). Options are declared in locustfile.py.
+(loadtests/headless.py fits the steps into it). Options are declared in locustfile.py.
 """
 
 from locust import LoadTestShape

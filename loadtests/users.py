@@ -8,7 +8,7 @@ Each user owns one client; timing and reporting happen in one place
   header, its length in `Inference-Header-Content-Length`, then the raw bytes), built
   and parsed by tritonclient.http's own encoder.
 Each request is one image drawn from a weighted corpus of real photos
-(tritonstack/corpus.py) and is reported to Locust with its real outcome: a non-2xx
+(tritonstack/samples/corpus.py) and is reported to Locust with its real outcome: a non-2xx
 answer or a response without the expected output is a failure. With `--boxes N`, the
 image goes with N random boxes of it to a regions model, and the answer must have a
 row per box.
@@ -52,8 +52,8 @@ from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.protocol import request_deadline_options
 from tritonstack.client.retry import NO_RETRY, describe_error, is_expired, is_refusal, is_timeout
 from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL, ENSEMBLE_BOXES, boxes_array, pad_batch
-from tritonstack.corpus import WeightedSampler, build_corpus
-from tritonstack.regions import oriented_size, random_boxes
+from tritonstack.media.regions import oriented_size, random_boxes
+from tritonstack.samples.corpus import WeightedSampler, build_corpus
 
 # gRPC's C core must cooperate with gevent's loop (Locust monkey-patched the
 # standard library on import); this must run before any channel exists.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import imageio_ffmpeg
 
-from tritonstack.samples import photo_path
+from tritonstack.samples.photos import photo_path
 
 CODECS = {"vp9": ["-c:v", "libvpx-vp9", "-b:v", "300k"], "h264": ["-c:v", "libx264"]}
 

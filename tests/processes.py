@@ -7,7 +7,7 @@ import socket
 import time
 from typing import Callable, TypeVar
 
-from tritonstack.processes import group_processes
+from tritonstack.serve.process_tree import group_processes
 
 T = TypeVar("T")
 

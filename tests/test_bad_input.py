@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from tritonstack.client.protocol import parse_classification
 from tritonstack.contract import DEFAULT_MODEL, pad_batch
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 
 CAT = PHOTOS["chelsea.png"]
 TIMEOUT_S = 30.0

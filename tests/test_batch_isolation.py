@@ -83,7 +83,7 @@ def raw(data: bytes) -> np.ndarray:
 
 def test_bad_images_fail_alone_inside_one_dali_execution(http):
     colours = {0: (255, 0, 0), 2: (0, 200, 0), 4: (10, 20, 250)}
-    # 1 is refused before the pipeline runs (tritonstack.decodable); 3 passes that
+    # 1 is refused before the pipeline runs (tritonstack.media.decodable); 3 passes that
     # screen and fails inside the decoder, in the merged run: the others are re-run.
     bad = {1: raw(b"this is a sentence, not an image " * 8), 3: raw(corrupt_png_with_valid_crcs())}
     requests = [{"ENCODED": solid_png(colours[i]) if i in colours else bad[i]} for i in range(N)]

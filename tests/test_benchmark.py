@@ -102,7 +102,7 @@ def test_a_missed_ratio_names_the_ceiling_this_cpu_sets():
 
 
 def test_regions_benchmark_writes_its_figures(server):
-    from tritonstack.benchmark.regions import run_regions
+    from tritonstack.benchmark.region_speedup import run_regions
 
     # Rounds of 3 s: a one-second round on a loaded machine may end before a photo's crops are answered.
     written = run_regions(server, 4, dataclasses.replace(settings.SMOKE, seconds=3.0), log=lambda _: None)

@@ -17,7 +17,6 @@ from tritonclient.grpc import model_config_pb2 as pb
 from tests import reference
 from tests import repo_factory as rf
 from tests.conftest import MODEL_REPOSITORY, PROJECT_ROOT
-from tritonstack import dali_proto
 from tritonstack.build import pipelines
 from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import read_config, write_config
@@ -25,7 +24,8 @@ from tritonstack.build.presets import PRESETS
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.commands.build import main
 from tritonstack.contract import PREPROCESS_INPUT, PREPROCESS_OUTPUT, pad_batch
-from tritonstack.samples import photo_bytes, sample_jpeg
+from tritonstack.rules import dali_proto
+from tritonstack.samples.photos import photo_bytes, sample_jpeg
 from tritonstack.serve.launcher import TritonServer
 
 LITE0 = "efficientnet_lite0"

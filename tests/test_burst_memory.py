@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
-from tritonstack.processes import processes_by_role, tree_rss_mib
-from tritonstack.samples import photo_bytes
+from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.process_tree import processes_by_role, tree_rss_mib
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.supervision import RecyclePolicy, StubMemory
 

@@ -15,9 +15,9 @@ from tests.conftest import PROJECT_ROOT
 from tests.test_build import build
 from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import ModelConfig, Tensor, read_config, write_config
-from tritonstack.dali_proto import parse_pipeline
 from tritonstack.repository_files import CONFIG_FILENAME
 from tritonstack.rules import dali as dali_rules
+from tritonstack.rules.dali_proto import parse_pipeline
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 PREPROCESS = "preprocess_dali_efficientnet_lite0"

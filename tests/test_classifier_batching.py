@@ -15,7 +15,7 @@ from tritonstack.build.model_config import read_config
 from tritonstack.build.presets import BuildOptions
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY
-from tritonstack.samples import photo_bytes
+from tritonstack.samples.photos import photo_bytes
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 CLASSIFIER = "efficientnet_lite0"

@@ -3,7 +3,7 @@
 import pytest
 
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 
 CAT = PHOTOS["chelsea.png"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from clients import classify
-from tritonstack.samples import PHOTOS, photo_path
+from tritonstack.samples.photos import PHOTOS, photo_path
 from tritonstack.serve.network import free_port
 
 GOOD = ["chelsea.png", "coffee.png", "rocket.jpg"]

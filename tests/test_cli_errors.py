@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import PROJECT_ROOT
 from tritonstack.contract import ADMIN_KEY_ENV
-from tritonstack.samples import photo_path
+from tritonstack.samples.photos import photo_path
 from tritonstack.serve.network import free_port
 
 CLASSIFY = PROJECT_ROOT / "clients" / "classify.py"

@@ -20,7 +20,7 @@ from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY, RetryPolicy, ServerUnavailableError, describe_error, is_retryable
 from tritonstack.client.shm import PREFIX
 from tritonstack.contract import DEFAULT_MODEL, ENSEMBLE_INPUT
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 from tritonstack.serve.network import free_port
 
 NAMES = ["coffee.png", "chelsea.png", "rocket.jpg"]

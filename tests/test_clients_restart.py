@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from PIL import Image
 
 from tritonstack.contract import DEFAULT_MODEL
-from tritonstack.samples import photo_path
+from tritonstack.samples.photos import photo_path
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.network import free_port
 from tritonstack.serve.server_config import ServerConfig

@@ -18,8 +18,8 @@ from tritonclient.utils import InferenceServerException
 from tests import repo_factory as rf
 from tests.processes import wait_for
 from tritonstack.build.model_config import DynamicBatching, Tensor
-from tritonstack.processes import rss_parts_mib
-from tritonstack.samples import photo_bytes, sample_jpeg
+from tritonstack.samples.photos import photo_bytes, sample_jpeg
+from tritonstack.serve.process_tree import rss_parts_mib
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +301,7 @@ def test_ragged_requests_merge_and_split_back(repository, http):
 
 
 def test_split_along_outer_axis_turns_each_samples_rows_into_samples(repository, http):
-    """docs/config.md and src/dali_executor/utils/utils.h (split_outer_dim): samples of
+    """dali_backend's config.md and src/dali_executor/utils/utils.h (split_outer_dim): samples of
     (2, 2) and (3, 2) leave as five samples of (2,); the config's dims lose the outer
     axis; an output not listed is left whole."""
     config = rf.dali_config(
@@ -505,7 +505,7 @@ def test_backend_config_reaches_the_dali_stubs(tmp_path):
     """--backend-config=dali,plugin_libs=...: a plugin that cannot be loaded is logged
     with the C++ backend's words and the model still serves (src/dali_backend.cc
     TRITONBACKEND_Initialize); release_after_unload=true lets the model unload
-    (docs/config.md). The launcher hands both to the stubs (tritonstack.backend_settings)."""
+    (dali_backend's config.md). The launcher hands both to the stubs (tritonstack.backends.settings)."""
     from tritonstack.serve.launcher import TritonServer
     from tritonstack.serve.server_config import ServerConfig
 

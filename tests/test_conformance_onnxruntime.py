@@ -11,7 +11,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
 from tritonstack.build.model_config import DynamicBatching, ModelConfig, Tensor
-from tritonstack.processes import processes_by_role
+from tritonstack.serve.process_tree import processes_by_role
 
 
 @pytest.fixture(scope="module")

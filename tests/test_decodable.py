@@ -1,4 +1,4 @@
-"""tritonstack.decodable against the decoder it speaks for: every input it refuses,
+"""tritonstack.media.decodable against the decoder it speaks for: every input it refuses,
 DALI's CPU image decoder (run here, in this process) refuses too, and every input
 the decoder reads passes. The inputs: the bad-input suite's cases, every image
 format Pillow writes, and cut or corrupted files."""
@@ -15,8 +15,8 @@ from nvidia.dali import fn, pipeline_def, types
 from PIL import Image
 
 from tests.test_bad_input import CASES, chelsea, encode, jpeg
-from tritonstack.decodable import undecodable_reason
-from tritonstack.samples import bad_samples, photo_bytes
+from tritonstack.media.decodable import undecodable_reason
+from tritonstack.samples.photos import bad_samples, photo_bytes
 
 
 def corrupt_png_with_valid_crcs() -> bytes:

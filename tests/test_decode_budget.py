@@ -1,4 +1,4 @@
-"""The decode budget on its own (tritonstack.decode_budget), no server: how a merged
+"""The decode budget on its own (tritonstack.media.decode_budget), no server: how a merged
 batch is cut into decoder runs, what a refused request is told, the defaults from a
 memory share. Its enforcement on a real server: tests/test_hostile.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.test_hostile import png
-from tritonstack.decode_budget import DEFAULT_MAX_PIXELS, MAX_RUN_PIXELS, BudgetError, DecodeBudget, plan_parts
+from tritonstack.media.decode_budget import DEFAULT_MAX_PIXELS, MAX_RUN_PIXELS, BudgetError, DecodeBudget, plan_parts
 
 
 def test_plan_parts_keeps_each_run_under_the_batch_budget():

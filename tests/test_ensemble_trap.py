@@ -21,7 +21,7 @@ from tritonstack.build.presets import BuildOptions, preset_named
 from tritonstack.build.repository import write_repository
 from tritonstack.client.retry import is_refusal
 from tritonstack.contract import ENSEMBLE_INPUT, PREPROCESS_INPUT, PREPROCESS_OUTPUT, pad_batch
-from tritonstack.samples import photo_bytes
+from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig
 

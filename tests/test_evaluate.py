@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from clients import evaluate
-from tritonstack.samples import photo_path
+from tritonstack.samples.photos import photo_path
 
 
 def jpeg_copy(name: str, longest_side: int) -> bytes:

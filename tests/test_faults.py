@@ -17,9 +17,9 @@ from tests.processes import wait_for
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
 from tritonstack.diagnostics.soak import MixedLoad
-from tritonstack.processes import server_stubs
-from tritonstack.samples import photo_bytes
+from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.process_tree import server_stubs
 from tritonstack.serve.server_config import ServerConfig
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"

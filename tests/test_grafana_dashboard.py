@@ -14,7 +14,7 @@ from tests.chart import RELEASE, helm, one, render
 from tests.promql import exported_series, metric_names, parse, unexported
 
 CONFIGMAP = f"{RELEASE}-image-classifier-grafana-dashboard"
-# Exported by Triton only where it sees a GPU (docs/user_guide/metrics.md of the server).
+# Exported by Triton only where it sees a GPU (the server's user guide, metrics.md).
 GPU_ONLY = {"nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes"}
 
 

@@ -47,7 +47,7 @@ from tests.conftest import PROJECT_ROOT
 from tests.promql import exported_series, unexported
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL, is_video_model
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
 from tritonstack.serve.server_config import (
@@ -340,7 +340,7 @@ def test_locust_configmap_carries_the_projects_own_users():
     assert {f"{m}.py" for m in imported} <= set(data)
     # What they import from the package (the corpus among it) is in the image's tritonstack.
     from_package = {m for text in data.values() for m in re.findall(r"^from (tritonstack[.\w]*) import", text, re.M)}
-    assert "tritonstack.corpus" in from_package
+    assert "tritonstack.samples.corpus" in from_package
     assert all(importlib.util.find_spec(module) for module in from_package)
     # The Locust image's Dockerfile installs what the users import besides.
     dockerfile = (PROJECT_ROOT / "deploy" / "locust" / "Dockerfile").read_text()

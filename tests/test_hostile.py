@@ -36,10 +36,10 @@ from tritonstack.build.model_config import read_config
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
 from tritonstack.contract import pad_batch
-from tritonstack.processes import server_stubs
-from tritonstack.samples import photo_bytes
+from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.limits import MemoryLimits
+from tritonstack.serve.process_tree import server_stubs
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.supervision import Supervision
 

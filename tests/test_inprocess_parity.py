@@ -7,7 +7,7 @@ from nvidia.dali import Pipeline
 
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import pad_batch
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 
 
 def inprocess_probabilities(model_repository, images):

@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from tests.conftest import PROJECT_ROOT
 from tests.test_launcher_cli import server_groups, wait_ready
 from tests.test_layout import wheelhouse
-from tritonstack.samples import photo_path
+from tritonstack.samples.photos import photo_path
 from tritonstack.serve.network import free_port
 from tritonstack.serve.process import die_with_launcher
 

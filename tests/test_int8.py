@@ -12,7 +12,7 @@ from tritonstack.build.parity import CLEAR_MARGIN, compare_classifiers, crop_ima
 from tritonstack.build.presets import preset_named
 from tritonstack.build.quantization import PAIR_BOUND, neighbour_sums
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 
 INT8 = preset_named("dali_efficientnet_lite0_int8")
 FP32 = "dali_efficientnet_lite0"

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 from tests.processes import assert_nothing_left
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV
-from tritonstack.samples import photo_bytes
+from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.network import free_port, port_in_use
 
 

@@ -15,31 +15,25 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROJECT_ROOT
-from tritonstack.samples import photo_path
+from tritonstack.samples.photos import photo_path
 
 PACKAGE = PROJECT_ROOT / "tritonstack"
 ROOMS = ("tritonstack.build", "tritonstack.serve", "tritonstack.client")
+# The shared modules: what the rooms agree on, at the package's root and in its
+# shared sub-packages (media/, rules/, samples/), and the backends' settings.
+SHARED_PACKAGES = ("tritonstack.media", "tritonstack.rules", "tritonstack.samples")
+SHARED_ROOT = ("tritonstack.contract", "tritonstack.repository_files", "tritonstack.address", "tritonstack.cli")
 SHARED = (
-    "tritonstack.contract",
-    "tritonstack.backend_settings",
-    "tritonstack.repository_files",
-    "tritonstack.dali_proto",
-    "tritonstack.dali_errors",
-    "tritonstack.decode_budget",
-    "tritonstack.decodable",
-    "tritonstack.video_header",
-    "tritonstack.regions",
-    "tritonstack.rules",
-    "tritonstack.rules.common",
-    "tritonstack.rules.dali",
-    "tritonstack.rules.onnxruntime",
-    "tritonstack.rules.repository",
-    "tritonstack.samples",
-    "tritonstack.address",
-    "tritonstack.cli",
+    *SHARED_ROOT,
+    *SHARED_PACKAGES,
     "tritonstack.backends",
-    "tritonstack.processes",
-    "tritonstack.corpus",
+    "tritonstack.backends.settings",
+    *(
+        f"{package}.{path.stem}"
+        for package in SHARED_PACKAGES
+        for path in sorted((PACKAGE / package.split(".")[1]).glob("*.py"))
+        if path.stem != "__init__"
+    ),
 )
 # What the backends use and nothing else may (stub_memory imports the stub's pb_utils).
 BACKEND_SHARED = (
@@ -63,7 +57,7 @@ SERVER_STACK = (
     "onnxruntime",
     "onnx",
     "tritonstack.serve",
-    "tritonstack.backend_settings",
+    "tritonstack.backends.settings",
     "tritonstack.build",
     "skimage",
 )
@@ -135,7 +129,7 @@ def test_only_the_entry_point_imports_a_command():
 
 
 def test_every_command_is_a_module_of_its_name():
-    """`tritonstack NAME` runs tritonstack/commands/NAME.py (build's siblings list,
+    """`tritonstack NAME` runs tritonstack/commands/<name>.py (build's siblings list,
     check and parity share build.py), each with main(argv)."""
     from tritonstack.__main__ import COMMANDS as TABLE
 
@@ -155,6 +149,29 @@ def test_no_sys_path_edits_outside_tests():
     ]
     edits = [str(path) for path in sources if "sys.path" in path.read_text()]
     assert edits == []
+
+
+def test_few_modules_loose_at_the_package_root():
+    """Shared modules live in named homes (media/, rules/, samples/); the root keeps
+    the entry point and the few every room needs."""
+    loose = sorted(path.name for path in PACKAGE.glob("*.py") if path.name not in ("__init__.py", "__main__.py"))
+    assert len(loose) <= 6, loose
+
+
+def test_architecture_names_every_module_and_the_docstring_every_sub_package():
+    layout = (PROJECT_ROOT / "docs" / "architecture.md").read_text()
+    modules = [*PACKAGE.rglob("*.py"), *(PROJECT_ROOT / "loadtests").glob("*.py")]
+    unnamed = sorted(
+        str(path.relative_to(PROJECT_ROOT))
+        for path in modules
+        if path.name != "__init__.py" and path.name not in layout and not path.name.startswith("shape_")
+    )
+    assert unnamed == []
+    import tritonstack
+
+    sub_packages = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
+    assert [name for name in sub_packages if f"{name}/" not in layout] == []
+    assert [name for name in sub_packages if f"`{name}/`" not in tritonstack.__doc__] == []
 
 
 def test_no_module_outside_tests_over_500_lines():
@@ -270,21 +287,21 @@ CLIENT_COMMANDS = ("tritonstack.commands.classify", "tritonstack.commands.evalua
 
 
 def test_the_client_path_imports_none_of_the_launchers_settings():
-    """What the launcher tells the backends (tritonstack.backend_settings: memory
+    """What the launcher tells the backends (tritonstack.backends.settings: memory
     tuning, the repository's location) is no client's business: nothing the client
     room, its commands or the wire contract import, at any depth, reaches it."""
     graph = import_graph()
     client = {module for module in graph if room_of(module) == "tritonstack.client"}
     reached = reachable(graph, client | set(CLIENT_COMMANDS) | {"tritonstack.contract"})
     assert "tritonstack.client.classifier" in reached and "tritonstack.contract" in reached
-    assert {"tritonstack.backend_settings", "tritonstack.serve"} & reached == set()
+    assert {"tritonstack.backends.settings", "tritonstack.serve"} & reached == set()
     assert not [module for module in reached if room_of(module) in ("tritonstack.serve", "tritonstack.build")]
 
 
 def test_the_wire_contract_names_no_environment_but_the_admin_key():
     """contract.py is what both ends of the wire agree on; environment variables the
     launcher sets for the backends live in backend_settings.py."""
-    import tritonstack.backend_settings as settings
+    import tritonstack.backends.settings as settings
     import tritonstack.contract as contract
 
     env_names = {name for name in vars(contract) if name.endswith("_ENV")}

@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.request
 
-from loadtests import metrics, run
+from loadtests import headless, metrics
 from loadtests.report import GeneratorCpu, cpu_section, final_stats
 from tests.conftest import PROJECT_ROOT
 from tests.processes import wait_for
@@ -66,7 +66,7 @@ def test_grpc_step_ramp_writes_the_report_and_ends_by_itself(server, tmp_path):
         "2",
     )
     assert code == 0
-    assert seconds < 4 + run.STOP_GRACE_S  # not killed at the deadline: it stopped by itself
+    assert seconds < 4 + headless.STOP_GRACE_S  # not killed at the deadline: it stopped by itself
     row = stats(folder)[("grpc", ENSEMBLE)]
     assert int(row["Request Count"]) > 5 and row["Failure Count"] == "0"
     for name in ("report.html", "locust_stats_history.csv", "over_time.png", "against_users.png"):

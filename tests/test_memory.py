@@ -24,7 +24,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from tritonstack.backend_settings import DALI_HOST_POOL_ENV, MALLOC_TRIM_ENV, STUB_REGION_BYTES, stub_defaults
+from tritonstack.backends.settings import DALI_HOST_POOL_ENV, MALLOC_TRIM_ENV, STUB_REGION_BYTES, stub_defaults
 from tritonstack.diagnostics.memory_probe import (
     MODEL,
     SIZES,

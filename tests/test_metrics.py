@@ -7,7 +7,7 @@ from loadtests import metrics
 from tests.processes import wait_for
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import RetryPolicy
-from tritonstack.samples import photo_bytes
+from tritonstack.samples.photos import photo_bytes
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 STEPS = ("preprocess_dali_efficientnet_lite0", "efficientnet_lite0")

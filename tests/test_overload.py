@@ -41,7 +41,7 @@ from tritonstack.client.retry import (
     is_timeout,
 )
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
-from tritonstack.samples import photo_bytes, photo_path
+from tritonstack.samples.photos import photo_bytes, photo_path
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig
 

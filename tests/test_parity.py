@@ -7,7 +7,7 @@ import tritonclient.http as httpclient
 from tritonstack.build.parity import compare, parity_images
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.commands.build import main
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 
 
 @pytest.mark.parametrize("preset", ["dali_efficientnet_lite0", "dali_efficientnet_lite2"])

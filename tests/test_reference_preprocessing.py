@@ -13,7 +13,7 @@ from tests import repo_factory as rf
 from tests.reference import levels, preprocess, read_labels
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import pad_batch
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 
 LITE0 = {"resize_shorter": 256, "crop": 224, "mean": (127.0, 127.0, 127.0), "std": (128.0, 128.0, 128.0)}
 

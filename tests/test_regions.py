@@ -20,7 +20,6 @@ from tritonclient.utils import InferenceServerException
 from tests import reference
 from tests import repo_factory as rf
 from tests.test_build import autoserialized, build
-from tritonstack import dali_proto
 from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import read_config
 from tritonstack.build.presets import preset_named
@@ -38,8 +37,9 @@ from tritonstack.contract import (
     boxes_array,
     pad_batch,
 )
-from tritonstack.regions import BoxError
-from tritonstack.samples import PHOTOS, collage, photo_bytes, sample_jpeg
+from tritonstack.media.regions import BoxError
+from tritonstack.rules import dali_proto
+from tritonstack.samples.photos import PHOTOS, collage, photo_bytes, sample_jpeg
 from tritonstack.serve.launcher import TritonServer
 
 PRESET = "regions_efficientnet_lite0"

@@ -9,7 +9,6 @@ import mmap
 import os
 from pathlib import Path
 
-from tritonstack.backend_settings import SHM_DIR
 from tritonstack.backends.residency import (
     MISSING_BYTES,
     PoolResidency,
@@ -19,6 +18,7 @@ from tritonstack.backends.residency import (
     statm_bytes,
     subtract,
 )
+from tritonstack.backends.settings import SHM_DIR
 
 MAPS = """\
 00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/python3

@@ -14,7 +14,7 @@ from tritonstack.build.presets import BuildOptions, preset_named
 from tritonstack.build.repository import write_repository
 from tritonstack.commands import serve
 from tritonstack.contract import DEFAULT_MODEL, ENSEMBLE_INPUT, ENSEMBLE_OUTPUT, pad_batch
-from tritonstack.samples import photo_bytes
+from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.supervision import Supervision

@@ -17,7 +17,7 @@ from deploy.s3_repository import S3Location, empty_folders, repository_files, up
 from tests.chart import free_server_ports, pod_environment, render, serve_rendered, triton_container
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import DEFAULT_MODEL, DEFAULT_PRESET, preprocessing_name
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.server_config import ServerConfig

@@ -17,7 +17,7 @@ from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.options import add_server_options
 from tritonstack.client.retry import is_retryable
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, DEFAULT_MODEL
-from tritonstack.samples import photo_bytes
+from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve import security
 from tritonstack.serve.launcher import ServerStartError, TritonServer
 from tritonstack.serve.network import is_loopback

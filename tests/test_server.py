@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from tests.processes import assert_nothing_left, wait_for
-from tritonstack.processes import group_processes, processes_by_role
 from tritonstack.serve.launcher import ServerStartError, TritonServer
+from tritonstack.serve.process_tree import group_processes, processes_by_role
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.shm_cleanup import REGION_GLOB, held_regions, stub_regions
 

@@ -11,7 +11,7 @@ from tritonclient.utils import InferenceServerException
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
 from tritonstack.diagnostics.soak import MixedLoad, is_refusal_of_bad_data, run_soak, summary
-from tritonstack.samples import bad_samples
+from tritonstack.samples.photos import bad_samples
 
 QUICK_S = 30
 GROSS_GROWTH_PCT = 20.0

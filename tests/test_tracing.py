@@ -11,7 +11,7 @@ from tritonstack.client.classifier import ClassifierClient
 from tritonstack.commands import serve
 from tritonstack.contract import DEFAULT_MODEL
 from tritonstack.diagnostics.otlp_receiver import OtlpReceiver
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import TRACE_SERVICE_NAME, ServerConfig, otlp_trace_flags
 from tritonstack.serve.supervision import Supervision

@@ -23,7 +23,7 @@ from tests.conftest import MODEL_REPOSITORY
 from tritonstack.build.classifiers import EFFICIENTNET_LITE0
 from tritonstack.build.dali_model import video_classification_pipeline
 from tritonstack.build.model_config import DynamicBatching, EnsembleStep, ModelConfig, Tensor
-from tritonstack.samples import PHOTOS, sample_clip
+from tritonstack.samples.photos import PHOTOS, sample_clip
 
 FRAMES, STRIDE = 6, 4
 CLASSIFIER = EFFICIENTNET_LITE0.name

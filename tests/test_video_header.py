@@ -1,4 +1,4 @@
-"""tritonstack.video_header on real clips (made by the imageio-ffmpeg wheel's ffmpeg):
+"""tritonstack.media.video_header on real clips (made by the imageio-ffmpeg wheel's ffmpeg):
 what the dali backend reads from a clip's container before DALI decodes it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import imageio_ffmpeg
 import pytest
 
 from tests import clips
-from tritonstack.video_header import CPU_CODECS, GPU_CODECS, ClipHeader, read_header, unreadable_reason
+from tritonstack.media.video_header import CPU_CODECS, GPU_CODECS, ClipHeader, read_header, unreadable_reason
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from tritonstack.contract import (
     ENSEMBLE_INPUT,
     is_regions_model,
 )
-from tritonstack.samples import photo_bytes, sample_jpeg
+from tritonstack.samples.photos import photo_bytes, sample_jpeg
 from tritonstack.serve import warmup_request
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.warmup import REQUESTS_PER_ENSEMBLE, warm_ensembles

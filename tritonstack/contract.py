@@ -4,7 +4,7 @@ Tensor and model names, the wire format of a batch of images, the admin header a
 the type maps: the build writes them into model repositories, our backends serve
 them and clients send them. Imports only the standard library and NumPy: a client
 installs without the server stack. What the launcher tells the backends lives in
-tritonstack.backend_settings; the repository's file names in
+tritonstack.backends.settings; the repository's file names in
 tritonstack.repository_files.
 """
 

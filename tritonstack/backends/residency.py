@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tritonstack.backend_settings import SHM_DIR
+from tritonstack.backends.settings import SHM_DIR
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)

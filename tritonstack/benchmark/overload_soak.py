@@ -39,7 +39,7 @@ from tritonstack.benchmark.overload import (
 )
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY, is_expired, is_refusal, is_timeout
-from tritonstack.processes import MAX_GROWTH_PCT, ResourceSampler
+from tritonstack.serve.process_tree import MAX_GROWTH_PCT, ResourceSampler
 
 # The memory is judged on the RSS at the end of each low-load period, over the last
 # TROUGH_S of it, from MIN_JUDGED_TROUGHS of them after WARMUP_CYCLES at least.

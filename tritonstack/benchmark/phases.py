@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tritonstack import processes
 from tritonstack.benchmark.peer import PEER_PROTOCOL, PeerClient
 from tritonstack.benchmark.settings import CAPACITY_MAX_FRACTION, DALI_ENSEMBLE, REQUEST_TIMEOUT_S, Settings
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY
-from tritonstack.corpus import WeightedSampler, build_corpus
+from tritonstack.samples.corpus import WeightedSampler, build_corpus
+from tritonstack.serve import process_tree
 
 
 @dataclass
@@ -162,19 +162,21 @@ def saturate(url: str, protocol: str, model: str, images: list[bytes], settings:
 
 def server_cpu_seconds(server) -> float:
     """CPU time of tritonserver and its backend stubs so far."""
-    return processes.tree_cpu_seconds(server.pid)
+    return process_tree.tree_cpu_seconds(server.pid)
 
 
 def server_rss_mb_by_process(server) -> dict[str, float] | None:
     """RSS of tritonserver and of each model's stub, by role (what a model costs)."""
     if server.pid is None:
         return None
-    sizes = {name: processes.rss_mib(process) for name, process in processes.processes_by_role(server.pid).items()}
+    sizes = {
+        name: process_tree.rss_mib(process) for name, process in process_tree.processes_by_role(server.pid).items()
+    }
     return {name: size for name, size in sizes.items() if size is not None}
 
 
 def server_rss_mb(server) -> float | None:
-    return processes.tree_rss_mib(server.pid)
+    return process_tree.tree_rss_mib(server.pid)
 
 
 def url_for(server, protocol: str) -> str:

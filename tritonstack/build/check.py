@@ -9,7 +9,7 @@ and what to do.
 - labels: one line per class of the output they label;
 - warmup: data files exist, have the declared size, and images decode;
 - DALI and ONNX models: the backends' own load rules (tritonstack.rules), the
-  pipeline read from model.dali (tritonstack.dali_proto) or the graph from
+  pipeline read from model.dali (tritonstack.rules.dali_proto) or the graph from
   model.onnx; CPU pipelines are also run on a real JPEG, so that output types and
   ranks the pipeline does not declare are checked too;
 - ensembles: every step's model exists; input_map/output_map keys are tensors of
@@ -26,12 +26,11 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as pb
 
-from tritonstack import dali_proto, video_header
 from tritonstack.build.check_ensemble import check_ensemble
 from tritonstack.build.model_config import ConfigError, config_dict, read_config
 from tritonstack.contract import DALI_TO_TRITON, TRITON_TO_NUMPY, onnx_type
-from tritonstack.dali_errors import meaningful_lines
-from tritonstack.decode_budget import BudgetError, DecodeBudget
+from tritonstack.media import video_header
+from tritonstack.media.decode_budget import BudgetError, DecodeBudget
 from tritonstack.repository_files import (
     CONFIG_FILENAME,
     DALI_FOLDER_SUFFIX,
@@ -42,10 +41,12 @@ from tritonstack.repository_files import (
     version_dirs,
 )
 from tritonstack.rules import dali as dali_rules
+from tritonstack.rules import dali_proto
 from tritonstack.rules import onnxruntime as onnx_rules
 from tritonstack.rules.common import Problem, invalid_filename, stated_max_batch_size
-from tritonstack.rules.repository import BUILD_FIX
-from tritonstack.samples import sample_jpeg
+from tritonstack.rules.dali_errors import meaningful_lines
+from tritonstack.rules.unbuilt import BUILD_FIX
+from tritonstack.samples.photos import sample_jpeg
 
 
 def check_repository(repository: Path) -> list[Problem]:
@@ -249,7 +250,7 @@ def _check_warmup_sample(model: str, field: str, name: str, path: Path, kinds: s
 
 
 def _check_decode_budget(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
-    """The budget the backend will apply (tritonstack.decode_budget): valid, and
+    """The budget the backend will apply (tritonstack.media.decode_budget): valid, and
     not refusing the model's own warmup images."""
     fix = "set max_pixels <= max_request_pixels <= max_batch_pixels, positive integers (or leave them out)"
     try:

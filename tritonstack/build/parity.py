@@ -27,7 +27,7 @@ from tritonstack.build.pipelines import run_pipeline
 from tritonstack.build.presets import preset_named
 from tritonstack.build.repository import VERSION
 from tritonstack.repository_files import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 
 
 @dataclass(frozen=True)

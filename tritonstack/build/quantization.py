@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonstack.build.classifiers import Classifier, export_onnx
-from tritonstack.samples import PHOTOS, photo_bytes
+from tritonstack.samples.photos import PHOTOS, photo_bytes
 
 # The project's photos (samples.PHOTOS) and scikit-image's other colour photos of
 # real scenes: more images give steadier activation ranges.

@@ -22,7 +22,6 @@ import os
 import warnings
 from pathlib import Path
 
-from tritonstack import decode_budget
 from tritonstack.build import classifiers, pillow_model, pipelines, quantization
 from tritonstack.build.classifiers import Classifier
 from tritonstack.build.model_config import (
@@ -49,6 +48,7 @@ from tritonstack.contract import (
     PREPROCESS_OUTPUT,
     boxes_array,
 )
+from tritonstack.media import decode_budget
 from tritonstack.repository_files import (
     CONFIG_FILENAME,
     DALI_MODEL_FILENAME,
@@ -59,7 +59,7 @@ from tritonstack.repository_files import (
     PYTHON_MODEL_FILENAME,
     WARMUP_DIR,
 )
-from tritonstack.samples import sample_clip, sample_jpeg
+from tritonstack.samples.photos import sample_clip, sample_jpeg
 
 VERSION = "1"
 LOGGER = logging.getLogger(__name__)  # a line per step; build_pipelines.py shows them

@@ -124,7 +124,7 @@ class ClassifierClient(ClientBase):
     def classify_regions(self, image: bytes, boxes, top_k: int = 5) -> list[list[Prediction]]:
         """With a regions model: each box's ranking, in the boxes' order. Boxes are
         x0, y0, x1, y1 in the image's pixels after EXIF orientation; none: an empty list,
-        nothing sent. Bad boxes raise tritonstack.regions.BoxError before any request."""
+        nothing sent. Bad boxes raise tritonstack.media.regions.BoxError before any request."""
         boxes = region_boxes(self.info, image, boxes)
         if not len(boxes):
             return []

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tritonstack.cli import natural_key
-from tritonstack.video_header import has_video_signature
+from tritonstack.media.video_header import has_video_signature
 
 CLIP_SUFFIXES = {".mp4", ".m4v", ".mov", ".webm", ".mkv"}
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".jp2", ".pnm", ".ppm"}

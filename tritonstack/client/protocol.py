@@ -33,7 +33,7 @@ from tritonstack.client.retry import (
 )
 from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
 from tritonstack.contract import DEFAULT_MODEL, ENSEMBLE_BOXES, QUEUES_PER_REQUEST, boxes_array, pad_batch
-from tritonstack.regions import check_boxes, oriented_size
+from tritonstack.media.regions import check_boxes, oriented_size
 
 PROTOCOLS = ("http", "grpc")
 DEFAULT_URLS = {"http": "127.0.0.1:8000", "grpc": "127.0.0.1:8001"}  # `make serve`
@@ -184,7 +184,7 @@ def build_request(
 
 def region_boxes(info: ModelInfo, image: bytes, boxes) -> np.ndarray:
     """An image's boxes as a regions model takes them, checked as the server will
-    (tritonstack.regions) except for the model's max_boxes, which only the server knows."""
+    (tritonstack.media.regions) except for the model's max_boxes, which only the server knows."""
     if info.boxes_name is None:
         raise ValueError(f"model {info.name!r} takes no boxes: name a regions model (ensemble_regions_...)")
     boxes = boxes_array(boxes)

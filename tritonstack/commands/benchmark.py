@@ -1,5 +1,5 @@
 """`tritonstack benchmark`: the command line of tritonstack.benchmark.run (see its docstring);
-with --regions N, of tritonstack.benchmark.regions alone."""
+with --regions N, of tritonstack.benchmark.region_speedup alone."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tritonstack.benchmark.settings import (
 from tritonstack.client.preflight import check_model
 from tritonstack.client.retry import RetryPolicy
 from tritonstack.contract import admin_headers
-from tritonstack.rules.repository import unservable_reason
+from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.target import GivenServer, given_endpoints
 
 
@@ -40,7 +40,7 @@ def benchmark(argv: list[str] | None) -> int:
         type=cli.positive_int,
         metavar="N",
         help="only the regions benchmark: an image and N boxes per request against each crop sent alone "
-        "(crops/s of each and the speed-up, tritonstack.benchmark.regions)",
+        "(crops/s of each and the speed-up, tritonstack.benchmark.region_speedup)",
     )
     parser.add_argument(
         "--model-repository",
@@ -84,7 +84,7 @@ def benchmark(argv: list[str] | None) -> int:
 
 
 def _regions(boxes: int, settings, repository: Path, server, log) -> dict:
-    from tritonstack.benchmark.regions import run_regions
+    from tritonstack.benchmark.region_speedup import run_regions
     from tritonstack.serve.launcher import TritonServer
 
     if server is not None:

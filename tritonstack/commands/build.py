@@ -116,7 +116,7 @@ def _existing_repository(path: Path) -> None:
 
 def _built_repository(path: Path) -> None:
     """Exit 2, as the launcher: a fresh clone has nothing to check yet."""
-    from tritonstack.rules.repository import unservable_reason
+    from tritonstack.rules.unbuilt import unservable_reason
 
     reason = unservable_reason(path)
     if reason:

@@ -11,7 +11,7 @@ from tritonstack import cli
 from tritonstack.benchmark import compare as comparison
 from tritonstack.benchmark.compare import SIDES, compare, environment_assignment, table
 from tritonstack.benchmark.settings import DALI_ENSEMBLE, INT8_ENSEMBLE
-from tritonstack.rules.repository import unservable_reason
+from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.supervision import RecyclePolicy, Supervision
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL, DEFAULT_VIDEO_MODEL
 from tritonstack.repository_files import CONFIG_FILENAME
-from tritonstack.samples import PHOTOS, SAMPLE_CLIP, collage, photo_bytes, sample_clip
+from tritonstack.samples.photos import PHOTOS, SAMPLE_CLIP, collage, photo_bytes, sample_clip
 from tritonstack.serve.launcher import TritonServer
 
 

@@ -1,4 +1,4 @@
-"""`tritonstack loadtest`: the command line of loadtests.run (see its docstring)."""
+"""`tritonstack loadtest`: the command line of loadtests.headless (see its docstring)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import sys
 import time
 from pathlib import Path
 
+from loadtests import headless as loadtest_run
 from loadtests import metrics
-from loadtests import run as loadtest_run
-from loadtests.report import PlotLabels, RunSummary, write_report
-from loadtests.run import (
+from loadtests.headless import (
     DEFAULT_RUN_TIME_S,
     DEFAULT_STEP_S,
     PROJECT_ROOT,
@@ -22,6 +21,7 @@ from loadtests.run import (
     protocols,
     run_locust,
 )
+from loadtests.report import PlotLabels, RunSummary, write_report
 from tritonstack import cli
 from tritonstack.client.retry import PROTOCOL_NAMES
 from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL

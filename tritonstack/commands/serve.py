@@ -14,7 +14,7 @@ import sys
 import time
 
 from tritonstack import cli
-from tritonstack.backend_settings import DEFAULT_MAX_INPUT_BYTES
+from tritonstack.backends.settings import DEFAULT_MAX_INPUT_BYTES
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV
 from tritonstack.serve.launcher import ServerStartError, TritonServer, UnservableRepository
 from tritonstack.serve.limits import MemoryLimits

@@ -9,7 +9,7 @@ from pathlib import Path
 from tritonstack import cli
 from tritonstack.diagnostics import soak as soaking
 from tritonstack.diagnostics.soak import run_soak, summary
-from tritonstack.rules.repository import unservable_reason
+from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.launcher import TritonServer
 
 

@@ -35,8 +35,7 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from tritonstack import processes
-from tritonstack.backend_settings import (
+from tritonstack.backends.settings import (
     DALI_HOST_POOL_ENV,
     MALLOC_TRIM_ENV,
     MEMORY_TRACE_ENV,
@@ -44,9 +43,10 @@ from tritonstack.backend_settings import (
 )
 from tritonstack.build.model_config import read_config, write_config
 from tritonstack.contract import DEFAULT_PRESET, PREPROCESS_INPUT, PREPROCESS_OUTPUT, preprocessing_name
-from tritonstack.processes import rss_parts_mib, server_stubs
-from tritonstack.samples import PHOTOS, bad_samples, good_samples, photo_path
+from tritonstack.samples.photos import PHOTOS, bad_samples, good_samples, photo_path
+from tritonstack.serve import process_tree
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.process_tree import rss_parts_mib, server_stubs
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
 
@@ -121,7 +121,7 @@ def stub_pid(server_pid: int, model: str = MODEL) -> int:
 
 
 def rss_mib(pid: int) -> float:
-    return processes.rss_mib(psutil.Process(pid))
+    return process_tree.rss_mib(psutil.Process(pid))
 
 
 class RoundSender:

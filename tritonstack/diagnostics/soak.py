@@ -40,9 +40,9 @@ from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.protocol import PROTOCOLS
 from tritonstack.client.retry import NO_RETRY, describe_error
 from tritonstack.contract import DEFAULT_MODEL
-from tritonstack.processes import MAX_GROWTH_PCT, ResourceSampler
-from tritonstack.samples import Sample, bad_samples, good_samples
+from tritonstack.samples.photos import Sample, bad_samples, good_samples
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.process_tree import MAX_GROWTH_PCT, ResourceSampler
 
 # Simultaneous requests of the burst before the run: the models' max_batch_size.
 BURST_CONCURRENCY = 32

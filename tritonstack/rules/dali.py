@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tritonstack.contract import BOX_WIDTH, BOXES_INPUT_PARAMETER, MAX_BOXES_PARAMETER
-from tritonstack.dali_proto import PipelineSpec, Port
 from tritonstack.rules.common import MISSING_TYPES, Problem, dims_of, is_batched
+from tritonstack.rules.dali_proto import PipelineSpec, Port
 
 # --- DALI: outputs split along their outer axis ----------------------------------------------
 #
 # parameters { key: "split_along_outer_axis" value { string_value: "OUT_A:OUT_B" } }
-# (dali_backend docs/config.md, src/parameters.h GetOutputsToSplit): each sample of
+# (dali_backend's config.md, src/parameters.h GetOutputsToSplit): each sample of
 # such an output, of shape (n, d1..dD), leaves the model as n samples of (d1..dD);
 # a request's samples are concatenated. Its config dims lose the outer axis
 # (src/dali_model.h ReadPipelineProperties erases it from the declared shape).

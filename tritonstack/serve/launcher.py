@@ -38,8 +38,8 @@ from pathlib import Path
 
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.backend_settings import stub_defaults
-from tritonstack.rules.repository import shell_unsafe_reason, unservable_reason
+from tritonstack.backends.settings import stub_defaults
+from tritonstack.rules.unbuilt import shell_unsafe_reason, unservable_reason
 from tritonstack.serve import process, server_log
 from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.limits import limit_address_space

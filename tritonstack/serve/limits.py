@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from tritonstack.decode_budget import STUB_MEMORY_ENV
+from tritonstack.media.decode_budget import STUB_MEMORY_ENV
 
 LOGGER = logging.getLogger("tritonstack.serve")
 GiB = 1 << 30

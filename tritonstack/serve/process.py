@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from tritonstack.processes import group_processes
+from tritonstack.serve.process_tree import group_processes
 
 # How long a kill waits for the group's stubs to be gone: a killed stub maps its
 # shared region until it is.

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tritonstack.address import METRICS_PATH
-from tritonstack.backend_settings import (
+from tritonstack.backends.settings import (
     DALI_BACKEND_CONFIG_ENV,
     DEFAULT_MAX_INPUT_BYTES,
     MAX_INPUT_BYTES_ENV,
@@ -200,7 +200,7 @@ class ServerConfig:
 
     def backend_environment(self) -> dict[str, str]:
         """What our backends are told through the stubs' environment
-        (tritonstack.backend_settings)."""
+        (tritonstack.backends.settings)."""
         env = {MAX_INPUT_BYTES_ENV: str(self.max_input_bytes)}
         if self.local_repository is not None:
             # Auto-complete reads model files here; Triton's copy of a remote

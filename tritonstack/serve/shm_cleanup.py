@@ -6,7 +6,7 @@ import logging
 import time
 from pathlib import Path
 
-from tritonstack.backend_settings import SHM_DIR
+from tritonstack.backends.settings import SHM_DIR
 
 LOGGER = logging.getLogger("tritonstack.serve")
 

@@ -23,7 +23,7 @@ the other stubs' heaps and tritonserver's smaller, at that price.
 
 from __future__ import annotations
 
-from tritonstack.backend_settings import MALLOC_TRIM_ENV, POOL_RESIDENCY_ENV
+from tritonstack.backends.settings import MALLOC_TRIM_ENV, POOL_RESIDENCY_ENV
 
 # glibc's own starting value, fixed. An M_MMAP_THRESHOLD set by the environment
 # also fixes M_TRIM_THRESHOLD (no dynamic adjustment of either).

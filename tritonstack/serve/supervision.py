@@ -38,8 +38,8 @@ import psutil
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.processes import server_stubs
 from tritonstack.serve.limits import MemoryLimits
+from tritonstack.serve.process_tree import server_stubs
 
 LOGGER = logging.getLogger("tritonstack.serve")
 

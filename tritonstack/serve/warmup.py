@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from tritonstack.contract import ENSEMBLE_BOXES, ENSEMBLE_INPUT, is_regions_model, is_video_model
-from tritonstack.samples import sample_clip, sample_jpeg
+from tritonstack.samples.photos import sample_clip, sample_jpeg
 from tritonstack.serve.warmup_request import WarmupFailed, send_sample
 
 LOGGER = logging.getLogger("tritonstack.serve")

@@ -19,12 +19,12 @@ so that one model repository serves with either:
   naming the failing operator, and the pipeline is rebuilt for the next request;
 - GPU or mixed operators on a KIND_CPU instance fail the load.
 Beyond the C++ backend: an encoded image the decoder is certain to refuse (no image,
-a format it does not read, a truncated JPEG or PNG: tritonstack.decodable) gets the
+a format it does not read, a truncated JPEG or PNG: tritonstack.media.decodable) gets the
 decoder's status before the pipeline runs, so it costs no rebuild; when several
 requests merged into one batch fail together,
 each is run again alone, so only the bad request gets the error; and encoded images
 and requests are held to a decode budget read from the images' headers before the
-decoder allocates anything (tritonstack.decode_budget: pixels per image, per
+decoder allocates anything (tritonstack.media.decode_budget: pixels per image, per
 request, per decoder run; a merged batch above the per-run budget runs in parts,
 and, with DALI's host pool off, after a run above `release_above_pixels` the
 decoder's buffers are returned);

@@ -12,7 +12,20 @@ import numpy as np
 import nvidia.dali.backend
 import triton_python_backend_utils as pb_utils
 
-from tritonstack.backend_settings import (
+from tritonstack.backends.cancellation import cancelled_response, is_cancelled
+from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes, reserve_host_pool
+from tritonstack.backends.dali.pipeline import PipelineError, PipelineRunner
+from tritonstack.backends.dali.requests import (
+    BudgetError,
+    ClipInputs,
+    InputError,
+    RegionInputs,
+    UndecodableError,
+    samples_of,
+)
+from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
+from tritonstack.backends.residency import PoolResidency, RegionResidency, statm_bytes
+from tritonstack.backends.settings import (
     DALI_BACKEND_CONFIG_ENV,
     DALI_HOST_POOL_ENV,
     DEFAULT_MALLOC_TRIM_EVERY,
@@ -23,28 +36,15 @@ from tritonstack.backend_settings import (
     POOL_RESIDENCY_ENV,
     REPOSITORY_ENV,
 )
-from tritonstack.backends.cancellation import cancelled_response, is_cancelled
-from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes, reserve_host_pool
-from tritonstack.backends.dali.requests import (
-    BudgetError,
-    ClipInputs,
-    InputError,
-    RegionInputs,
-    UndecodableError,
-    samples_of,
-)
-from tritonstack.backends.dali.runner import PipelineError, PipelineRunner
-from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
-from tritonstack.backends.residency import PoolResidency, RegionResidency, statm_bytes
 from tritonstack.backends.stub_memory import StubMemoryGauge
 from tritonstack.contract import BOXES_INPUT_PARAMETER, MAX_BOXES_PARAMETER, TRITON_TO_NUMPY
-
-# The one reader of model.dali and the one set of load rules, shared with `tritonstack check`.
-from tritonstack.dali_proto import parse_pipeline
-from tritonstack.decode_budget import DecodeBudget, int_parameter, plan_parts
+from tritonstack.media.decode_budget import DecodeBudget, int_parameter, plan_parts
 from tritonstack.repository_files import CONFIG_FILENAME, latest_version_dir
 from tritonstack.rules.common import dims_of, raise_problems, stated_max_batch_size
 from tritonstack.rules.dali import dali_autocomplete, dali_problems, split_flags
+
+# The one reader of model.dali and the one set of load rules, shared with `tritonstack check`.
+from tritonstack.rules.dali_proto import parse_pipeline
 
 
 class TritonPythonModel:
@@ -231,7 +231,7 @@ class TritonPythonModel:
             sender.send(flags=final)
 
     def finalize(self):
-        """--backend-config=dali,release_after_unload=true (docs/config.md): DALI's
+        """--backend-config=dali,release_after_unload=true (dali_backend's config.md): DALI's
         pools go back when the model unloads. The stub exits after this anyway."""
         if self._backend_config.get("release_after_unload", "").lower() in ("true", "1"):
             self._runner = None

@@ -1,7 +1,7 @@
 """A request's samples as the pipeline will take them, refused before the pipeline
 runs when they are too large (max_input_bytes, the decode budget), certain not to
-decode (tritonstack.decodable for images, tritonstack.video_header for clips) or, for a
-regions model, when an image's boxes are not ones it can cut (tritonstack.regions)."""
+decode (tritonstack.media.decodable for images, tritonstack.media.video_header for clips) or, for a
+regions model, when an image's boxes are not ones it can cut (tritonstack.media.regions)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import struct
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonstack.decodable import undecodable_reason
-from tritonstack.decode_budget import BudgetError, DecodeBudget
-from tritonstack.regions import BoxError, check_boxes, oriented_size
-from tritonstack.video_header import CPU_CODECS, GPU_CODECS, read_header, unreadable_reason
+from tritonstack.media.decodable import undecodable_reason
+from tritonstack.media.decode_budget import BudgetError, DecodeBudget
+from tritonstack.media.regions import BoxError, check_boxes, oriented_size
+from tritonstack.media.video_header import CPU_CODECS, GPU_CODECS, read_header, unreadable_reason
 
 __all__ = ["BudgetError", "ClipInputs", "InputError", "RegionInputs", "UndecodableError", "check_size", "samples_of"]
 
@@ -24,7 +24,7 @@ class InputError(Exception):
 
 class UndecodableError(InputError):
     """An encoded image the decoder is certain to refuse, refused before it runs:
-    its failure would cost a pipeline rebuild (tritonstack.decodable)."""
+    its failure would cost a pipeline rebuild (tritonstack.media.decodable)."""
 
 
 class ClipInputs:

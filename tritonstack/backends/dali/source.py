@@ -11,9 +11,9 @@ from pathlib import Path
 import nvidia.dali
 import triton_python_backend_utils as pb_utils
 
-from tritonstack.dali_proto import parse_pipeline
 from tritonstack.repository_files import DALI_MODEL_FILENAME, DALI_SCRIPT_FILENAME, DALI_VERSION_FILENAME
 from tritonstack.rules.common import invalid_filename, invalid_path
+from tritonstack.rules.dali_proto import parse_pipeline
 
 
 def load_serialized(version_dir: Path, config: dict, cpu_only: bool = True) -> bytes:

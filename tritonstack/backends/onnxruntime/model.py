@@ -30,8 +30,8 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-from tritonstack.backend_settings import REPOSITORY_ENV
 from tritonstack.backends.cancellation import cancelled_response, is_cancelled
+from tritonstack.backends.settings import REPOSITORY_ENV
 from tritonstack.backends.stub_memory import StubMemoryGauge
 from tritonstack.contract import onnx_type
 from tritonstack.repository_files import ONNX_MODEL_FILENAME, latest_version_dir

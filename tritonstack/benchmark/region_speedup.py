@@ -37,8 +37,8 @@ from tritonstack.benchmark.phases import (
 from tritonstack.benchmark.results import cpu_model
 from tritonstack.benchmark.settings import DALI_ENSEMBLE, Settings
 from tritonstack.contract import DEFAULT_REGIONS_MODEL
-from tritonstack.corpus import build_corpus
-from tritonstack.regions import oriented_size, random_boxes
+from tritonstack.media.regions import oriented_size, random_boxes
+from tritonstack.samples.corpus import build_corpus
 
 CONCURRENCY = 4
 PHOTO = "coffee@640q85.jpg"

@@ -6,7 +6,7 @@ reads VP8, VP9 and MJPEG only; on anything else, or on bytes that are no video,
 it fails with "Failed to create video decoder" (the codec is named only in the
 server's log) and the pipeline must be rebuilt. The dali backend refuses those
 clips first, naming what was wrong, and counts the frames a clip will be decoded
-to against the decode budget (tritonstack.decode_budget), as it does an image's
+to against the decode budget (tritonstack.media.decode_budget), as it does an image's
 pixels.
 
 Containers: MP4/MOV (ISO BMFF: the first video track's sample entry and sample

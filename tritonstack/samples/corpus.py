@@ -1,6 +1,6 @@
 """A weighted corpus of real encoded photos of several sizes, for load tests.
 
-scikit-image's bundled photos (tritonstack.samples), re-encoded with Pillow as JPEG
+scikit-image's bundled photos (tritonstack.samples.photos), re-encoded with Pillow as JPEG
 at a few sizes and qualities: small phone thumbnails are common, large uploads rare,
 as in real traffic. Decode cost grows with pixels, so the mix matters as much as the
 rate. Built in memory, deterministic, no download.
@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from PIL import Image
 
-from tritonstack.samples import PHOTOS, photo_path
+from tritonstack.samples.photos import PHOTOS, photo_path
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from nvidia.dali import Pipeline
 
-from tritonstack.dali_errors import meaningful_lines
+from tritonstack.rules.dali_errors import meaningful_lines
 
 
 class PipelineError(Exception):
