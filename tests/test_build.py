@@ -24,6 +24,7 @@ from tritonstack.build.presets import PRESETS
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.commands.build import main
 from tritonstack.contract import PREPROCESS_INPUT, PREPROCESS_OUTPUT, pad_batch
+from tritonstack.objective import DEFAULT_OBJECTIVE_MS, OBJECTIVE_PARAMETER
 from tritonstack.rules import dali_proto
 from tritonstack.samples.photos import photo_bytes, sample_jpeg
 from tritonstack.serve.launcher import TritonServer
@@ -128,26 +129,32 @@ def test_classifier_instances_split_the_cores_between_classifier_processes(tmp_p
         assert check_repository(out) == [], args
 
 
-def test_admission_bounds_the_first_steps_queue_and_every_steps_wait(tmp_path, model_repository):
+def test_every_steps_queue_ceiling_derives_from_the_latency_objective(tmp_path, model_repository):
+    """What a step starts can still be answered within the objective, whatever the
+    client sends: the first step's ceiling and the later step's together leave room
+    for the computing; the objective is recorded on the ensemble."""
     out = tmp_path / "default"
     build(out, "dali_efficientnet_lite0")
     first = read_config(out / PREPROCESS).dynamic_batching.default_queue_policy
-    assert (first.max_queue_size, first.default_timeout_microseconds) == (0, 30_000_000)
-    assert first.allow_timeout_override and first.timeout_action == first.REJECT
     later = read_config(out / LITE0).dynamic_batching.default_queue_policy
-    assert (later.max_queue_size, later.default_timeout_microseconds, later.allow_timeout_override) == (
-        0,
-        30_000_000,
-        True,
-    )
+    objective_us = DEFAULT_OBJECTIVE_MS * 1000
+    assert first.max_queue_size == later.max_queue_size == 0
+    assert first.allow_timeout_override and later.allow_timeout_override  # a client's shorter timeout wins
+    assert first.timeout_action == later.timeout_action == first.REJECT
+    assert 0 < later.default_timeout_microseconds < first.default_timeout_microseconds
+    assert first.default_timeout_microseconds + later.default_timeout_microseconds <= 0.6 * objective_us
+    ensemble = read_config(out / "ensemble_dali_efficientnet_lite0")
+    assert ensemble.parameters[OBJECTIVE_PARAMETER].string_value == str(DEFAULT_OBJECTIVE_MS)
     tuned = tmp_path / "tuned"
-    build(tuned, "dali_efficientnet_lite0", "--max-queue-size", "4", "--queue-timeout-ms", "500")
-    first = read_config(tuned / PREPROCESS).dynamic_batching.default_queue_policy
-    assert (first.max_queue_size, first.default_timeout_microseconds) == (4, 500_000)
+    build(tuned, "dali_efficientnet_lite0", "--max-queue-size", "4", "--latency-objective-ms", "500")
+    tuned_first = read_config(tuned / PREPROCESS).dynamic_batching.default_queue_policy
+    assert tuned_first.max_queue_size == 4
+    assert tuned_first.default_timeout_microseconds == first.default_timeout_microseconds // 2
     off = tmp_path / "off"
-    build(off, "dali_efficientnet_lite0", "--max-queue-size", "0", "--queue-timeout-ms", "0")
+    build(off, "dali_efficientnet_lite0", "--max-queue-size", "0", "--latency-objective-ms", "0")
     for model in (PREPROCESS, LITE0):
         assert not read_config(off / model).dynamic_batching.HasField("default_queue_policy"), model
+    assert OBJECTIVE_PARAMETER not in read_config(off / "ensemble_dali_efficientnet_lite0").parameters
 
 
 def test_warmup_is_a_real_jpeg_of_the_declared_size(model_repository):

@@ -113,7 +113,8 @@ def test_a_request_past_its_deadline_is_refused_with_a_clear_status(admission_se
     for error in refused:
         assert isinstance(error, InferenceServerException) and is_expired(error), error
         assert error.status() == expected_status and DEADLINE_EXPIRED in error.message()
-        assert "deadline passed" in describe_error(error)
+        assert "latency objective or its own timeout" in describe_error(error)
+        assert "retry later" in describe_error(error) and "batch request" in describe_error(error)
     after = step_stats(admission_server, FIRST_STEP)
     assert after["failed"] - before["failed"] >= LATE_REQUESTS
     assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES  # none of the late ones

@@ -45,6 +45,13 @@ PREPROCESS_OUTPUT = "DALI_OUTPUT_0"
 # classifier). Triton (2.51) applies a request's `timeout` at each step's queue afresh:
 # a client shares its deadline between them (tritonstack.client.protocol).
 QUEUES_PER_REQUEST = 2
+# Two classes of request at every step (Triton's priority levels). A request that names
+# no priority is interactive: it is served first, and refused once it waited past the
+# server's latency objective (tritonstack.objective). A client that would rather wait
+# than be refused (a folder run, a closed-loop benchmark) sends BATCH_PRIORITY: served
+# after the interactive ones, with a long ceiling.
+INTERACTIVE_PRIORITY = 1
+BATCH_PRIORITY = 2
 
 
 def ensemble_name(preset: str) -> str:

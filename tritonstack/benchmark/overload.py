@@ -28,19 +28,28 @@ It writes, per protocol and multiple:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
 
 from tritonstack.benchmark.phases import closed_loop
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY, is_expired, is_refusal, is_timeout
+from tritonstack.contract import ENSEMBLE_INPUT, pad_batch
 
 DEADLINE_S = 1.0
 MULTIPLES = (1.5, 3.0)
 PROTOCOLS = ("grpc", "http")
+# Whose clients send the load: ours (the deadline sent as Triton's `timeout` too), or
+# Triton's stock clients with only a client-side timeout, as most callers are.
+CLIENTS = ("ours", "stock")
+WITHIN_CAPACITY = 0.9  # the multiple of --within-capacity: a busy hour, not an overload
 CAPACITY_CONCURRENCY = 16
 RECOVERY_LIMIT_S = 60.0
 RECOVERY_FACTOR = 2.0  # "back to idle": a lone request within twice the idle latency
@@ -107,26 +116,60 @@ async def deadline_open_loop(
     seconds: float,
     deadline_s: float,
     seed: int,
+    clients: str = "ours",
 ) -> tuple[Outcomes, float]:
     """Poisson arrivals at `rate` for `seconds`, each request with `deadline_s`; the
     outcomes and the loop's time of the last send (loop.time())."""
     outcomes = Outcomes()
     offsets = poisson_offsets(rate, seconds, np.random.default_rng(seed))
-    async with AsyncClassifierClient(
-        url, protocol, model, retry=NO_RETRY, timeout_s=deadline_s, max_connections=in_flight_bound(rate, deadline_s)
-    ) as client:
+    opener = stock_client if clients == "stock" else our_client
+    async with opener(url, protocol, model, deadline_s, in_flight_bound(rate, deadline_s)) as classify:
         loop = asyncio.get_running_loop()
 
         async def one(index: int, scheduled: float) -> None:
             error = None
             try:
-                await asyncio.wait_for(client.probabilities([images[index % len(images)]]), deadline_s + 0.5)
+                await asyncio.wait_for(classify(images[index % len(images)]), deadline_s + 0.5)
             except Exception as raised:  # every outcome is counted, none raised
                 error = raised
             outcomes.record(loop.time() - scheduled, deadline_s, error)
 
         last_send = await on_schedule(offsets, one)
     return outcomes, last_send
+
+
+@contextlib.asynccontextmanager
+async def our_client(url: str, protocol: str, model: str, deadline_s: float, connections: int):
+    """The project's client: the deadline goes to the server as the request's timeout too."""
+    async with AsyncClassifierClient(
+        url, protocol, model, retry=NO_RETRY, timeout_s=deadline_s, max_connections=connections
+    ) as client:
+        yield lambda image: client.probabilities([image])
+
+
+@contextlib.asynccontextmanager
+async def stock_client(url: str, protocol: str, model: str, deadline_s: float, connections: int):
+    """Triton's own asyncio clients as a user calls them: the deadline is the client's
+    alone (gRPC `client_timeout`, the HTTP session's total timeout), never sent as
+    Triton's `timeout` parameter."""
+    if protocol == "grpc":
+        client = grpcaio.InferenceServerClient(url)
+        call = functools.partial(client.infer, client_timeout=deadline_s)
+        make_input = grpcaio.InferInput
+    else:
+        client = httpaio.InferenceServerClient(url, conn_limit=connections, conn_timeout=deadline_s)
+        call, make_input = client.infer, httpaio.InferInput
+
+    async def classify(image: bytes):
+        batch = pad_batch([image])
+        tensor = make_input(ENSEMBLE_INPUT, list(batch.shape), "UINT8")
+        tensor.set_data_from_numpy(batch)
+        return await call(model, [tensor])
+
+    try:
+        yield classify
+    finally:
+        await client.close()
 
 
 def in_flight_bound(rate: float, wait_s: float) -> int:
@@ -223,19 +266,22 @@ def overload_phase(
     model: str,
     images: list[bytes],
     protocol: str,
-    rate: float,
-    seconds: float,
-    deadline_s: float,
+    multiple: float,
     capacity: float,
     seed: int,
+    settings: OverloadSettings,
 ) -> dict:
+    """One open loop at `multiple` x `capacity` over `protocol`, then its recovery."""
+    rate, seconds, deadline_s, clients = multiple * capacity, settings.seconds, settings.deadline_s, settings.clients
     steps = ensemble_steps(target.http_url, model, target.headers)
     url = target.url(protocol)
     idle_s = asyncio.run(idle_latency_s(url, protocol, model, images[0]))
     before = settled_counts(target.http_url, steps, target.headers)
 
     async def load_then_recover() -> tuple[Outcomes, tuple[float, int]]:
-        outcomes, last_send = await deadline_open_loop(url, protocol, model, images, rate, seconds, deadline_s, seed)
+        outcomes, last_send = await deadline_open_loop(
+            url, protocol, model, images, rate, seconds, deadline_s, seed, clients
+        )
         return outcomes, await recovery_seconds(url, protocol, model, images[0], idle_s, last_send)
 
     outcomes, (recovery, probes) = asyncio.run(load_then_recover())
@@ -244,6 +290,8 @@ def overload_phase(
     answered = len(outcomes.in_time_s)
     return {
         "protocol": protocol,
+        "clients": clients,
+        "multiple": multiple,
         "offered_rps": rate,
         "seconds": seconds,
         "deadline_s": deadline_s,
@@ -253,6 +301,8 @@ def overload_phase(
         "late": outcomes.late,
         "failed": outcomes.failed,
         "failures": outcomes.failures,
+        "refused_share": len(outcomes.refused_s) / max(outcomes.sent, 1),
+        "late_share": outcomes.late / max(outcomes.sent, 1),
         "goodput_rps": answered / seconds,
         "goodput_share": answered / (capacity * seconds),
         "wasted_share": wasted_share(answered + probes, computed),
@@ -277,6 +327,7 @@ class OverloadSettings:
     multiples: tuple[float, ...] = MULTIPLES
     protocols: tuple[str, ...] = PROTOCOLS
     capacity_s: float = 10.0
+    clients: str = "ours"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -288,12 +339,11 @@ def run_overload(target: Target, model: str, images: list[bytes], settings: Over
     phases = []
     for protocol in settings.protocols:
         for multiple in settings.multiples:
-            rate = multiple * capacity
-            log(f"{protocol} at {multiple:g}x ({rate:.0f} requests/s) for {settings.seconds:g} s ...")
-            phase = overload_phase(
-                target, model, images, protocol, rate, settings.seconds, settings.deadline_s, capacity, len(phases)
+            log(
+                f"{protocol}, {settings.clients} clients, at {multiple:g}x ({multiple * capacity:.0f} requests/s) "
+                f"for {settings.seconds:g} s ..."
             )
-            phase["multiple"] = multiple
+            phase = overload_phase(target, model, images, protocol, multiple, capacity, len(phases), settings)
             log("  " + phase_line(phase))
             phases.append(phase)
     return {"model": model, "capacity_rps": capacity, "settings": settings.as_dict(), "phases": phases}
@@ -308,7 +358,8 @@ def phase_line(phase: dict) -> str:
     ms = ms_text
     return (
         f"goodput {phase['goodput_share']:.2f} of capacity, wasted {phase['wasted_share']:.2f}, "
-        f"in time {phase['in_time']}, refused {phase['refused']}, late {phase['late']}, failed {phase['failed']}; "
+        f"in time {phase['in_time']}, refused {phase['refused']} ({phase['refused_share']:.1%}), "
+        f"late {phase['late']} ({phase['late_share']:.1%}), failed {phase['failed']}; "
         f"p99 answered {ms(phase['answered_ms_p99'])}, refused {ms(phase['refused_ms_p99'])}; "
         f"recovered in {phase['recovery_s']:.1f} s"
     )

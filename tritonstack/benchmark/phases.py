@@ -53,8 +53,9 @@ def load_client(url: str, protocol: str, model: str, max_connections: int = 100)
     PEER_PROTOCOL; each answers `probabilities([image])`."""
     if protocol == PEER_PROTOCOL:
         return PeerClient(url, model, REQUEST_TIMEOUT_S, max_connections)
+    # Batch priority: a closed loop measures what the server computes, not its refusals.
     return AsyncClassifierClient(
-        url, protocol, model, retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S, max_connections=max_connections
+        url, protocol, model, retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S, max_connections=max_connections, batch=True
     )
 
 

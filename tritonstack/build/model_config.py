@@ -73,14 +73,23 @@ class DynamicBatching:
     max_queue_delay_us: int = 0
     preferred_batch_sizes: tuple[int, ...] = ()
     queue_policy: QueuePolicy | None = None
+    # Triton's priority levels (0: none); a request naming no priority gets the default
+    # level, and `queue_policy`, unless its level has a policy of its own.
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    level_policies: tuple[tuple[int, QueuePolicy], ...] = ()
 
     def to_proto(self) -> pb.ModelDynamicBatching:
         message = pb.ModelDynamicBatching(
             max_queue_delay_microseconds=self.max_queue_delay_us,
             preferred_batch_size=self.preferred_batch_sizes,
+            priority_levels=self.priority_levels,
+            default_priority_level=self.default_priority_level,
         )
         if self.queue_policy is not None:
             message.default_queue_policy.CopyFrom(self.queue_policy.to_proto())
+        for level, policy in self.level_policies:
+            message.priority_queue_policy[level].CopyFrom(policy.to_proto())
         return message
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from tritonstack import contract
 from tritonstack.build import classifiers
 from tritonstack.build.classifiers import Classifier
+from tritonstack.objective import DEFAULT_OBJECTIVE_MS, check_objective
 from tritonstack.repository_files import DALI_MODEL_FILENAME, DALI_SCRIPT_FILENAME
 
 DEVICES = ("cpu", "gpu")
@@ -50,7 +51,8 @@ class BuildOptions:
     # tritonserver (SIGSEGV, reproduced in this project's suite; the ensemble fixes of
     # triton-inference-server/core#466 came after 2.51). For releases with them.
     max_queue_size: int = 0
-    queue_timeout_ms: int = 30_000
+    # Every step's queue ceiling derives from it (tritonstack.objective); 0: no ceiling.
+    latency_objective_ms: int = DEFAULT_OBJECTIVE_MS
     device: str = "cpu"  # "gpu": nvJPEG decoding, GPU resize/normalize, KIND_GPU
     format: str = "model.dali"  # or "dali.py": serialized by the DALI backend at load
     # Video presets: each clip is decoded to `clip_frames` frames, `frame_stride` apart
@@ -87,8 +89,9 @@ class BuildOptions:
             raise ValueError(f"classifier_instances must be >= 0, not {self.classifier_instances}")
         if self.classifier_batch < 0:
             raise ValueError(f"classifier_batch must be >= 0, not {self.classifier_batch}")
-        if self.max_queue_size < 0 or self.queue_timeout_ms < 0:
-            raise ValueError("max_queue_size and queue_timeout_ms must be >= 0")
+        if self.max_queue_size < 0:
+            raise ValueError(f"max_queue_size must be >= 0, not {self.max_queue_size}")
+        check_objective(self.latency_objective_ms)
         if self.max_queue_delay_us < 0:
             raise ValueError(f"max_queue_delay_us must be >= 0, not {self.max_queue_delay_us}")
 

@@ -20,6 +20,7 @@ import io
 import logging
 import os
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 from tritonstack.build import classifiers, pillow_model, pipelines, quantization
@@ -49,6 +50,7 @@ from tritonstack.contract import (
     boxes_array,
 )
 from tritonstack.media import decode_budget
+from tritonstack.objective import OBJECTIVE_PARAMETER, step_queues
 from tritonstack.repository_files import (
     CONFIG_FILENAME,
     DALI_MODEL_FILENAME,
@@ -76,24 +78,26 @@ WARMUP_SAMPLE_BOXES = ((140.0, 40.0, 330.0, 230.0), (0.0, 0.0, 451.0, 300.0))
 def _batching(
     options: BuildOptions, preferred_batch_sizes: tuple[int, ...] = (), first_step: bool = False
 ) -> DynamicBatching:
-    return DynamicBatching(
-        max_queue_delay_us=options.max_queue_delay_us,
-        preferred_batch_sizes=preferred_batch_sizes,
-        queue_policy=_queue_policy(options, first_step),
-    )
-
-
-def _queue_policy(options: BuildOptions, first_step: bool) -> QueuePolicy | None:
-    """The first step bounds its queue: a request the ensemble cannot serve in time is
-    refused there, before any work (later steps are fed at the first one's pace).
-    Every step refuses what waited past the timeout. A bound on a step that runs in
-    parallel with another step of the same request would hang Triton 2.51's ensemble
-    (docs/reliability.md#overload): our ensembles are chains, and the bound sits on
-    the step before any split."""
+    """Interactive requests wait at most their step's share of the latency objective,
+    batch ones up to BATCH_CEILING_US, after them (tritonstack.objective). The first step
+    may also bound its queue's length. A bound on a step that runs in parallel with
+    another step of the same request would hang Triton 2.51's ensemble
+    (docs/reliability.md#overload): our ensembles are chains, and the bound sits on the
+    step before any split."""
     size = options.max_queue_size if first_step else 0
-    if not size and not options.queue_timeout_ms:
-        return None
-    return QueuePolicy(max_queue_size=size, timeout_us=options.queue_timeout_ms * 1000)
+    queues = step_queues(options.latency_objective_ms, first_step)
+    batching = DynamicBatching(
+        max_queue_delay_us=options.max_queue_delay_us, preferred_batch_sizes=preferred_batch_sizes
+    )
+    if queues is None:
+        return replace(batching, queue_policy=QueuePolicy(max_queue_size=size)) if size else batching
+    return replace(
+        batching,
+        queue_policy=QueuePolicy(max_queue_size=size, timeout_us=queues.interactive_ceiling_us),
+        priority_levels=queues.priority_levels,
+        default_priority_level=queues.default_priority_level,
+        level_policies=((queues.batch_priority, QueuePolicy(max_queue_size=size, timeout_us=queues.batch_ceiling_us)),),
+    )
 
 
 def _preprocessed(classifier: Classifier) -> Tensor:
@@ -234,6 +238,7 @@ def ensemble_config(preset: Preset, options: BuildOptions) -> ModelConfig:
         inputs=inputs,
         outputs=(Tensor(ENSEMBLE_OUTPUT, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),),
         response_cache=options.response_cache,
+        parameters={OBJECTIVE_PARAMETER: str(options.latency_objective_ms)} if options.latency_objective_ms else {},
         steps=(
             EnsembleStep(
                 model_name=preset.preprocessing_name,

@@ -32,7 +32,14 @@ from tritonstack.client.retry import (
     wrong_protocol_message,
 )
 from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
-from tritonstack.contract import DEFAULT_MODEL, ENSEMBLE_BOXES, QUEUES_PER_REQUEST, boxes_array, pad_batch
+from tritonstack.contract import (
+    BATCH_PRIORITY,
+    DEFAULT_MODEL,
+    ENSEMBLE_BOXES,
+    QUEUES_PER_REQUEST,
+    boxes_array,
+    pad_batch,
+)
 from tritonstack.media.regions import check_boxes, oriented_size
 
 PROTOCOLS = ("http", "grpc")
@@ -256,6 +263,7 @@ class ClientBase:
         retry: RetryPolicy = RetryPolicy(),
         shm: str = "none",
         headers: dict[str, str] | None = None,
+        batch: bool = False,
     ):
         check_transport(protocol, shm)
         # "http://host:port" and "grpc://host:port" too (tritonclient refuses a scheme);
@@ -280,6 +288,10 @@ class ClientBase:
         # queued when it passes is refused there instead of computed for nobody;
         # gRPC's own deadline (client_timeout) also cancels it in Triton's queues.
         self._infer_options = request_deadline_options(protocol, timeout_s, self.wait_s)
+        # A batch client (a folder run, a closed-loop benchmark) would rather wait than be
+        # refused at the server's latency objective (tritonstack.contract.BATCH_PRIORITY).
+        if batch:
+            self._infer_options["priority"] = BATCH_PRIORITY
 
     def _deadline(self) -> float | None:
         """When the caller stops waiting for a request started now (time.monotonic())."""

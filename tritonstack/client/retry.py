@@ -33,6 +33,8 @@ import aiohttp
 from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from tritonclient.utils import InferenceServerException
 
+from tritonstack.contract import BATCH_PRIORITY
+
 T = TypeVar("T")
 
 # InferenceServerException.status(): "503" over HTTP, "StatusCode.UNAVAILABLE" over gRPC.
@@ -102,7 +104,11 @@ def is_timeout(error: BaseException) -> bool:
 def describe_error(error: BaseException, timeout_s: float | None = None) -> str:
     """One line that says what went wrong, for a result line or a log."""
     if is_expired(error):
-        return "refused: its deadline passed while it waited in the server's queue (the server is overloaded)"
+        return (
+            "refused: it waited in the server's queue past the server's latency objective or its own timeout "
+            "(the server is overloaded); retry later with backoff, send it as a batch request (priority "
+            f"{BATCH_PRIORITY}) if it can wait, or add capacity"
+        )
     if is_timeout(error):
         return f"timed out after {timeout_s:g} s" if timeout_s else "timed out"
     if is_refusal(error):

@@ -48,7 +48,14 @@ class RunSettings:
     headers: dict[str, str] | None = None  # e.g. tritonstack.contract.admin_headers() for shared memory
 
     def client_options(self) -> dict:
-        return {"timeout_s": self.timeout_s, "retry": self.retry, "shm": self.shm, "headers": self.headers}
+        # A folder run would rather wait than be refused (batch priority).
+        return {
+            "timeout_s": self.timeout_s,
+            "retry": self.retry,
+            "shm": self.shm,
+            "headers": self.headers,
+            "batch": True,
+        }
 
     def model_for(self, clips: bool) -> str:
         return self.video_model if clips else self.model

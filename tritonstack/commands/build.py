@@ -46,7 +46,7 @@ def build(args: argparse.Namespace) -> int:
         max_queue_delay_us=args.max_queue_delay_us,
         classifier_batch=args.classifier_batch,
         max_queue_size=args.max_queue_size,
-        queue_timeout_ms=args.queue_timeout_ms,
+        latency_objective_ms=args.latency_objective_ms,
         device=args.device,
         format=args.format,
         clip_frames=args.clip_frames,
@@ -219,12 +219,13 @@ def _add_build_parser(commands) -> None:
         "(HTTP 503, gRPC UNAVAILABLE); 0: no bound",
     )
     admission.add_argument(
-        "--queue-timeout-ms",
+        "--latency-objective-ms",
         type=cli.non_negative_int,
-        default=defaults.queue_timeout_ms,
+        default=defaults.latency_objective_ms,
         metavar="MS",
-        help="a request still queued at a step after this long is refused (a request's own shorter "
-        "timeout wins); 0: never",
+        help="answer within MS or refuse: each step refuses a request that waited past its share of it "
+        "(HTTP 503, gRPC UNAVAILABLE; a request's own shorter timeout wins; default: %(default)s; 0: no ceiling; "
+        "docs/reliability.md#latency-objective)",
     )
     parser.add_argument(
         "--response-cache",

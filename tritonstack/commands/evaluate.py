@@ -178,7 +178,7 @@ def evaluate(argv: list[str] | None) -> int:
     )
     check_model(url, protocol, args.model, settings.headers, settings.retry)
     with ClassifierClient(
-        url, protocol, args.model, timeout_s=args.timeout, retry=settings.retry, headers=settings.headers
+        url, protocol, args.model, timeout_s=args.timeout, retry=settings.retry, headers=settings.headers, batch=True
     ) as client:
         labels = model_labels(client, [path for path, _ in files])
     try:

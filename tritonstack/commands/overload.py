@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,10 +19,10 @@ from tritonstack.serve.target import given_endpoints, target_server
 
 def main(argv: list[str] | None = None) -> int:
     """The exit code; one-line errors (tritonstack.cli)."""
-    return cli.run(measure, argv)
+    return cli.run(lambda argv: run(parser().parse_args(argv)), argv)
 
 
-def parse_args(argv: list[str] | None):
+def parser() -> argparse.ArgumentParser:
     parser = cli.parser(overload.__doc__)
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--model", default=DEFAULT_MODEL)
@@ -31,6 +32,19 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--multiples", type=cli.positive_float, nargs="+", default=list(overload.MULTIPLES))
     parser.add_argument("--protocols", nargs="+", choices=overload.PROTOCOLS, default=list(overload.PROTOCOLS))
     parser.add_argument("--capacity-seconds", type=cli.positive_float, default=10.0)
+    parser.add_argument(
+        "--clients",
+        choices=overload.CLIENTS,
+        default="ours",
+        help="ours: the deadline is also sent as Triton's `timeout`; stock: Triton's own asyncio clients with only a "
+        "client-side timeout (gRPC client_timeout, HTTP session timeout), as most callers are (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--within-capacity",
+        action="store_true",
+        help=f"one open loop at {overload.WITHIN_CAPACITY:g}x the capacity instead of --multiples: "
+        "what a busy hour refuses or answers late",
+    )
     soak = parser.add_argument_group("--soak: load swinging below and beyond capacity, every answer checked")
     soak.add_argument("--soak", action="store_true", help="run the overload soak instead (exit 1 unless it passes)")
     soak.add_argument("--soak-seconds", type=cli.positive_float, default=overload_soak.SoakSettings.seconds)
@@ -38,11 +52,10 @@ def parse_args(argv: list[str] | None):
     running = parser.add_argument_group("a running server instead of starting one")
     running.add_argument("--url", help="HTTP host:port (or http://host:port)")
     running.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port)")
-    return parser.parse_args(argv)
+    return parser
 
 
-def measure(argv: list[str] | None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     http_url, grpc_url, _ = given_endpoints(args.url, args.grpc_url, None)
     with target_server(args.model_repository, http_url, grpc_url, None) as server:
         target = overload.Target(server.http_url, server.grpc_url, server.admin_headers("http"))
@@ -64,9 +77,10 @@ def settings(args) -> overload.OverloadSettings:
     return overload.OverloadSettings(
         seconds=args.seconds,
         deadline_s=args.deadline_ms / 1000,
-        multiples=tuple(args.multiples),
+        multiples=(overload.WITHIN_CAPACITY,) if args.within_capacity else tuple(args.multiples),
         protocols=tuple(args.protocols),
         capacity_s=args.capacity_seconds,
+        clients=args.clients,
     )
 
 

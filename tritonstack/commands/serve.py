@@ -60,6 +60,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_input_bytes=args.max_input_bytes,
         summary_latencies=not args.no_summary_latencies,
         response_cache_bytes=args.response_cache_mb * 2**20,
+        latency_objective_ms=args.latency_objective_ms,
         trace_otlp_url=args.trace_otlp,
         trace_rate=args.trace_rate,
         stop_grace_s=args.stop_grace_s,
@@ -161,6 +162,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="Triton's local response cache of N MiB, for the models built with `tritonstack build "
         "--response-cache` (default: 0, none; docs/operations.md#response-cache)",
+    )
+    parser.add_argument(
+        "--latency-objective-ms",
+        type=cli.non_negative_int,
+        metavar="MS",
+        help="answer within MS or refuse: every ensemble step's queue ceiling from this objective, applied at load "
+        "without writing the repository (default: the repository's own, `tritonstack build --latency-objective-ms`; "
+        "0: no ceiling; docs/reliability.md#latency-objective)",
     )
     parser.add_argument(
         "--trace-otlp",

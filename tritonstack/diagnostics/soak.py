@@ -140,7 +140,7 @@ class MixedLoad:
     def _work(self, protocol: str, index: int) -> None:
         chooser = random.Random(f"{self.seed}-{protocol}-{index}")
         with ClassifierClient(
-            self.urls[protocol], protocol, self.model, timeout_s=self.timeout_s, retry=NO_RETRY
+            self.urls[protocol], protocol, self.model, timeout_s=self.timeout_s, retry=NO_RETRY, batch=True
         ) as client:
             while not self._stopping.is_set() and self._budget.acquire(blocking=False):
                 bad = chooser.random() < self.bad_ratio

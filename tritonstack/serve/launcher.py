@@ -46,6 +46,7 @@ from tritonstack.serve.limits import limit_address_space
 from tritonstack.serve.loaded import loaded_configs
 from tritonstack.serve.network import is_loopback
 from tritonstack.serve.priority import front_steps, lower_priority
+from tritonstack.serve.queue_ceilings import apply_objective
 from tritonstack.serve.response_cache import cache_ensembles
 from tritonstack.serve.restart import ServerRestarter
 from tritonstack.serve.server_config import ServerConfig
@@ -198,6 +199,8 @@ class TritonServer:
         except process.NotReady as error:
             raise ServerStartError(f"{error}:\n{self.log_errors()}") from None
         self.loaded = self._read_loaded()
+        if self.config.latency_objective_ms is not None:
+            self._apply_objective(self.config.latency_objective_ms)
         if self.config.response_cache_bytes and self.config.explicit_model_control:
             names = cache_ensembles(self.http_url, self.admin_headers("http"), self.loaded)
             LOGGER.info("response cache (%d MiB): on for %s", self.config.response_cache_bytes >> 20, ", ".join(names))
@@ -205,6 +208,15 @@ class TritonServer:
             LOGGER.info(warm_ensembles(self.http_url, self.loaded, self.supervision.warmup_s).summary())
         for callback in self.on_ready:
             callback(self)
+
+    def _apply_objective(self, objective_ms: int) -> None:
+        if not self.config.explicit_model_control:
+            LOGGER.warning("--latency-objective-ms needs explicit model control: the repository's ceilings stay")
+            return
+        reloaded = apply_objective(self.http_url, self.admin_headers("http"), self.loaded, objective_ms)
+        if reloaded:
+            self.loaded = self._read_loaded()
+        LOGGER.info("latency objective %d ms: queue ceilings set for %s", objective_ms, ", ".join(reloaded) or "none")
 
     def _read_loaded(self) -> list[dict]:
         try:

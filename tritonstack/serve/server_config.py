@@ -32,6 +32,7 @@ from tritonstack.backends.settings import (
     backend_config,
 )
 from tritonstack.contract import admin_headers
+from tritonstack.objective import check_objective
 from tritonstack.serve import security
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.security import RESTRICTED_APIS
@@ -95,6 +96,9 @@ class ServerConfig:
     # Triton's local response cache, in bytes (--cache-config=local,size=...); 0: none.
     # Only models whose config enables `response_cache` use it.
     response_cache_bytes: int = 0
+    # Every ensemble step's queue ceiling from this objective (tritonstack.objective),
+    # applied at load without writing the repository; None: the repository's own.
+    latency_objective_ms: int | None = None
     # An OTLP/HTTP collector's traces endpoint (http://host:4318/v1/traces): Triton's
     # OpenTelemetry traces of one request in `trace_rate` go there; None: no tracing.
     trace_otlp_url: str | None = None
@@ -118,6 +122,8 @@ class ServerConfig:
         resolve(self, "extra_args", tuple(self.extra_args))
         if self.trace_otlp_url is not None and not self.trace_otlp_url.startswith(("http://", "https://")):
             raise ValueError(f"the OTLP endpoint must be an http:// or https:// URL, not {self.trace_otlp_url!r}")
+        if self.latency_objective_ms is not None:
+            check_objective(self.latency_objective_ms)
         if self.trace_rate < 1:
             raise ValueError(f"the trace rate must be at least 1 (one request in N), not {self.trace_rate}")
 
