@@ -16,7 +16,9 @@ import pytest
 import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as http_aio
+from google.protobuf import json_format
 from PIL import Image
+from tritonclient.grpc import model_config_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from loadtests.metrics import REFUSED_REASON
@@ -25,8 +27,9 @@ from tests import repo_factory as rf
 from tests.conftest import TEST_STOP_GRACE_S
 from tritonstack.benchmark import overload, overload_soak
 from tritonstack.benchmark.phases import weighted_images
+from tritonstack.build.model_config import read_config
 from tritonstack.build.presets import BuildOptions, preset_named
-from tritonstack.build.repository import write_repository
+from tritonstack.build.repository import classifier_config, dali_config, write_repository
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.protocol import request_deadline_options
 from tritonstack.client.retry import (
@@ -41,7 +44,8 @@ from tritonstack.client.retry import (
     is_timeout,
 )
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
-from tritonstack.samples.photos import photo_bytes, photo_path
+from tritonstack.objective import DEFAULT_OBJECTIVE_MS, OBJECTIVE_PARAMETER
+from tritonstack.samples.photos import photo_bytes, photo_path, sample_jpeg
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig
 
@@ -51,14 +55,47 @@ BLOCKER_IMAGES = 8
 FIRST_STEP_ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 
 
+LITE0 = preset_named("dali_efficientnet_lite0")
+
+
 @pytest.fixture(scope="module")
-def admission_server(tmp_path_factory, model_repository):
-    """The Lite0 ensemble as `tritonstack build` writes it."""
+def admission_repository(tmp_path_factory, model_repository):
+    """The Lite0 ensemble built without a latency objective: no queue ceilings."""
     out = tmp_path_factory.mktemp("admission")
     rf.seed_lite0_export(out)
-    write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),), options=BuildOptions())
-    with TritonServer(ServerConfig(out, restricted_apis=(), stop_grace_s=TEST_STOP_GRACE_S)) as running:
+    write_repository(out, presets=(LITE0,), options=BuildOptions(latency_objective_ms=0))
+    return out
+
+
+@pytest.fixture(scope="module")
+def admission_server(admission_repository):
+    """The Lite0 ensemble served with the default objective, applied at load: what
+    `tritonstack build` writes by default, and what `serve --latency-objective-ms` does."""
+    config = ServerConfig(
+        admission_repository,
+        restricted_apis=(),
+        stop_grace_s=TEST_STOP_GRACE_S,
+        latency_objective_ms=DEFAULT_OBJECTIVE_MS,
+    )
+    with TritonServer(config) as running:
         yield running
+
+
+def test_an_objective_served_sets_the_ceilings_the_build_writes_and_leaves_the_files(
+    admission_server, admission_repository
+):
+    built = {
+        FIRST_STEP: dali_config(LITE0, BuildOptions(), sample_jpeg()),
+        "efficientnet_lite0": classifier_config(LITE0.classifier, BuildOptions()),
+    }
+    with httpclient.InferenceServerClient(admission_server.http_url) as client:
+        for model, config in built.items():
+            served = json_format.ParseDict(client.get_model_config(model), pb.ModelConfig(), ignore_unknown_fields=True)
+            assert served.dynamic_batching == config.to_proto().dynamic_batching, model
+        parameters = client.get_model_config(FIRST_STEP_ENSEMBLE)["parameters"]
+    assert parameters[OBJECTIVE_PARAMETER]["string_value"] == str(DEFAULT_OBJECTIVE_MS)
+    on_disk = read_config(admission_repository / FIRST_STEP).dynamic_batching
+    assert not on_disk.HasField("default_queue_policy") and on_disk.priority_levels == 0  # never written
 
 
 def url_of(server, protocol: str) -> str:
@@ -270,11 +307,15 @@ def overload_target(admission_server):
     return overload.Target(admission_server.http_url, admission_server.grpc_url, admission_server.admin_headers("http"))
 
 
-def test_the_overload_measurement_accounts_for_every_request(overload_target):
+@pytest.mark.parametrize("clients", overload.CLIENTS)
+def test_the_overload_measurement_accounts_for_every_request(overload_target, clients):
     """`tritonstack overload`, short: at 3x the capacity measured first, every request
     ends in time, refused or late (none failed), the steps' own counters say what was
-    computed, and the server is back to idle latency soon after."""
-    settings = overload.OverloadSettings(seconds=4.0, multiples=(3.0,), protocols=("grpc",), capacity_s=3.0)
+    computed, and the server is back to idle latency soon after. Stock clients, which
+    send no `timeout`, are refused too: by the latency objective."""
+    settings = overload.OverloadSettings(
+        seconds=4.0, multiples=(3.0,), protocols=("grpc",), capacity_s=3.0, clients=clients
+    )
     report = overload.run_overload(overload_target, FIRST_STEP_ENSEMBLE, weighted_images(40), settings, log=quiet)
     phase = report["phases"][0]
     assert report["capacity_rps"] > 0
