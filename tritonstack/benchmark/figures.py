@@ -114,7 +114,7 @@ _ROUNDS = (
 
 _SERVER = (
     _promised("server_rss_mb", "MiB", "tritonserver and its stubs right after the rounds", target=("<=", 2048)),
-    Figure("server_rss_mb_by_process", "MiB", "the same by process: tritonserver, stub:<model>"),
+    Figure("server_rss_mb_by_process", "MiB", "the same by process: `tritonserver`, `stub:<model>`"),
     Figure("ensemble_trace_ms_p50", "ms", "where a request's time goes, from Triton's trace (a server started here)"),
 )
 
@@ -340,11 +340,19 @@ def markdown_table(figures: tuple[Figure, ...]) -> str:
 
 
 def _marker(group: str) -> re.Pattern:
-    return re.compile(rf"(<!-- figures:{group} -->\n).*?(\n<!-- /figures:{group} -->)", re.DOTALL)
+    return re.compile(rf"(<!-- figures:{group} -->\n)(?:.*?\n)?(<!-- /figures:{group} -->)", re.DOTALL)
 
 
 def rendered_docs(text: str) -> str:
     """`text` (docs/performance.md) with each group's table rendered between its markers."""
     for group, figures in GROUPS.items():
-        text = _marker(group).sub(lambda match, f=figures: match[1] + markdown_table(f) + match[2], text)
+        text = _marker(group).sub(lambda match, f=figures: match[1] + markdown_table(f) + "\n" + match[2], text)
     return text
+
+
+if __name__ == "__main__":  # python -m tritonstack.benchmark.figures docs/performance.md: render its tables
+    import sys
+    from pathlib import Path
+
+    page = Path(sys.argv[1])
+    page.write_text(rendered_docs(page.read_text()))
