@@ -8,15 +8,16 @@ environment and --a-server-arg added to tritonserver's flags, B serves
 --b-repository (default: A's) with --b-env and --b-server-arg:
 
     tritonstack compare --b-server-arg=--metrics-config=summary_latencies=false --out reports/summaries.json
- Both run for the
-whole comparison, on free loopback ports, but only one is under load at a time:
+
+Both run for the whole comparison, on free loopback ports, but only one is under load at a time:
 each round measures every --model on A then B, on the next round B then A, so the
 drift of a shared machine and the order of the sides both cancel out in the
 medians. Per model it writes the closed-loop rate of each side (images/s at
 --concurrency single-image requests in flight), `b_over_a` (the median of the
 rounds' B/A) with `b_over_a_spread` [min, max], each side's median p50 and p99
 latency with `b_over_a_ms_p99` (the median of the rounds' B/A p99), and each side's
-memory by process after the rounds. Change one thing between A and B; a ratio whose
+memory by process after the rounds (every per-model key is declared in
+tritonstack/benchmark/figures.py, COMPARE). Change one thing between A and B; a ratio whose
 spread straddles 1 is not a change.
 
 With --rate R the load is an open loop instead: Poisson arrivals at R requests/s,
@@ -32,7 +33,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+from dataclasses import dataclass
+from pathlib import Path
 
+from tritonstack.benchmark.figures import COMPARE, SIDES, Median, report
 from tritonstack.benchmark.phases import (
     Phase,
     closed_loop,
@@ -40,13 +44,10 @@ from tritonstack.benchmark.phases import (
     ratios,
     server_rss_mb_by_process,
     weighted_images,
-    write_median,
 )
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.supervision import RecyclePolicy, Supervision
-
-SIDES = ("a", "b")
 
 
 def environment_assignment(text: str) -> tuple[str, str]:
@@ -75,35 +76,49 @@ def interleaved_sides(measure, models: list[str], rounds: int, log=print) -> dic
     return phases
 
 
+@dataclass(frozen=True)
+class ModelComparison:
+    """One model's figures (tritonstack/benchmark/figures.py, COMPARE)."""
+
+    a_images_per_s: Median
+    a_ms_p50: Median
+    a_ms_p99: Median
+    a_errors: int
+    b_images_per_s: Median
+    b_ms_p50: Median
+    b_ms_p99: Median
+    b_errors: int
+    b_over_a: Median
+    b_over_a_ms_p99: Median
+
+
+def model_comparison(phases: dict[tuple[str, str], list[Phase]], model: str) -> ModelComparison:
+    """Each side's median rate and latencies, B/A median and spread."""
+    sides = {}
+    for side in SIDES:
+        measured = [phase for phase in phases[(side, model)] if phase.latencies_s]
+        sides[f"{side}_images_per_s"] = Median.of([phase.images_per_s for phase in measured])
+        sides[f"{side}_ms_p50"] = Median.of([phase.percentile_ms(50) for phase in measured])
+        sides[f"{side}_ms_p99"] = Median.of([phase.percentile_ms(99) for phase in measured])
+        sides[f"{side}_errors"] = sum(phase.errors for phase in phases[(side, model)])
+
+    def b_over_a(measure) -> Median:
+        return Median.of(
+            ratios(
+                [measure(phase) for phase in phases[("b", model)]], [measure(phase) for phase in phases[("a", model)]]
+            )
+        )
+
+    return ModelComparison(
+        **sides,
+        b_over_a=b_over_a(lambda phase: phase.images_per_s),
+        b_over_a_ms_p99=b_over_a(lambda phase: phase.percentile_ms(99)),
+    )
+
+
 def summary(phases: dict[tuple[str, str], list[Phase]], models: list[str]) -> dict:
-    """Per model: each side's median rate and latencies, B/A median and spread."""
-    results: dict = {}
-    for model in models:
-        figures: dict = {}
-        for side in SIDES:
-            measured = [phase for phase in phases[(side, model)] if phase.latencies_s]
-            write_median(figures, f"{side}_images_per_s", [phase.images_per_s for phase in measured])
-            write_median(figures, f"{side}_ms_p50", [phase.percentile_ms(50) for phase in measured])
-            write_median(figures, f"{side}_ms_p99", [phase.percentile_ms(99) for phase in measured])
-            figures[f"{side}_errors"] = sum(phase.errors for phase in phases[(side, model)])
-        write_median(
-            figures,
-            "b_over_a",
-            ratios(
-                [phase.images_per_s for phase in phases[("b", model)]],
-                [phase.images_per_s for phase in phases[("a", model)]],
-            ),
-        )
-        write_median(
-            figures,
-            "b_over_a_ms_p99",
-            ratios(
-                [phase.percentile_ms(99) for phase in phases[("b", model)]],
-                [phase.percentile_ms(99) for phase in phases[("a", model)]],
-            ),
-        )
-        results[model] = figures
-    return results
+    """Per model: its figures."""
+    return {model: report(COMPARE, model_comparison(phases, model)) for model in models}
 
 
 def recycle_policy(above_mib: float | None) -> RecyclePolicy | None:
@@ -111,6 +126,31 @@ def recycle_policy(above_mib: float | None) -> RecyclePolicy | None:
     if above_mib is None:
         return RecyclePolicy()
     return RecyclePolicy(above_mib=above_mib) if above_mib > 0 else None
+
+
+def _server_configs(args: argparse.Namespace, repositories: dict[str, Path]) -> dict[str, ServerConfig]:
+    return {
+        side: ServerConfig(
+            repositories[side],
+            extra_args=tuple(getattr(args, f"{side}_server_arg", ())),
+            response_cache_bytes=getattr(args, f"{side}_response_cache_mb", 0) * 2**20,
+        )
+        for side in SIDES
+    }
+
+
+def _measure(args: argparse.Namespace, servers: dict[str, TritonServer], images: list[bytes]):
+    """measure(side, model, round): one phase, an open loop at --rate or a closed loop."""
+
+    def measure(side: str, model: str, round_index: int) -> Phase:
+        url = servers[side].grpc_url
+        if args.rate:
+            return asyncio.run(
+                open_loop(url, model, images, args.rate, args.seconds, args.warmup_s, poisson_seed=round_index)
+            )
+        return asyncio.run(closed_loop(url, "grpc", model, images, args.concurrency, args.seconds, args.warmup_s))
+
+    return measure
 
 
 def compare(args: argparse.Namespace, log=print) -> dict:
@@ -121,42 +161,15 @@ def compare(args: argparse.Namespace, log=print) -> dict:
     supervisions = {
         side: Supervision(recycle=recycles[side], front_nice=getattr(args, f"{side}_front_nice")) for side in SIDES
     }
-    configs = {
-        side: ServerConfig(
-            repositories[side],
-            extra_args=tuple(getattr(args, f"{side}_server_arg", ())),
-            response_cache_bytes=getattr(args, f"{side}_response_cache_mb", 0) * 2**20,
-        )
-        for side in SIDES
-    }
+    configs = _server_configs(args, repositories)
     with contextlib.ExitStack() as stack:
         servers = {
             side: stack.enter_context(TritonServer(configs[side], supervisions[side], environment=environments[side]))
             for side in SIDES
         }
-
-        def measure(side: str, model: str, round_index: int) -> Phase:
-            if args.rate:
-                return asyncio.run(
-                    open_loop(
-                        servers[side].grpc_url,
-                        model,
-                        images,
-                        args.rate,
-                        args.seconds,
-                        args.warmup_s,
-                        poisson_seed=round_index,
-                    )
-                )
-            return asyncio.run(
-                closed_loop(
-                    servers[side].grpc_url, "grpc", model, images, args.concurrency, args.seconds, args.warmup_s
-                )
-            )
-
         load = f"Poisson arrivals at {args.rate:g}/s" if args.rate else f"{args.concurrency} in flight"
         log(f"{args.rounds} rounds of {', '.join(args.model)} at {load}, {args.seconds:g} s per side...")
-        phases = interleaved_sides(measure, args.model, args.rounds, log)
+        phases = interleaved_sides(_measure(args, servers, images), args.model, args.rounds, log)
         memory = {side: server_rss_mb_by_process(servers[side]) for side in SIDES}
     return {
         **{

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from tritonstack.benchmark import peer
+from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.inprocess import dali_preprocessing
-from tritonstack.benchmark.phases import interleaved, ratios, write_median
+from tritonstack.benchmark.phases import interleaved, ratios
 from tritonstack.benchmark.settings import DALI_PRESET, INT8_PRESET
 from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.presets import preset_named
@@ -36,7 +38,7 @@ from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 from tritonstack.repository_files import ONNX_MODEL_FILENAME
 
 BATCH = 8
-IMAGES = 64  # 8 batches a measure: about 2 s of CPU for the four, per round
+IMAGES = 64  # 8 batches a measure: short enough to interleave every library each round
 PREPROCESSING = preset_named(DALI_PRESET).classifier.preprocessing
 
 
@@ -92,9 +94,16 @@ def _classifier(repository: Path, preset_name: str, tensors: np.ndarray) -> Call
     return lambda batch: session.run(None, {classifier.input_name: tensors[: len(batch)]})
 
 
-def write_cost_ceilings(results: dict, repository: Path, images: list[bytes], repeats: int, log=print) -> None:
-    """`cpu_ms_per_image` (medians per library, `_spread` each) and the ceilings
-    `int8_vs_fp32_ensemble_ceiling` and `dali_vs_pil_ensemble_ceiling`."""
+@dataclass(frozen=True)
+class CostFigures:
+    cpu_ms_per_image: dict[str, float]  # per library: the median of the rounds
+    cpu_ms_per_image_spread: dict[str, list[float]]
+    int8_vs_fp32_ensemble_ceiling: Median
+    dali_vs_pil_ensemble_ceiling: Median
+
+
+def cost_figures(repository: Path, images: list[bytes], repeats: int, log=print) -> CostFigures:
+    """Each library's CPU per image, interleaved, and the ceilings they set."""
     images = images[:IMAGES]
     tensors = _pillow(images[:BATCH])  # a classifier's cost does not depend on its pixels
     measures = {
@@ -108,17 +117,15 @@ def write_cost_ceilings(results: dict, repository: Path, images: list[bytes], re
     log("CPU per image of each library alone, one thread (in process)...")
     rounds = interleaved(measures, repeats, log)
     costs = {name: np.asarray(values) for name, values in rounds.items()}
-    results["cpu_ms_per_image"] = {name: round(float(np.median(values)), 3) for name, values in costs.items()}
-    results["cpu_ms_per_image_spread"] = {
-        name: [round(float(values.min()), 3), round(float(values.max()), 3)] for name, values in costs.items()
-    }
-    write_median(
-        results,
-        "int8_vs_fp32_ensemble_ceiling",
-        ratios(list(costs["dali"] + costs["fp32"]), list(costs["dali"] + costs["int8"])),
-    )
-    write_median(
-        results,
-        "dali_vs_pil_ensemble_ceiling",
-        ratios(list(costs["pil"] + costs["fp32"]), list(costs["dali"] + costs["fp32"])),
+    return CostFigures(
+        cpu_ms_per_image={name: round(float(np.median(values)), 3) for name, values in costs.items()},
+        cpu_ms_per_image_spread={
+            name: [round(float(values.min()), 3), round(float(values.max()), 3)] for name, values in costs.items()
+        },
+        int8_vs_fp32_ensemble_ceiling=Median.of(
+            ratios(list(costs["dali"] + costs["fp32"]), list(costs["dali"] + costs["int8"]))
+        ),
+        dali_vs_pil_ensemble_ceiling=Median.of(
+            ratios(list(costs["pil"] + costs["fp32"]), list(costs["dali"] + costs["fp32"]))
+        ),
     )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.peer import PEER_PROTOCOL, PeerClient
 from tritonstack.benchmark.settings import CAPACITY_MAX_FRACTION, DALI_ENSEMBLE, REQUEST_TIMEOUT_S, Settings
 from tritonstack.client.aio import AsyncClassifierClient
@@ -217,16 +218,16 @@ def ratios(numerators: list[float | None], denominators: list[float | None]) -> 
 
 def write_median(results: dict, key: str, values: list[float]) -> None:
     """`key` = the median of `values`, `<key>_spread` = [min, max]; None for both
-    when nothing was measured."""
-    results[key] = float(np.median(values)) if values else None
-    results[f"{key}_spread"] = [float(min(values)), float(max(values))] if values else None
+    when nothing was measured (a Median written into a dict)."""
+    median = Median.of(values)
+    results[key], results[f"{key}_spread"] = median.value, median.spread
 
 
 def current_saturation(server, images: list[bytes], concurrency: int, settings: Settings) -> Phase:
     """The ensemble's closed-loop rate now. An open loop's rate is set from the
-    saturation measured just before it: this machine's speed drifts by 10-25 % within
-    minutes, and at 70 % of a stale saturation the real load can be 80 %, where the
-    tail is twice as long."""
+    saturation measured just before it: a shared machine's speed drifts within minutes,
+    and a fraction of a stale saturation is another load, with another tail
+    (docs/performance.md, "Method")."""
     return asyncio.run(
         closed_loop(server.grpc_url, "grpc", DALI_ENSEMBLE, images, concurrency, settings.seconds, settings.warmup_s)
     )

@@ -11,10 +11,11 @@ tests' corpus) with Lite0, CONCURRENCY photos in flight from one asyncio client:
   client's cutting is not counted), then the photo's crops sent at once, each alone, to
   ensemble_dali_efficientnet_lite0, as a user without the regions preset does.
 
-Written: regions_crops_per_s, per_crop_crops_per_s and regions_speedup (their ratio), and
-the same per second of the server's CPU (`_per_cpu_s`, `regions_speedup_per_cpu_s`: on a
-machine shared with other work, the steadier figure), each the median of `repeats`
-interleaved rounds with `<key>_spread` [min, max]; the box count.
+Written (declared in tritonstack/benchmark/figures.py, REGIONS): regions_crops_per_s,
+per_crop_crops_per_s and regions_speedup (their ratio), and the same per second of the
+server's CPU (`_per_cpu_s`, `regions_speedup_per_cpu_s`: on a machine shared with other
+work, the steadier figure), each the median of `repeats` interleaved rounds with
+`<key>_spread` [min, max]; the box count.
 """
 
 from __future__ import annotations
@@ -22,18 +23,13 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
-from tritonstack.benchmark.phases import (
-    Phase,
-    closed_loop,
-    interleaved,
-    ratios,
-    server_cpu_seconds,
-    write_median,
-)
+from tritonstack.benchmark.figures import REGIONS, Median, report
+from tritonstack.benchmark.phases import Phase, closed_loop, interleaved, ratios, server_cpu_seconds
 from tritonstack.benchmark.results import cpu_model
 from tritonstack.benchmark.settings import DALI_ENSEMBLE, Settings
 from tritonstack.contract import DEFAULT_REGIONS_MODEL
@@ -58,6 +54,23 @@ def regions_workload(boxes: int, seed: int = 0) -> tuple[bytes, list[tuple[float
     return photo, regions, crops
 
 
+@dataclass(frozen=True)
+class RegionFigures:
+    boxes: int
+    concurrency: int
+    photo: str
+    cpu_model: str
+    cpu_count: int | None
+    settings: dict
+    errors: int
+    regions_crops_per_s: Median
+    per_crop_crops_per_s: Median
+    regions_speedup: Median
+    regions_crops_per_cpu_s: Median
+    per_crop_crops_per_cpu_s: Median
+    regions_speedup_per_cpu_s: Median
+
+
 def run_regions(server, boxes: int, settings: Settings, log=print) -> dict:
     """The figures above, on `server` (which serves both ensembles)."""
     photo, regions, crops = regions_workload(boxes)
@@ -67,23 +80,27 @@ def run_regions(server, boxes: int, settings: Settings, log=print) -> dict:
         "per_crop": lambda: _phase(server, DALI_ENSEMBLE, crops, boxes, settings, _classify_each),
     }
     rounds = interleaved(measures, settings.repeats, log)
-    results = {
-        "boxes": boxes,
-        "concurrency": CONCURRENCY,
-        "photo": PHOTO,
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "settings": {"seconds": settings.seconds, "warmup_s": settings.warmup_s, "repeats": settings.repeats},
-    }
-    results["errors"] = sum(phase.errors for phases in rounds.values() for phase in phases)
     # A round in which no photo's answer came back within the window measured nothing (None),
     # not a rate of zero: it gives no ratio.
-    for suffix, rate in (("", _per_s), ("_per_cpu_s", _per_cpu_s)):
+    medians = {}
+    for suffix, rate in (("_per_s", _per_s), ("_per_cpu_s", _per_cpu_s)):
         rates = {name: [rate(phase) for phase in phases] for name, phases in rounds.items()}
-        write_median(results, f"regions_crops{suffix or '_per_s'}", [r for r in rates["regions"] if r is not None])
-        write_median(results, f"per_crop_crops{suffix or '_per_s'}", [r for r in rates["per_crop"] if r is not None])
-        write_median(results, f"regions_speedup{suffix}", ratios(rates["regions"], rates["per_crop"]))
-    return results
+        medians[f"regions_crops{suffix}"] = Median.of([r for r in rates["regions"] if r is not None])
+        medians[f"per_crop_crops{suffix}"] = Median.of([r for r in rates["per_crop"] if r is not None])
+        medians[f"regions_speedup{suffix.removeprefix('_per_s')}"] = Median.of(
+            ratios(rates["regions"], rates["per_crop"])
+        )
+    figures = RegionFigures(
+        boxes=boxes,
+        concurrency=CONCURRENCY,
+        photo=PHOTO,
+        cpu_model=cpu_model(),
+        cpu_count=os.cpu_count(),
+        settings={"seconds": settings.seconds, "warmup_s": settings.warmup_s, "repeats": settings.repeats},
+        errors=sum(phase.errors for phases in rounds.values() for phase in phases),
+        **medians,
+    )
+    return report(REGIONS, figures)
 
 
 def _per_s(phase: Phase) -> float | None:

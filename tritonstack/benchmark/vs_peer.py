@@ -4,7 +4,8 @@ tries both on one machine would measure.
 Both are driven by the same asyncio client over HTTP (aiohttp underneath), one image
 a request from the same corpus, the same number in flight, in the same interleaved
 rounds as the rest of the benchmark; CPU per image counts each server's whole
-process tree (tritonserver and its stubs; uvicorn and its workers). Writes:
+process tree (tritonserver and its stubs; uvicorn and its workers). Its figures
+(declared in tritonstack/benchmark/figures.py):
 
 - peer_images_per_s, peer_cpu_ms_per_image, vs_peer_throughput (ours / the peer's
   images per second), vs_peer_cpu (our CPU per image / the peer's: below 1 is
@@ -20,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
+from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.peer import PEER_PROTOCOL
-from tritonstack.benchmark.phases import Phase, interleaved, measured_phase, open_loop, ratios, url_for, write_median
+from tritonstack.benchmark.phases import Phase, interleaved, measured_phase, open_loop, ratios, url_for
 from tritonstack.benchmark.settings import (
     CLASSIFIER,
     DALI_ENSEMBLE,
@@ -60,17 +63,50 @@ def peer_measures(
     }
 
 
-def write_vs_peer(results: dict, rounds: dict[str, list[Phase]]) -> None:
-    """The keys above from the rounds; None where the peer was not measured."""
+@dataclass(frozen=True)
+class PeerOpenLoop:
+    """Both sides at the same Poisson rate: the rate and each side's p50 and p99
+    (`latency`), our p99 over the peer's per round, the failures."""
+
+    latency: dict
+    p99_ratio: Median
+    errors: int
+
+
+@dataclass(frozen=True)
+class PeerFigures:
+    peer_images_per_s: Median
+    peer_cpu_ms_per_image: Median
+    vs_peer_throughput: Median
+    vs_peer_cpu: Median
+    int8_peer_images_per_s: Median
+    int8_peer_cpu_ms_per_image: Median
+    int8_vs_peer_throughput: Median
+    int8_vs_peer_cpu: Median
+    vs_peer_latency: dict | None
+    vs_peer_open_loop_p99: Median
+    errors: int
+
+
+def peer_figures(rounds: dict[str, list[Phase]], open_loop: PeerOpenLoop | None) -> PeerFigures:
+    """The figures above from the rounds and the open loop; None where the peer was not measured."""
+    medians = {}
     for prefix, (ours, theirs) in PAIRS.items():
         rates = {name: [phase.images_per_s for phase in rounds.get(name, [])] for name in (ours, theirs)}
         per_cpu = {name: [phase.images_per_cpu_s for phase in rounds.get(name, [])] for name in (ours, theirs)}
-        write_median(results, f"{prefix}peer_images_per_s", rates[theirs])
-        write_median(results, f"{prefix}peer_cpu_ms_per_image", [1000 / value for value in per_cpu[theirs] if value])
-        write_median(results, f"{prefix}vs_peer_throughput", ratios(rates[ours], rates[theirs]))
-        write_median(results, f"{prefix}vs_peer_cpu", ratios(per_cpu[theirs], per_cpu[ours]))
-    results["vs_peer_latency"] = {"saturation": saturation_latency(rounds)} if "peer" in rounds else None
-    write_median(results, "vs_peer_open_loop_p99", [])  # written by write_peer_open_loop when it runs
+        medians[f"{prefix}peer_images_per_s"] = Median.of(rates[theirs])
+        medians[f"{prefix}peer_cpu_ms_per_image"] = Median.of([1000 / value for value in per_cpu[theirs] if value])
+        medians[f"{prefix}vs_peer_throughput"] = Median.of(ratios(rates[ours], rates[theirs]))
+        medians[f"{prefix}vs_peer_cpu"] = Median.of(ratios(per_cpu[theirs], per_cpu[ours]))
+    latency = None
+    if "peer" in rounds:
+        latency = {"saturation": saturation_latency(rounds)} | ({"open_loop": open_loop.latency} if open_loop else {})
+    return PeerFigures(
+        **medians,
+        vs_peer_latency=latency,
+        vs_peer_open_loop_p99=open_loop.p99_ratio if open_loop else Median.of([]),
+        errors=open_loop.errors if open_loop else 0,
+    )
 
 
 def saturation_latency(rounds: dict[str, list[Phase]]) -> dict:
@@ -83,12 +119,18 @@ def saturation_latency(rounds: dict[str, list[Phase]]) -> dict:
     }
 
 
-def write_peer_open_loop(results: dict, server, peer, images: list[bytes], settings: Settings, log) -> int:
-    """Both at the same Poisson rate, OPEN_LOOP_LOAD of the slower's saturation;
-    returns failures."""
-    slower = min(results["http_images_per_s"] or 0.0, results["peer_images_per_s"] or 0.0)
+def slower_rate(rounds: dict[str, list[Phase]]) -> float:
+    """The slower side's median images per second in the HTTP rounds; 0 where one was not measured."""
+    ours = Median.of([phase.images_per_s for phase in rounds.get("http", []) if phase.images_per_s]).value
+    theirs = Median.of([phase.images_per_s for phase in rounds.get("peer", [])]).value
+    return min(ours or 0.0, theirs or 0.0)
+
+
+def peer_open_loop(server, peer, images: list[bytes], settings: Settings, slower: float, log) -> PeerOpenLoop | None:
+    """Both at the same Poisson rate, OPEN_LOOP_LOAD of the slower's saturation
+    (`slower`); None when a side measured nothing."""
     if not slower:
-        return 0
+        return None
     rate = OPEN_LOOP_LOAD * slower
     seconds = max(settings.open_loop_s, (settings.open_loop_min_requests + 1) / rate)
     log(f"open loop against the peer: {rate:.1f} requests/s over HTTP, {settings.repeats} interleaved rounds...")
@@ -100,7 +142,7 @@ def write_peer_open_loop(results: dict, server, peer, images: list[bytes], setti
         return asyncio.run(loop)
 
     rounds = interleaved({side: (lambda side=side: measure(side, seed=7)) for side in sides}, settings.repeats, log)
-    latency = results["vs_peer_latency"]["open_loop"] = {"rate": rate}
+    latency: dict = {"rate": rate}
     for side, phases in rounds.items():
         measured = [phase for phase in phases if phase.latencies_s]
         latency[side] = {
@@ -108,5 +150,5 @@ def write_peer_open_loop(results: dict, server, peer, images: list[bytes], setti
             for q in (50, 99)
         }
     p99 = {side: [phase.percentile_ms(99) if phase.latencies_s else None for phase in rounds[side]] for side in sides}
-    write_median(results, "vs_peer_open_loop_p99", ratios(p99["ours"], p99["peer"]))
-    return sum(phase.errors for phases in rounds.values() for phase in phases)
+    errors = sum(phase.errors for phases in rounds.values() for phase in phases)
+    return PeerOpenLoop(latency, Median.of(ratios(p99["ours"], p99["peer"])), errors)

@@ -1,0 +1,358 @@
+"""Every figure the benchmark tools write, declared once: its JSON key, unit, target and
+ceiling where it has them, and one line of meaning.
+
+A phase returns a frozen dataclass whose field names are the keys it measures (a
+`Median` field is written as `<key>` and `<key>_spread`); `report` merges the phases'
+results once, and refuses a key that is not declared here or that two phases write.
+results.py's required keys, targets and ceilings, run.py's docstring and the tables of
+docs/performance.md ("Every figure") are read from these declarations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+SIDES = ("a", "b")  # `tritonstack compare`'s two servers
+
+
+@dataclass(frozen=True)
+class Median:
+    """The median of per-round values and their [min, max]; None for both when nothing
+    was measured (a round whose side measured nothing gives no value)."""
+
+    value: float | dict | None
+    spread: list | dict | None
+
+    @classmethod
+    def of(cls, values: list[float]) -> Median:
+        if not values:
+            return cls(None, None)
+        return cls(float(np.median(values)), [float(min(values)), float(max(values))])
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One key of a report. `promised`: every run writes it, and a smoke run on a
+    repository with every preset gives it a value (tests/test_benchmark.py)."""
+
+    key: str
+    unit: str
+    meaning: str
+    target: tuple[str, float] | None = None  # (">=" or "<=", value)
+    ceiling: str | None = None  # the key of the most this CPU allows it (tritonstack/benchmark/cost.py)
+    spread: bool = False  # a Median: written with `<key>_spread`, [min, max] over the rounds
+    promised: bool = False
+
+
+def _median(key: str, unit: str, meaning: str, **declared) -> Figure:
+    return Figure(key, unit, meaning, spread=True, **declared)
+
+
+def _promised(key: str, unit: str, meaning: str, **declared) -> Figure:
+    return Figure(key, unit, meaning, promised=True, **declared)
+
+
+def _promised_median(key: str, unit: str, meaning: str, **declared) -> Figure:
+    return Figure(key, unit, meaning, spread=True, promised=True, **declared)
+
+
+_MACHINE = (
+    Figure("settings", "", "the phases' durations and rounds (tritonstack/benchmark/settings.py)"),
+    _promised("cpu_model", "", "the CPU, as /proc/cpuinfo names it"),
+    _promised("cpu_flags", "", "the CPU's instruction-set extensions that change which kernels run"),
+    _promised("cpu_count", "cores", "the cores this process sees"),
+    _promised("versions", "", "tritonserver, Python and the measured libraries' versions"),
+    Figure("inprocess_best_setting", "", "the in-process reference's best (batch, DALI threads, ORT threads)"),
+    Figure("server_best_concurrency", "requests", "the gRPC concurrency that saturates the DALI ensemble"),
+    _promised("errors", "requests", "failed requests over every phase", target=("<=", 0)),
+)
+
+_ROUNDS = (
+    _promised_median("inprocess_images_per_s", "images/s", "DALI + ONNX Runtime in this process, no server"),
+    _promised_median("server_images_per_s", "images/s", "the DALI ensemble over gRPC at its best concurrency"),
+    _median("http_images_per_s", "images/s", "the same over HTTP"),
+    _median("pil_ensemble_images_per_s", "images/s", "the Pillow ensemble over gRPC"),
+    _promised_median("dali_preprocess_images_per_s", "images/s", "the DALI preprocessing model alone"),
+    _promised_median("pil_preprocess_images_per_s", "images/s", "the Pillow preprocessing model alone"),
+    _median("int8_ensemble_images_per_s", "images/s", "the INT8 ensemble over gRPC"),
+    _promised_median("serving_efficiency", "ratio", "server / in process, images per second", target=(">=", 0.90)),
+    _promised_median("http_vs_grpc", "ratio", "HTTP / gRPC, images per second"),
+    _promised_median(
+        "dali_vs_pil_ensemble",
+        "ratio",
+        "DALI / Pillow ensemble, images per second",
+        target=(">=", 1.5),
+        ceiling="dali_vs_pil_ensemble_ceiling",
+    ),
+    _promised_median(
+        "dali_vs_pil_preprocess", "ratio", "DALI / Pillow preprocessing alone, images per second", target=(">=", 1.5)
+    ),
+    _promised_median(
+        "int8_vs_fp32_ensemble",
+        "ratio",
+        "INT8 / FP32 ensemble, images per second",
+        target=(">=", 1.5),
+        ceiling="int8_vs_fp32_ensemble_ceiling",
+    ),
+    _median("dali_preprocess_images_per_cpu_s", "images/CPU-s", "the DALI preprocessing model per server CPU second"),
+    _median("pil_preprocess_images_per_cpu_s", "images/CPU-s", "the Pillow preprocessing model per server CPU second"),
+    _promised_median("dali_vs_pil_per_cpu_second", "ratio", "DALI / Pillow preprocessing, per server CPU second"),
+    _promised_median("inprocess_images_per_cpu_s", "images/CPU-s", "the in-process reference per CPU second"),
+    _promised_median("server_images_per_cpu_s", "images/CPU-s", "tritonserver and its stubs, client excluded"),
+    _promised_median(
+        "cpu_efficiency",
+        "ratio",
+        "server / in-process images per CPU second (1: nothing spent beyond the libraries)",
+        target=(">=", 0.95),
+    ),
+    Figure("client_cpu_share", "cores", "the share of a core the asyncio client used in the gRPC rounds"),
+)
+
+_SERVER = (
+    _promised("server_rss_mb", "MiB", "tritonserver and its stubs right after the rounds", target=("<=", 2048)),
+    Figure("server_rss_mb_by_process", "MiB", "the same by process: `tritonserver`, `stub:<model>`"),
+    Figure("ensemble_trace_ms_p50", "ms", "where a request's time goes, from Triton's trace (a server started here)"),
+)
+
+_SINGLE = (
+    _promised_median(
+        "ensemble_overhead_ms_p50", "ms", "client latency minus the steps' compute, concurrency 1", target=("<=", 1.0)
+    ),
+    _promised_median(
+        "ensemble_overhead_share", "ratio", "the overhead / the single-request latency", target=("<=", 0.04)
+    ),
+    _promised_median("latency_ms_p50_concurrency_1", "ms", "one request at a time"),
+    Figure("grpc_round_trip_ms_p50", "ms", "the floor of any gRPC call (is_server_live)"),
+    Figure("ensemble_hops_ms_p50", "ms", "per hop and step part, from Triton's statistics"),
+)
+
+_OPEN_LOOP = (
+    _promised("open_loop_requests", "requests", "the fewest requests of the open-loop runs"),
+    _promised_median("open_loop_rate", "requests/s", "70 % of the saturation measured right before"),
+    _promised_median("open_loop_ms_p50", "ms", "p50 in that open loop"),
+    _promised_median("open_loop_ms_p99", "ms", "p99 in that open loop"),
+    _promised_median("p99_over_p50", "ratio", "the tail at 70 % load", target=("<=", 2.5)),
+)
+
+_CAPACITY = (
+    Figure("capacity_slo_ms", "ms", "the capacity's p99 budget: 8 single-request medians"),
+    _promised("capacity_at_slo", "fraction", "the highest share of saturation whose Poisson p99 meets the SLO"),
+    Figure("capacity_probes", "", "every probe of that search: fraction, saturation, rate, p99, errors"),
+    _promised("ideal_queue_capacity", "fraction", "the same on an ideal queue (tritonstack/benchmark/ideal_queue.py)"),
+    _promised("capacity_vs_ideal_queue", "ratio", "capacity_at_slo / ideal_queue_capacity", target=(">=", 0.90)),
+)
+
+_INT8_AGREEMENT = (
+    _promised("int8_top1_agreement", "fraction", "INT8 top-1 = FP32 top-1, the 13 parity photos"),
+    _promised("int8_top5_overlap", "labels", "mean top-5 overlap with FP32, the 13 parity photos"),
+    Figure("int8_top1_agreement_clear", "fraction", "top-1 agreement where FP32 leads clearly, parity photos"),
+    _promised("int8_top1_agreement_crops", "fraction", "INT8 top-1 = FP32 top-1, 216 crops", target=(">=", 0.85)),
+    _promised("int8_top5_overlap_crops", "labels", "mean top-5 overlap with FP32, 216 crops"),
+    _promised(
+        "int8_top1_agreement_clear_crops",
+        "fraction",
+        "top-1 agreement where FP32 leads clearly, crops",
+        target=(">=", 0.95),
+    ),
+)
+
+_COST = (
+    _promised("cpu_ms_per_image", "CPU ms", "each library alone, one thread: dali, pil, pil_8bit, fp32, int8"),
+    _promised("cpu_ms_per_image_spread", "CPU ms", "[min, max] of each over the rounds"),
+    _promised_median("int8_vs_fp32_ensemble_ceiling", "ratio", "(dali + fp32) / (dali + int8)"),
+    _promised_median("dali_vs_pil_ensemble_ceiling", "ratio", "(pil + fp32) / (dali + fp32)"),
+)
+
+_PEER = (
+    _promised_median("peer_images_per_s", "images/s", "the FastAPI peer serving the FP32 classifier"),
+    _promised_median("peer_cpu_ms_per_image", "CPU ms", "the peer's CPU per image (uvicorn and its workers)"),
+    _promised_median("vs_peer_throughput", "ratio", "ours / the peer's images per second", target=(">=", 1.0)),
+    _promised_median("vs_peer_cpu", "ratio", "our CPU per image / the peer's", target=("<=", 1.0)),
+    _promised_median("int8_peer_images_per_s", "images/s", "the peer serving the INT8 classifier"),
+    _promised_median("int8_peer_cpu_ms_per_image", "CPU ms", "its CPU per image"),
+    _promised_median(
+        "int8_vs_peer_throughput", "ratio", "INT8: ours / the peer's images per second", target=(">=", 1.0)
+    ),
+    _promised_median("int8_vs_peer_cpu", "ratio", "INT8: our CPU per image / the peer's", target=("<=", 1.0)),
+    _promised("vs_peer_latency", "ms", "both sides' p50 and p99 at saturation and in the open loop"),
+    _promised_median(
+        "vs_peer_open_loop_p99", "ratio", "our p99 / the peer's, same Poisson arrivals at 70 %", target=("<=", 1.0)
+    ),
+)
+
+_WRITTEN_AFTER = (
+    Figure("benchmark_seconds", "s", "the whole run (the command line adds it)"),
+    Figure("missed_targets", "", "each target not met, with this CPU's ceiling where it has one"),
+)
+
+# `tritonstack benchmark`: one JSON object.
+BENCHMARK = (
+    *_MACHINE,
+    *_ROUNDS,
+    *_SERVER,
+    *_SINGLE,
+    *_OPEN_LOOP,
+    *_CAPACITY,
+    *_INT8_AGREEMENT,
+    *_COST,
+    *_PEER,
+    *_WRITTEN_AFTER,
+)
+
+# `tritonstack benchmark --regions N` (tritonstack/benchmark/region_speedup.py).
+REGIONS = (
+    Figure("boxes", "boxes", "per photo"),
+    Figure("concurrency", "requests", "photos in flight"),
+    Figure("photo", "", "the corpus photo the boxes are cut from"),
+    Figure("cpu_model", "", "the CPU, as /proc/cpuinfo names it"),
+    Figure("cpu_count", "cores", "the cores this process sees"),
+    Figure("settings", "", "seconds, warmup_s and repeats"),
+    Figure("errors", "requests", "failed requests"),
+    _median("regions_crops_per_s", "crops/s", "the photo and its boxes in one request"),
+    _median("per_crop_crops_per_s", "crops/s", "each box cut and sent alone"),
+    _median("regions_speedup", "ratio", "regions / per crop, crops per second"),
+    _median("regions_crops_per_cpu_s", "crops/CPU-s", "regions, per second of the server's CPU"),
+    _median("per_crop_crops_per_cpu_s", "crops/CPU-s", "per crop, per second of the server's CPU"),
+    _median("regions_speedup_per_cpu_s", "ratio", "the same ratio per server CPU second (the steadier)"),
+    Figure("benchmark_seconds", "s", "the whole run (the command line adds it)"),
+)
+
+# `tritonstack compare`: per model, under "models".
+COMPARE = (
+    *(
+        figure
+        for side in SIDES
+        for figure in (
+            _median(f"{side}_images_per_s", "images/s", f"{side.upper()}'s rate: closed loop, or the open loop's"),
+            _median(f"{side}_ms_p50", "ms", f"{side.upper()}'s p50"),
+            _median(f"{side}_ms_p99", "ms", f"{side.upper()}'s p99"),
+            Figure(f"{side}_errors", "requests", f"{side.upper()}'s failed requests, every round"),
+        )
+    ),
+    _median("b_over_a", "ratio", "B / A images per second, per round"),
+    _median("b_over_a_ms_p99", "ratio", "B / A p99, per round"),
+)
+
+# `tritonstack overload`: per protocol and load multiple, under "phases".
+OVERLOAD = (
+    Figure("protocol", "", "grpc or http"),
+    Figure("multiple", "x capacity", "the offered load"),
+    Figure("offered_rps", "requests/s", "Poisson arrivals at multiple x capacity"),
+    Figure("seconds", "s", "the open loop's length"),
+    Figure("deadline_s", "s", "every request's deadline, sent as its timeout"),
+    Figure("sent", "requests", "all requests sent"),
+    Figure("in_time", "requests", "answered before the deadline"),
+    Figure("refused", "requests", "the server said no before the deadline"),
+    Figure("late", "requests", "no answer before the deadline, or one after it"),
+    Figure("failed", "requests", "anything else"),
+    Figure("failures", "", "the failed requests' errors, counted"),
+    Figure("goodput_rps", "requests/s", "answered in time per second"),
+    Figure("goodput_share", "fraction", "answered in time / (capacity x seconds)"),
+    Figure("wasted_share", "fraction", "the worst step's computed images that reached nobody in time"),
+    Figure("computed_by_step", "images", "each step's inference_count over the phase"),
+    Figure("answered_ms_p99", "ms", "p99 of answers in time"),
+    Figure("refused_ms_p99", "ms", "p99 of refusals"),
+    Figure("idle_ms", "ms", "a lone request's latency before the load"),
+    Figure("recovery_s", "s", "from the last send until a lone request is back within twice idle_ms"),
+)
+
+# `tritonstack overload --soak`: per period of the swinging load, under "periods".
+OVERLOAD_SOAK = (
+    Figure("multiple", "x capacity", "the period's load"),
+    Figure("in_time", "requests", "answered before the deadline"),
+    Figure("answered_late", "requests", "answered within the grace after the deadline"),
+    Figure("refused", "requests", "the server said no"),
+    Figure("unresolved", "requests", "neither answered nor refused within deadline + grace"),
+    Figure("wrong", "requests", "answers that differ from the same image's at idle"),
+    Figure("failed", "requests", "anything else"),
+    Figure("failures", "", "the failed requests' errors, counted"),
+    Figure("goodput_share", "fraction", "answered in time / (capacity x period)"),
+    Figure("answered_ms_p99", "ms", "p99 of answers in time"),
+    Figure("refused_ms_p99", "ms", "p99 of refusals"),
+)
+
+GROUPS = {
+    "benchmark": BENCHMARK,
+    "regions": REGIONS,
+    "compare": COMPARE,
+    "overload": OVERLOAD,
+    "overload_soak": OVERLOAD_SOAK,
+}
+
+SUMMED = "errors"  # every phase counts its own failures; the report holds their sum
+
+
+def written_keys(figures: tuple[Figure, ...]) -> tuple[str, ...]:
+    """Every key a report of these figures holds: each figure's, and its `_spread`."""
+    return tuple(key for figure in figures for key in (figure.key, *([f"{figure.key}_spread"] * figure.spread)))
+
+
+def report(figures: tuple[Figure, ...], *parts) -> dict:
+    """The phases' results (frozen dataclasses) merged once, in the registry's order."""
+    declared = {figure.key: figure for figure in figures}
+    written: dict = {}
+    for part in parts:
+        for field in dataclasses.fields(part):
+            key, value = field.name, getattr(part, field.name)
+            if key not in declared:
+                raise KeyError(f"{key} is not declared in tritonstack/benchmark/figures.py")
+            if key == SUMMED:
+                written[key] = written.get(key, 0) + value
+                continue
+            if key in written:
+                raise KeyError(f"{key} is written by two phases")
+            if isinstance(value, Median) != declared[key].spread:
+                raise TypeError(f"{key}: a Median exactly where the registry declares a spread")
+            written |= {key: value.value, f"{key}_spread": value.spread} if isinstance(value, Median) else {key: value}
+    order = written_keys(figures)
+    return dict(sorted(written.items(), key=lambda item: order.index(item[0])))
+
+
+def docstring_listing(figures: tuple[Figure, ...], width: int = 88) -> str:
+    """The keys, wrapped as prose lines for a module docstring."""
+    lines, line = [], ""
+    for key in (figure.key for figure in figures):
+        if line and len(line) + len(key) + 2 > width:
+            lines.append(line + ",")
+            line = ""
+        line = f"{line}, {key}" if line else key
+    return "\n".join([*lines, line + "."])
+
+
+def _target_text(figure: Figure) -> str:
+    if figure.target is None:
+        return ""
+    sense, value = figure.target
+    text = f"{'≥' if sense == '>=' else '≤'} {value:g}"
+    return f"{text} (ceiling: `{figure.ceiling}`)" if figure.ceiling else text
+
+
+def markdown_table(figures: tuple[Figure, ...]) -> str:
+    rows = ["| key | unit | target | meaning |", "|---|---|---|---|"]
+    for figure in figures:
+        key = f"`{figure.key}`" + (" [spread]" if figure.spread else "")
+        rows.append(f"| {key} | {figure.unit} | {_target_text(figure)} | {figure.meaning} |")
+    return "\n".join(rows)
+
+
+def _marker(group: str) -> re.Pattern:
+    return re.compile(rf"(<!-- figures:{group} -->\n)(?:.*?\n)?(<!-- /figures:{group} -->)", re.DOTALL)
+
+
+def rendered_docs(text: str) -> str:
+    """`text` (docs/performance.md) with each group's table rendered between its markers."""
+    for group, figures in GROUPS.items():
+        text = _marker(group).sub(lambda match, f=figures: match[1] + markdown_table(f) + "\n" + match[2], text)
+    return text
+
+
+if __name__ == "__main__":  # python -m tritonstack.benchmark.figures docs/performance.md: render its tables
+    import sys
+    from pathlib import Path
+
+    page = Path(sys.argv[1])
+    page.write_text(rendered_docs(page.read_text()))
