@@ -205,8 +205,9 @@ def load_error(client: httpclient.InferenceServerClient, name: str) -> str:
     raise AssertionError(f"model {name} loaded, expected a load failure")
 
 
-def infer_http(client, model: str, arrays: dict[str, np.ndarray], outputs: list[str], version: str = ""):
-    return client.infer(model, model_version=version, **_http_request(arrays, outputs))
+def infer_http(client, model: str, arrays: dict[str, np.ndarray], outputs: list[str], version: str = "", **options):
+    """One request; `options` are tritonclient's infer() keywords (e.g. priority)."""
+    return client.infer(model, model_version=version, **_http_request(arrays, outputs), **options)
 
 
 def infer_concurrently(client, model: str, requests: list[dict[str, np.ndarray]], outputs: list[str]):

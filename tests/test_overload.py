@@ -304,7 +304,8 @@ def quiet(text: str) -> None:
 
 @pytest.fixture(scope="module")
 def overload_target(admission_server):
-    return overload.Target(admission_server.http_url, admission_server.grpc_url, admission_server.admin_headers("http"))
+    server = admission_server
+    return overload.Target(server.http_url, server.grpc_url, server.admin_headers("http"), server.pid)
 
 
 @pytest.mark.parametrize("clients", overload.CLIENTS)
@@ -327,6 +328,7 @@ def test_the_overload_measurement_accounts_for_every_request(overload_target, cl
     assert all(count >= phase["in_time"] for count in computed.values()), phase
     assert 0.0 <= phase["wasted_share"] <= 1.0, phase  # how much depends on the machine's load
     assert phase["recovery_s"] < overload.RECOVERY_LIMIT_S, phase  # back to idle latency, not given up
+    assert phase["server_rss_growth_mb"] is not None and phase["clients"] == clients
 
 
 def test_the_overload_soak_checks_every_answer_and_leaves_none_unresolved(admission_server, overload_target):

@@ -37,7 +37,7 @@ def test_quick_soak_fails_no_valid_request_and_leaks_nothing_gross(server):
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_oracle_tells_a_refusal_of_bad_data_from_a_pipeline_failure(server, protocol):
     url = server.http_url if protocol == "http" else server.grpc_url
-    with ClassifierClient(url, protocol, retry=NO_RETRY) as client:
+    with ClassifierClient(url, protocol, retry=NO_RETRY, batch=True) as client:  # as the soak's own clients
         outcomes = [MixedLoad._send(client, sample) for sample in bad_samples()]
     refused = [(outcome, error) for outcome, error in outcomes if outcome != "bad_accepted"]
     assert refused, outcomes  # random bytes and text never decode

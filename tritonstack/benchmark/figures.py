@@ -240,16 +240,19 @@ COMPARE = (
 # `tritonstack overload`: per protocol and load multiple, under "phases".
 OVERLOAD = (
     Figure("protocol", "", "grpc or http"),
+    Figure("clients", "", "ours (the deadline also sent as Triton's timeout) or stock (Triton's clients, no timeout)"),
     Figure("multiple", "x capacity", "the offered load"),
     Figure("offered_rps", "requests/s", "Poisson arrivals at multiple x capacity"),
     Figure("seconds", "s", "the open loop's length"),
-    Figure("deadline_s", "s", "every request's deadline, sent as its timeout"),
+    Figure("deadline_s", "s", "every request's deadline (ours send it as Triton's timeout too)"),
     Figure("sent", "requests", "all requests sent"),
     Figure("in_time", "requests", "answered before the deadline"),
     Figure("refused", "requests", "the server said no before the deadline"),
     Figure("late", "requests", "no answer before the deadline, or one after it"),
     Figure("failed", "requests", "anything else"),
     Figure("failures", "", "the failed requests' errors, counted"),
+    Figure("refused_share", "fraction", "refused / sent"),
+    Figure("late_share", "fraction", "late / sent"),
     Figure("goodput_rps", "requests/s", "answered in time per second"),
     Figure("goodput_share", "fraction", "answered in time / (capacity x seconds)"),
     Figure("wasted_share", "fraction", "the worst step's computed images that reached nobody in time"),
@@ -258,6 +261,7 @@ OVERLOAD = (
     Figure("refused_ms_p99", "ms", "p99 of refusals"),
     Figure("idle_ms", "ms", "a lone request's latency before the load"),
     Figure("recovery_s", "s", "from the last send until a lone request is back within twice idle_ms"),
+    Figure("server_rss_growth_mb", "MiB", "tritonserver's process tree right after the load, less before it"),
 )
 
 # `tritonstack overload --soak`: per period of the swinging load, under "periods".

@@ -38,10 +38,12 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 
+from tritonstack.benchmark import figures
 from tritonstack.benchmark.phases import closed_loop
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY, is_expired, is_refusal, is_timeout
 from tritonstack.contract import ENSEMBLE_INPUT, pad_batch
+from tritonstack.serve import process_tree
 
 DEADLINE_S = 1.0
 MULTIPLES = (1.5, 3.0)
@@ -244,14 +246,20 @@ async def recovery_seconds(
 
 @dataclass
 class Target:
-    """The server measured: its two endpoints and the admin headers for its statistics."""
+    """The server measured: its two endpoints, the admin headers for its statistics, and
+    its process when it runs here (None: a server given by its address)."""
 
     http_url: str
     grpc_url: str
     headers: dict[str, str]
+    pid: int | None = None
 
     def url(self, protocol: str) -> str:
         return self.grpc_url if protocol == "grpc" else self.http_url
+
+    def rss_mib(self) -> float | None:
+        """tritonserver's process tree, stubs included."""
+        return process_tree.tree_rss_mib(self.pid) if self.pid is not None else None
 
 
 def measure_capacity(target: Target, model: str, images: list[bytes], seconds: float) -> float:
@@ -259,6 +267,35 @@ def measure_capacity(target: Target, model: str, images: list[bytes], seconds: f
         closed_loop(target.grpc_url, "grpc", model, images, CAPACITY_CONCURRENCY, seconds, warmup_s=2.0)
     )
     return phase.images_per_s
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """One open loop's figures, declared in tritonstack.benchmark.figures.OVERLOAD."""
+
+    protocol: str
+    clients: str
+    multiple: float
+    offered_rps: float
+    seconds: float
+    deadline_s: float
+    sent: int
+    in_time: int
+    refused: int
+    late: int
+    failed: int
+    failures: dict
+    refused_share: float
+    late_share: float
+    goodput_rps: float
+    goodput_share: float
+    wasted_share: float
+    computed_by_step: dict
+    answered_ms_p99: float | None
+    refused_ms_p99: float | None
+    idle_ms: float
+    recovery_s: float
+    server_rss_growth_mb: float | None
 
 
 def overload_phase(
@@ -272,46 +309,49 @@ def overload_phase(
     settings: OverloadSettings,
 ) -> dict:
     """One open loop at `multiple` x `capacity` over `protocol`, then its recovery."""
-    rate, seconds, deadline_s, clients = multiple * capacity, settings.seconds, settings.deadline_s, settings.clients
+    rate, seconds = multiple * capacity, settings.seconds
     steps = ensemble_steps(target.http_url, model, target.headers)
     url = target.url(protocol)
     idle_s = asyncio.run(idle_latency_s(url, protocol, model, images[0]))
-    before = settled_counts(target.http_url, steps, target.headers)
+    before, rss_before = settled_counts(target.http_url, steps, target.headers), target.rss_mib()
 
-    async def load_then_recover() -> tuple[Outcomes, tuple[float, int]]:
+    async def load_then_recover() -> tuple[Outcomes, float | None, tuple[float, int]]:
         outcomes, last_send = await deadline_open_loop(
-            url, protocol, model, images, rate, seconds, deadline_s, seed, clients
+            url, protocol, model, images, rate, seconds, settings.deadline_s, seed, settings.clients
         )
-        return outcomes, await recovery_seconds(url, protocol, model, images[0], idle_s, last_send)
+        rss_loaded = target.rss_mib()  # the backlog's peak: right after the last send
+        return outcomes, rss_loaded, await recovery_seconds(url, protocol, model, images[0], idle_s, last_send)
 
-    outcomes, (recovery, probes) = asyncio.run(load_then_recover())
+    outcomes, rss_loaded, (recovery, probes) = asyncio.run(load_then_recover())
     after = settled_counts(target.http_url, steps, target.headers)
     computed = {step: after[step] - before[step] for step in steps}
-    answered = len(outcomes.in_time_s)
-    return {
-        "protocol": protocol,
-        "clients": clients,
-        "multiple": multiple,
-        "offered_rps": rate,
-        "seconds": seconds,
-        "deadline_s": deadline_s,
-        "sent": outcomes.sent,
-        "in_time": answered,
-        "refused": len(outcomes.refused_s),
-        "late": outcomes.late,
-        "failed": outcomes.failed,
-        "failures": outcomes.failures,
-        "refused_share": len(outcomes.refused_s) / max(outcomes.sent, 1),
-        "late_share": outcomes.late / max(outcomes.sent, 1),
-        "goodput_rps": answered / seconds,
-        "goodput_share": answered / (capacity * seconds),
-        "wasted_share": wasted_share(answered + probes, computed),
-        "computed_by_step": computed,
-        "answered_ms_p99": p99_ms(outcomes.in_time_s),
-        "refused_ms_p99": p99_ms(outcomes.refused_s),
-        "idle_ms": idle_s * 1000,
-        "recovery_s": recovery,
-    }
+    answered, sent = len(outcomes.in_time_s), max(outcomes.sent, 1)
+    result = PhaseResult(
+        protocol=protocol,
+        clients=settings.clients,
+        multiple=multiple,
+        offered_rps=rate,
+        seconds=seconds,
+        deadline_s=settings.deadline_s,
+        sent=outcomes.sent,
+        in_time=answered,
+        refused=len(outcomes.refused_s),
+        late=outcomes.late,
+        failed=outcomes.failed,
+        failures=outcomes.failures,
+        refused_share=len(outcomes.refused_s) / sent,
+        late_share=outcomes.late / sent,
+        goodput_rps=answered / seconds,
+        goodput_share=answered / (capacity * seconds),
+        wasted_share=wasted_share(answered + probes, computed),
+        computed_by_step=computed,
+        answered_ms_p99=p99_ms(outcomes.in_time_s),
+        refused_ms_p99=p99_ms(outcomes.refused_s),
+        idle_ms=idle_s * 1000,
+        recovery_s=recovery,
+        server_rss_growth_mb=None if rss_before is None or rss_loaded is None else rss_loaded - rss_before,
+    )
+    return figures.report(figures.OVERLOAD, result)
 
 
 def wasted_share(answered_in_time: int, computed: dict[str, int]) -> float:

@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     http_url, grpc_url, _ = given_endpoints(args.url, args.grpc_url, None)
     with target_server(args.model_repository, http_url, grpc_url, None) as server:
-        target = overload.Target(server.http_url, server.grpc_url, server.admin_headers("http"))
+        target = overload.Target(server.http_url, server.grpc_url, server.admin_headers("http"), server.pid)
         for protocol in overload.PROTOCOLS if args.soak else args.protocols:
             check_model(target.url(protocol), protocol, args.model, admin_headers(protocol), RetryPolicy(retries=1))
         if args.soak:
