@@ -184,7 +184,7 @@ def _session_options(parameters) -> ort.SessionOptions:
     options = ort.SessionOptions()
     # ONNX Runtime's pool threads spin between runs by default. On a CPU machine
     # this backend shares the cores with DALI's threads, which the spinning starves
-    # (measured in the README, Performance). Results are unchanged.
+    # (docs/performance.md). Results are unchanged.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     intra = parameters.get("intra_op_thread_count", {}).get("string_value")
     inter = parameters.get("inter_op_thread_count", {}).get("string_value")
