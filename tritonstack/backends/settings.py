@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Named beside the decode budget: its copy beside the Pillow model reads it without this package.
 from tritonstack.media.decode_budget import STUB_MEMORY_ENV
 
 # The variables, one per field of BackendSettings; their names and values are what
@@ -26,7 +27,7 @@ DEFAULT_MAX_INPUT_BYTES = 64 * 1024 * 1024
 MEMORY_TRACE_ENV = "TRITONSTACK_MEMORY_TRACE"
 # DALI reads this one itself: the threshold between malloc and its host pool (docs/memory.md).
 DALI_HOST_POOL_ENV = "DALI_MALLOC_POOL_THRESHOLD"
-DALI_HOST_POOL_THRESHOLD = "128k"
+DALI_HOST_POOL_THRESHOLD = "128k"  # the launcher's, unless its environment sets one (stub_defaults)
 MALLOC_TRIM_ENV = "TRITONSTACK_MALLOC_TRIM_EVERY"
 DEFAULT_MALLOC_TRIM_EVERY = 0  # off unless the launcher is asked for compact memory
 POOL_RESIDENCY_ENV = "TRITONSTACK_POOL_RESIDENCY"
