@@ -78,6 +78,44 @@ def successful_inferences(server: TritonServer) -> int:
     return int(statistics["model_stats"][0]["inference_stats"]["success"]["count"])
 
 
+def start_folder_run(folder: Path, url: str, protocol: str, admin_key: str, options: list[str], stderr_path: Path):
+    """clients/classify.py on the folder, its results as JSON lines on stdout."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(CLASSIFY),
+            str(folder),
+            "--url",
+            url,
+            "--protocol",
+            protocol,
+            "--format",
+            "jsonl",
+            "--top-k",
+            "1",
+            "--retries",
+            # About a minute of backoff: the second server's start took longer than
+            # the ~30 s of 12 retries on a machine busy with other suites.
+            "20",
+            f"--admin-key={admin_key}",
+            *options,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=stderr_path.open("w"),
+        text=True,
+    )
+
+
+def answers_per_photo(results: list[dict]) -> dict[str, set[str]]:
+    """The top labels each photo's copies got."""
+    answers: dict[str, set[str]] = {}
+    for result in results:
+        if "top" in result:
+            photo = Path(result["path"]).stem.split("_", 1)[1]
+            answers.setdefault(photo, set()).add(result["top"][0]["label"])
+    return answers
+
+
 @pytest.mark.parametrize(
     "protocol,options",
     [
@@ -91,30 +129,7 @@ def test_folder_run_survives_a_server_restart(lite0_repository, many_images, tmp
     second = None
     url = first.http_url if protocol == "http" else first.grpc_url
     stderr_path = tmp_path / "stderr.txt"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(CLASSIFY),
-            str(many_images),
-            "--url",
-            url,
-            "--protocol",
-            protocol,
-            "--format",
-            "jsonl",
-            "--top-k",
-            "1",
-            "--retries",
-            # About a minute of backoff: the second server's start took longer than
-            # the ~30 s of 12 retries on a machine busy with other suites.
-            "20",
-            f"--admin-key={first.admin_key}",
-            *options,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=stderr_path.open("w"),
-        text=True,
-    )
+    process = start_folder_run(many_images, url, protocol, first.admin_key, options, stderr_path)
     try:
         reader = LineReader(process.stdout)
         reader.wait_for(LINES_BEFORE_STOP, timeout_s=60)
@@ -139,11 +154,7 @@ def test_folder_run_survives_a_server_restart(lite0_repository, many_images, tmp
     failed = [result for result in results if "error" in result]
     assert [Path(result["path"]).name for result in failed] == ["broken.jpg"], failed[:3]
     # Every copy of a photo gets the same answer, before, during and after the restart.
-    answers: dict[str, set[str]] = {}
-    for result in results:
-        if "top" in result:
-            photo = Path(result["path"]).stem.split("_", 1)[1]
-            answers.setdefault(photo, set()).add(result["top"][0]["label"])
+    answers = answers_per_photo(results)
     assert answers["coffee"] == {"espresso"}, answers
     assert [len(labels) for labels in answers.values()] == [1, 1, 1], answers
     # The run really crossed the restart: the new server did part of the work.

@@ -75,23 +75,21 @@ def test_the_install_is_a_copy_not_the_checkout(installed, tmp_path):
     assert not Path(where.stdout.strip()).is_relative_to(PROJECT_ROOT), where.stdout
 
 
-@pytest.mark.timeout(600)
-def test_installed_command_checks_serves_and_classifies(installed, lite0_repository, tmp_path):
-    repository = shutil.copytree(lite0_repository, tmp_path / "models")
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    env = user_environment()
-    check = subprocess.run(
-        [str(installed / "tritonstack"), "check", str(repository)],
+def run_installed(installed: Path, *args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """The installed `tritonstack` command, run as a user runs it from `cwd`."""
+    return subprocess.run(
+        [str(installed / "tritonstack"), *args],
         capture_output=True,
         text=True,
-        cwd=elsewhere,
-        env=env,
-        timeout=300,
+        cwd=cwd,
+        env=user_environment(),
+        timeout=timeout,
     )
-    assert check.returncode == 0, check.stdout + check.stderr
 
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+
+def start_installed_serve(installed: Path, repository: Path, http_port: int, cwd: Path, log_path: Path):
+    """`tritonstack serve` from the install, on free ports; returns (process, grpc port)."""
+    grpc_port, metrics_port = free_port(), free_port()
     command = [
         str(installed / "tritonstack"),
         "serve",
@@ -104,35 +102,60 @@ def test_installed_command_checks_serves_and_classifies(installed, lite0_reposit
         "--metrics-port",
         str(metrics_port),
     ]
-    with open(tmp_path / "serve.log", "w") as log:
+    with open(log_path, "w") as log:
         # Dies with this test process, and its server with it (the launcher's rule).
         cli = subprocess.Popen(
             command,
-            cwd=elsewhere,
-            env=env,
+            cwd=cwd,
+            env=user_environment(),
             stdout=log,
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_launcher(os.getpid()),
         )
+    return cli, grpc_port
+
+
+def stop_installed_serve(cli: subprocess.Popen, groups: set[int]) -> None:
+    """Stop the command, then kill its server's process groups: whatever failed, the
+    server does not outlive the test."""
+    groups |= server_groups(cli)
+    if cli.poll() is None:
+        cli.terminate()
+        try:
+            cli.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            cli.kill()
+    for pgid in groups:
+        try:
+            os.killpg(pgid, 9)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.timeout(600)
+def test_installed_command_checks_serves_and_classifies(installed, lite0_repository, tmp_path):
+    repository = shutil.copytree(lite0_repository, tmp_path / "models")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    check = run_installed(installed, "check", str(repository), cwd=elsewhere, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    http_port = free_port()
+    cli, grpc_port = start_installed_serve(installed, repository, http_port, elsewhere, tmp_path / "serve.log")
     groups: set[int] = set()
     try:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
         wait_ready(cli, client)
         groups = server_groups(cli)
-        classified = subprocess.run(
-            [
-                str(installed / "tritonstack"),
-                "classify",
-                "--url",
-                f"grpc://127.0.0.1:{grpc_port}",
-                "--format",
-                "jsonl",
-                str(photo_path("coffee.png")),
-            ],
-            capture_output=True,
-            text=True,
+        classified = run_installed(
+            installed,
+            "classify",
+            "--url",
+            f"grpc://127.0.0.1:{grpc_port}",
+            "--format",
+            "jsonl",
+            str(photo_path("coffee.png")),
             cwd=elsewhere,
-            env=env,
             timeout=120,
         )
         assert classified.returncode == 0, classified.stderr
@@ -140,17 +163,6 @@ def test_installed_command_checks_serves_and_classifies(installed, lite0_reposit
         assert json.loads(line)["top"][0]["label"] == "espresso", line
         client.close()
     finally:
-        groups |= server_groups(cli)
-        if cli.poll() is None:
-            cli.terminate()
-            try:
-                cli.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                cli.kill()
-        for pgid in groups:  # whatever failed above, the server does not outlive the test
-            try:
-                os.killpg(pgid, 9)
-            except ProcessLookupError:
-                pass
+        stop_installed_serve(cli, groups)
     assert not list(elsewhere.iterdir()), "serving wrote into the folder it ran in"
     assert sys.prefix != str(installed.parent)

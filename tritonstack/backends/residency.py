@@ -3,11 +3,10 @@ cannot raise the stub's RSS in late steps. Two kinds of memory grow that way.
 
 DALI's host pool takes blocks from malloc that double in size
 (include/dali/core/mm/pool_resource.h, next_block_size) and keeps them; the kernel
-counts a block's pages only once something writes them. A batch placed on pages of a
-block that no earlier batch reached raised the stub's RSS long after warm-up: +1.7 to
-+8.6 MiB once in a run of several at 4 clients; at 16 to 32 clients, whose batches
-reserve blocks of 64 to 192 MiB, +2 to +31 MiB a round for six rounds
-(docs/memory.md). After a batch that mapped a new block or raised the stub's memory,
+counts a block's pages only once something writes them, so a batch placed on pages
+no earlier batch reached raises the stub's RSS long after warm-up
+(docs/decisions.md#pool-pages-are-counted-when-reserved). After a batch that mapped a
+new block or raised the stub's memory,
 each mapping made since the model loaded is faulted in whole (MADV_POPULATE_WRITE, Linux 5.14: the
 kernel reads and writes none of the data, so it is safe beside the threads using
 it): steady traffic would reach its pages anyway. Except the mappings a batch with a
@@ -22,7 +21,7 @@ once touched through it: the same pages counted twice and more, reached late. Th
 stub keeps its newest mapping whole and resident and drops the older ones' page
 tables (MADV_DONTNEED, which on a shared mapping keeps the data: a later access
 maps the same page again). The launcher sizes the region for a full batch from the
-start (contract.STUB_REGION_BYTES), so ordinary traffic does not grow it.
+start (settings.STUB_REGION_BYTES), so ordinary traffic does not grow it.
 """
 
 from __future__ import annotations
@@ -161,8 +160,8 @@ class PoolResidency:
     def _changed(self, statm: Statm) -> bool:
         """A mapping was made or dropped since the last look (a new pool block is
         one), or the anonymous memory rose: pages of a burst's block reached. The
-        rise alone missed new blocks: the last look may have counted a batch's
-        transient buffers, up to 22 MiB at 12 clients, which later batches free."""
+        rise alone would miss new blocks: the last look may have counted a batch's
+        transient buffers, which later batches free."""
         return statm.size != self._looked_at.size or _anonymous(statm) - _anonymous(self._looked_at) >= _RISE_BYTES
 
 

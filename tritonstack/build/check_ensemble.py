@@ -90,41 +90,64 @@ def check_ensemble(config: pb.ModelConfig, configs: dict[str, pb.ModelConfig]) -
                 )
             )
             continue
-        if config.max_batch_size > model.max_batch_size or (config.max_batch_size > 0) != (model.max_batch_size > 0):
-            problems.append(
-                Problem(
-                    name,
-                    "max_batch_size",
-                    step.model_name,
-                    f"ensemble has {config.max_batch_size}, step model {model.max_batch_size}",
-                    "make the ensemble's max_batch_size at most every step's, both > 0 or both 0",
-                )
-            )
-        model_outputs = {t.name: t for t in model.output}
+        problems += _check_step_batch_size(config, step, model)
         problems += _check_step_inputs(name, field, step, model, known, steps, configs)
         problems += _check_crop_batches(name, field, step, model, crops)
         crops.update(_split_crops(step, model))
-        for model_tensor, ensemble_tensor in step.output_map.items():
-            origin = model_outputs.get(model_tensor)
-            if origin is None:
-                problems.append(
-                    _not_a_tensor(name, f"{field}.output_map", model_tensor, step.model_name, model_outputs)
-                )
-                continue
-            known[ensemble_tensor] = produced[ensemble_tensor] = (origin.data_type, list(origin.dims))
+        outputs, output_problems = _step_outputs(name, field, step, model)
+        known.update(outputs)
+        produced.update(outputs)
+        problems += output_problems
     if any(step.model_name not in configs for step in steps):
         return problems  # its outputs are unknown: do not report them as unproduced too
     problems += _check_parallel_queue_bounds(config, configs)
+    return problems + _check_outputs(config, produced)
+
+
+def _check_step_batch_size(config: pb.ModelConfig, step, model: pb.ModelConfig) -> list[Problem]:
+    if config.max_batch_size <= model.max_batch_size and (config.max_batch_size > 0) == (model.max_batch_size > 0):
+        return []
+    return [
+        Problem(
+            config.name,
+            "max_batch_size",
+            step.model_name,
+            f"ensemble has {config.max_batch_size}, step model {model.max_batch_size}",
+            "make the ensemble's max_batch_size at most every step's, both > 0 or both 0",
+        )
+    ]
+
+
+def _step_outputs(
+    name: str, field: str, step, model: pb.ModelConfig
+) -> tuple[dict[str, tuple[int, list[int]]], list[Problem]]:
+    """The ensemble tensors a step's output_map produces, and the entries naming no output of its model."""
+    model_outputs = {t.name: t for t in model.output}
+    outputs, problems = {}, []
+    for model_tensor, ensemble_tensor in step.output_map.items():
+        origin = model_outputs.get(model_tensor)
+        if origin is None:
+            problems.append(_not_a_tensor(name, f"{field}.output_map", model_tensor, step.model_name, model_outputs))
+            continue
+        outputs[ensemble_tensor] = (origin.data_type, list(origin.dims))
+    return outputs, problems
+
+
+def _check_outputs(config: pb.ModelConfig, produced: dict[str, tuple[int, list[int]]]) -> list[Problem]:
+    """Every ensemble output produced by some step, with the type and dims it declares."""
+    problems = []
     for output in config.output:
         source = produced.get(output.name)
         if source is None:
             problems.append(
-                Problem(name, "output", output.name, "no step's output_map produces it", "map a step output to it")
+                Problem(
+                    config.name, "output", output.name, "no step's output_map produces it", "map a step output to it"
+                )
             )
         elif source[0] != output.data_type or not _dims_agree(source[1], list(output.dims)):
             problems.append(
                 Problem(
-                    name,
+                    config.name,
                     "output",
                     output.name,
                     f"declared {type_name(output.data_type)} {list(output.dims)}, the step gives "

@@ -76,7 +76,7 @@ def regions_classification(resize_shorter, crop, mean, std, max_boxes, device="c
     `split_along_outer_axis` on its output, each box leaves as one sample for the
     classifier. `resize_shorter` is the whole-image transform's and unused: a
     detector's box is already the subject, and letterboxing keeps all of it with its
-    aspect ratio (measured against squashing and a center crop in docs/building.md).
+    aspect ratio (compared with squashing and a center crop in docs/building.md).
 
     DALI has no operator that cuts a varying number of regions (NVIDIA/DALI#4735): the
     pipeline has `max_boxes` slots, each a resize of the decoded image's region of

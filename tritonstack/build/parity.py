@@ -8,9 +8,9 @@ The two implement one transform (same sub-pixel source window, same antialiased
 bilinear filter, float resampling rounded once, same crop anchor), so they differ
 only by rounding: an occasional value one 0..255 level apart where the resampled
 value lands on .5, from float summation order, or from the JPEG decoders
-(nvImageCodec's libjpeg-turbo vs Pillow's). Pillow's default 8-bit resize would
-be a level off on ~15% of values (mean 0.14 levels) and flipped the top-1 of
-astronaut.png, a near-tie: hence the float resize in the Pillow model.
+(nvImageCodec's libjpeg-turbo vs Pillow's). Pillow's default 8-bit resize rounds
+inside its filter, often enough to flip a near-tie (docs/building.md): hence the
+float resize in the Pillow model.
 """
 
 from __future__ import annotations

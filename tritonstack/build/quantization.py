@@ -11,23 +11,20 @@ Before quantizing, ONNX Runtime's own quantization pre-processing
 (`quant_pre_process`: shape inference and its basic graph optimizations) folds the
 export's explicit zero `Pad` before each strided convolution (TensorFlow's "same"
 padding, as the EfficientNet-Lite port writes it) into the convolution's pads. Left
-in the graph, each of the 17 pads ran in float between a DequantizeLinear and a
-QuantizeLinear: in process (batch 8, 2 threads) pads and those conversions took 47 %
-of the INT8 model's time, and the INT8 model ran at 1.17x the FP32 one; folded, it
-runs at 2.1-2.3x, and agrees with FP32 more often: top-1 on 86 % of the 216 images
-of parity.crop_images() against 68 % (docs/performance.md).
+in the graph, each pad runs in float between a DequantizeLinear and a QuantizeLinear,
+which costs most of INT8's speed and some of its agreement with FP32
+(docs/decisions.md#int8-folds-the-pads-and-bounds-neighbouring-weights).
 
 Weights are INT8 and activations UINT8 (ONNX Runtime's U8S8), with one bound that
 makes the model compute the same integers on every x86 CPU: see
 `bound_neighbouring_weights`.
 
-Three operators stay in float (common practice, and measured here): the final
-softmax, whose probabilities quantized to 8 bits would come in steps of 1/256 and
-collapse near-ties in the top 5; the classifier head (Gemm), which sets the ranking;
-and the first convolution, which sees the normalized pixels with only 3 input
-channels and costs little. Percentile or entropy calibration, 54 calibration images
-instead of 9, the last convolution in float or INT8 activations moved the crop
-corpus's agreement by at most 1.3 points either way: not taken.
+Three operators stay in float (common practice): the final softmax, whose
+probabilities quantized to 8 bits would come in steps of 1/256 and collapse near-ties
+in the top 5; the classifier head (Gemm), which sets the ranking; and the first
+convolution, which sees the normalized pixels with only 3 input channels and costs
+little. The other calibration choices tried changed the agreement too little to take
+(docs/performance.md#int8-preset-dali_efficientnet_lite0_int8).
 """
 
 from __future__ import annotations
@@ -114,12 +111,11 @@ def bound_neighbouring_weights(float_path: Path, int8_path: Path) -> None:
     Why: on x86 CPUs without VNNI (AVX2; AVX-512 without VNNI) ONNX Runtime multiplies
     UINT8 activations by INT8 weights with VPMADDUBSW, which adds each two neighbouring
     products into a saturating int16; 255 x (127 + 127) overflows it. The results then
-    depend on the serving CPU: measured on the 216 crops, top-1 agreement with FP32
-    0.704 under AVX2 (QEMU's Haswell) against 0.856 with AVX-512 VNNI, which does not
-    saturate. ONNX Runtime's documented remedies cost more here: reduce_range (7-bit
-    weights everywhere) agreed on 0.667, U8U8 ran at 0.22x FP32's speed. Bounding the
-    pairs keeps every product sum within int16 on every CPU, and costs precision only
-    on channels whose two largest weights are neighbours (agreement 0.852, same speed).
+    depend on the serving CPU (AVX-512 VNNI does not saturate). ONNX Runtime's
+    documented remedies, reduce_range and U8U8, cost more agreement or speed here
+    (docs/performance.md#int8-preset-dali_efficientnet_lite0_int8). Bounding the pairs
+    keeps every product sum within int16 on every CPU, and costs precision only on
+    channels whose two largest weights are neighbours.
     Depthwise convolutions widen to 16 bits before multiplying and need no bound.
 
     The per-output-channel scale becomes the larger of max|w| / 127 and the largest

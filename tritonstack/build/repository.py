@@ -65,7 +65,7 @@ from tritonstack.samples.photos import sample_clip, sample_jpeg
 
 VERSION = "1"
 LOGGER = logging.getLogger(__name__)  # a line per step; build_pipelines.py shows them
-# How long one EfficientNet-Lite export takes on 2 cores (measured: 10-20 s), told before it starts.
+# About how long one EfficientNet-Lite export takes on 2 cores, told before it starts.
 EXPORT_SECONDS = 15
 WARMUP_SAMPLE = "sample.jpg"
 WARMUP_CLIP = "sample_clip.mp4"

@@ -38,8 +38,8 @@ from tritonstack.contract import BATCH_PRIORITY
 T = TypeVar("T")
 
 # InferenceServerException.status(): "503" over HTTP, "StatusCode.UNAVAILABLE" over gRPC.
-# CANCELLED too: a server shutting down cancels the gRPC calls it still holds (seen when a
-# restart's first server outlived its grace and was killed); this client never cancels its
+# CANCELLED too: a server shutting down cancels the gRPC calls it still holds (as one
+# killed after its grace does); this client never cancels its
 # own calls (its timeouts are DEADLINE_EXCEEDED), and classifying again is harmless.
 _UNAVAILABLE = {"503", "StatusCode.UNAVAILABLE", "StatusCode.CANCELLED"}
 _TIMED_OUT = {"StatusCode.DEADLINE_EXCEEDED"}

@@ -38,8 +38,8 @@ from tritonclient.utils import InferenceServerException
 from tritonstack.backends.settings import (
     DALI_HOST_POOL_ENV,
     MALLOC_TRIM_ENV,
-    MEMORY_TRACE_ENV,
     POOL_RESIDENCY_ENV,
+    BackendSettings,
 )
 from tritonstack.build.model_config import read_config, write_config
 from tritonstack.contract import DEFAULT_PRESET, PREPROCESS_INPUT, PREPROCESS_OUTPUT, preprocessing_name
@@ -235,7 +235,7 @@ def start_variant(
     trace_path = None
     if name.startswith("traced"):
         trace_path = workdir / f"{name}.json"
-        environment[MEMORY_TRACE_ENV] = str(trace_path)
+        environment.update(BackendSettings(memory_trace=str(trace_path)).to_environ())
     server = stack.enter_context(dali_only_server(repository, environment))
     sender = RoundSender(server.http_url, workers, bad_images=bad_images)
     stack.callback(sender.close)

@@ -2,20 +2,16 @@
 without decoding them.
 
 Why it matters: a decoder failure invalidates the DALI pipeline, and the backend
-must build a new one; DALI 2.4's image decoder keeps about 2.3 KB of every pipeline
-destroyed after it has decoded (measured in docs/memory.md: 300 rebuilds, +0.68 MiB
-of live malloc, with no Triton involved). A client sending garbage would make the
-stub grow for as long as it sends. The dali backend therefore refuses, before the
-pipeline runs, what the decoder is certain to refuse (measured with
-`fn.decoders.image(device="cpu")`, DALI 2.4): bytes of no image format, image
-formats it does not read, a JPEG cut before its end-of-image marker, a PNG whose
-chunks are cut or fail their CRC. Anything else, including images Pillow cannot
-parse but whose header names a format the decoder reads, is left to the decoder.
-
-Its price, per image on the request path (measured on the project's photos): 70 us for
-a 110 KB JPEG, 280-290 us for a 240-470 KB PNG (`verify()` reads every chunk and its
-CRC), against ~6 ms of CPU for DALI to decode and preprocess one image; the header
-read that the decode budget also makes costs 25-40 us of it.
+must build a new one; DALI 2.4's image decoder keeps a little memory of every
+pipeline destroyed after it has decoded (docs/memory.md#decode-budget), so a client
+sending garbage would make the stub grow for as long as it sends. The dali backend
+therefore refuses, before the pipeline runs, what DALI 2.4's
+`fn.decoders.image(device="cpu")` is certain to refuse: bytes of no image format,
+image formats it does not read, a JPEG cut before its end-of-image marker, a PNG
+whose chunks are cut or fail their CRC. Anything else, including images Pillow
+cannot parse but whose header names a format the decoder reads, is left to the
+decoder. The check costs a small fraction of a decode
+(docs/decisions.md#undecodable-inputs-are-refused-before-the-pipeline).
 
 Standard library and Pillow only: the dali backend imports it in the stub.
 """

@@ -22,8 +22,8 @@ class GraphTensor:
 
 # Boolean `parameters` of the C++ onnxruntime backend (src/onnxruntime.cc) and the
 # ONNX Runtime session option each sets: the CPU memory arena (on by default; off, a
-# session's memory follows its batches down again, at a cost in throughput measured
-# in docs/performance.md) and memory pattern planning.
+# session's memory follows its batches down again, at a cost in throughput:
+# docs/performance.md) and memory pattern planning.
 ONNX_BOOL_PARAMETERS = {"enable_mem_arena": "enable_cpu_mem_arena", "enable_mem_pattern": "enable_mem_pattern"}
 _BOOL_WORDS = {"true": True, "1": True, "false": False, "0": False}
 
@@ -42,7 +42,7 @@ def bool_parameter(parameters: dict, key: str) -> bool | None:
 # The C++ backend passes this parameter to every run as ONNX Runtime's run option
 # of the same name: after each run, the listed devices' arenas give their unused
 # memory back ("cpu:0", "gpu:0" or both, ";"-separated). Memory returns to the size
-# of one batch; the throughput cost is measured in docs/performance.md.
+# of one batch, at a cost in throughput (docs/performance.md).
 ARENA_SHRINKAGE_PARAMETER = "memory.enable_memory_arena_shrinkage"
 _ARENA_DEVICE = re.compile(r"(cpu|gpu):\d+")
 

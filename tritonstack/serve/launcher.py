@@ -25,6 +25,7 @@ The command line is `tritonstack serve` (tritonstack/commands/serve.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.backends.settings import stub_defaults
+from tritonstack.backends.settings import VARIABLES, BackendSettings, backend_config, stub_defaults
 from tritonstack.rules.unbuilt import shell_unsafe_reason, unservable_reason
 from tritonstack.serve import process, server_log
 from tritonstack.serve.install import TritonInstall
@@ -174,17 +175,25 @@ class TritonServer:
         return self
 
     def server_environment(self) -> dict[str, str]:
-        """tritonserver's environment, which its stubs inherit: the install's, our
-        backends' defaults unless already set, what the config tells the backends,
-        the caller's additions and the stubs' memory share."""
-        env = self.install.environment()
-        for name, value in stub_defaults().items():
-            env.setdefault(name, value)
-        env.update(self.config.backend_environment())
-        env.update(self.environment)
+        """tritonserver's environment, which its stubs inherit: the install's and the
+        caller's additions, the backends' variables written from `backend_settings` only."""
+        env = {**self.install.environment(), **self.environment}
+        settings = self.backend_settings(env)
+        return {**{name: value for name, value in env.items() if name not in VARIABLES}, **settings.to_environ()}
+
+    def backend_settings(self, environment: dict[str, str]) -> BackendSettings:
+        """What the backends are told: the memory tuning `environment` sets over the
+        launcher's defaults; what the config and the memory ceilings fix over it."""
+        tuned = BackendSettings.from_environ({**stub_defaults(), **environment})
         limits = self.supervision.memory_limits
-        env.update(limits.environment() if limits else {})
-        return env
+        return dataclasses.replace(
+            tuned,
+            max_input_bytes=self.config.max_input_bytes,
+            # Triton's copy of a remote repository is a temporary folder nobody is told of.
+            repository=self.config.local_repository or tuned.repository,
+            dali_backend_config=backend_config(self.config.extra_args, "dali") or tuned.dali_backend_config,
+            stub_memory_bytes=limits.stub_bytes if limits else tuned.stub_memory_bytes,
+        )
 
     def launch(self) -> None:
         """Spawn tritonserver (its log appended to), wait until it is ready, turn the

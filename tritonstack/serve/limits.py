@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 import psutil
 
-from tritonstack.media.decode_budget import STUB_MEMORY_ENV
-
 LOGGER = logging.getLogger("tritonstack.serve")
 GiB = 1 << 30
 
@@ -48,10 +46,6 @@ class MemoryLimits:
         floors above what they reserve when idle."""
         memory = physical_memory_bytes()
         return cls(server_bytes=max(8 * GiB, memory // 2), stub_bytes=max(4 * GiB, memory // 4))
-
-    def environment(self) -> dict[str, str]:
-        """What the backends are told: their share, for the decode budget."""
-        return {STUB_MEMORY_ENV: str(self.stub_bytes)}
 
 
 def limit_address_space(pid: int, limit_bytes: int) -> bool:

@@ -16,17 +16,13 @@ are not tritonserver's flags: they are `Supervision` (tritonstack.serve.supervis
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 from tritonstack.address import METRICS_PATH
 from tritonstack.backends.settings import (
-    DALI_BACKEND_CONFIG_ENV,
     DEFAULT_MAX_INPUT_BYTES,
-    MAX_INPUT_BYTES_ENV,
-    REPOSITORY_ENV,
     STUB_REGION_BYTES,
     STUB_REGION_SETTING,
     backend_config,
@@ -203,19 +199,6 @@ class ServerConfig:
         if STUB_REGION_SETTING in backend_config(self.extra_args, "python"):
             return []
         return [f"--backend-config=python,{STUB_REGION_SETTING}={STUB_REGION_BYTES}"]
-
-    def backend_environment(self) -> dict[str, str]:
-        """What our backends are told through the stubs' environment
-        (tritonstack.backends.settings)."""
-        env = {MAX_INPUT_BYTES_ENV: str(self.max_input_bytes)}
-        if self.local_repository is not None:
-            # Auto-complete reads model files here; Triton's copy of a remote
-            # repository is a temporary folder nobody is told of.
-            env[REPOSITORY_ENV] = str(self.local_repository)
-        dali_settings = backend_config(self.extra_args, "dali")
-        if dali_settings:
-            env[DALI_BACKEND_CONFIG_ENV] = json.dumps(dali_settings)
-        return env
 
     def replace(self, **changes) -> "ServerConfig":
         """A copy with `changes`; ports and key stay as chosen unless changed."""

@@ -1,10 +1,10 @@
 """How many pixels a request, and a merged batch, may make an image decoder allocate.
 
-An encoded image is small and its decoded pixels are not: a 292 KB PNG of
-10000x10000 decodes to ~570 MB. A per-image limit is not enough (8 such images in
-one request took the DALI stub to 3.96 GB; 32 merged by the dynamic batcher would
-need 10-18 GB), so the budget has three levels, all read from the images' headers
-before anything is decoded (Pillow's open reads the header only):
+An encoded image is small and its decoded pixels are not, and a per-image limit is
+not enough: a request, or a batch the dynamic batcher merged, of several such images
+multiplies it (docs/decisions.md#the-decode-budget-has-three-levels). So the budget
+has three levels, all read from the images' headers before anything is decoded
+(Pillow's open reads the header only):
 
 - `max_pixels`: one image;
 - `max_request_pixels`: all images of one request; above it the request is refused
@@ -39,17 +39,16 @@ from PIL import Image, UnidentifiedImageError
 MODULE_FILENAME = "decode_budget.py"
 # The memory ceiling the launcher gives each backend stub, in bytes.
 STUB_MEMORY_ENV = "TRITONSTACK_STUB_MEMORY_BYTES"
-# Peak bytes per declared pixel while DALI's CPU decoder runs: measured 3.96 GB for
-# 8 images of 10000x10000 (4.9 B/px), RGB output plus the decoder's buffers.
+# Peak bytes per declared pixel while DALI's CPU decoder runs: RGB output plus the
+# decoder's buffers (docs/decisions.md#the-decode-budget-has-three-levels).
 BYTES_PER_PIXEL = 5
 # The share of the stub's memory that decoded pixels may take; the rest is the
 # interpreter, DALI, the request copies and the outputs.
 DECODE_SHARE = 0.5
 DEFAULT_MAX_PIXELS = 100_000_000  # one image: a 10000x10000 photo passes
-# One decoder run at most, whatever the memory share: two 10000x10000 photos. A burst
-# of eight such images on a large machine otherwise ran 6 at a time and took the
-# server's tree up by +2.6 GB; capped, +1.3 GB (docs/memory.md). Ordinary photos
-# (up to ~12 MP) still fill a batch of 16 in one run.
+# One decoder run at most, whatever the memory share: two 10000x10000 photos, so that
+# on a large machine a burst of huge images does not run many at a time (docs/memory.md).
+# Ordinary photos (up to ~12 MP) still fill a batch of 16 in one run.
 MAX_RUN_PIXELS = 2 * DEFAULT_MAX_PIXELS
 PARAMETERS = ("max_pixels", "max_request_pixels", "max_batch_pixels", "release_above_pixels")
 

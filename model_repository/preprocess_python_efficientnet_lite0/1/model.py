@@ -65,8 +65,8 @@ def preprocess(encoded, resize_shorter, crop, mean, std):
     left, top = max(left, 0.0), max(top, 0.0)  # a rounding hair below zero: Pillow refuses it
     box = (left, top, left + crop / scale, top + crop / scale)
     # Each channel resampled in float ("F") and rounded once, as DALI's resize does:
-    # Pillow's 8-bit resize rounds inside its fixed-point filter, a level off on
-    # ~15% of values, enough to flip a near-tie between two classes.
+    # Pillow's 8-bit resize rounds inside its fixed-point filter, often enough to
+    # flip a near-tie between two classes (docs/building.md).
     channels = [
         channel.convert("F").resize((crop, crop), Image.Resampling.BILINEAR, box=box) for channel in image.split()
     ]

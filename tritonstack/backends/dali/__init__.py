@@ -35,9 +35,10 @@ DALI's host pool at load (docs/memory.md).
 
 Modules, as a request meets them: `model` (Triton's entry points: load, execute),
 `source` (where the pipeline comes from: model.dali or dali.py), `requests` (a
-request's samples, refused early when too large or undecodable), `runner` (the DALI
-pipeline: run, split per request, rebuild after a failure), `allocator` (glibc's
-heap, DALI's pool), `memory_trace` (only for the memory probe, imported when switched on); and
+request's samples, refused early when too large or undecodable), `pipeline` (the DALI
+pipeline: run, split per request, rebuild after a failure), `memory_policy` (how the
+stub keeps its memory), `allocator` (glibc's heap, DALI's pool), `memory_trace` (only
+for the memory probe, imported when switched on); and
 `tritonstack.backends.residency` (DALI's pool counted as it fills).
 """
 

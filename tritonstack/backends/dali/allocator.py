@@ -28,8 +28,8 @@ def pool_threshold_bytes(value: str) -> int:
 def reserve_host_pool(n_bytes: int) -> None:
     """One block of n_bytes in DALI's host pool, now. The pool reserves blocks that
     double in size as demand first rises, each the size of all before it, and keeps
-    them: a larger batch than any before (more clients) took a new 64 MiB block in a
-    late round. A block reserved at load serves every run that fits in it.
+    them: a batch larger than any before reserves a new block however late it comes
+    (docs/memory.md). A block reserved at load serves every run that fits in it.
     A TensorList built from host arrays copies them into a buffer DALI allocates
     (from the pool, above DALI_MALLOC_POOL_THRESHOLD); freed, the block stays."""
     dali_tensors.TensorListCPU([np.zeros(n_bytes, dtype=np.uint8)])

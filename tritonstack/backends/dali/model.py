@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -13,29 +12,19 @@ import nvidia.dali.backend
 import triton_python_backend_utils as pb_utils
 
 from tritonstack.backends.cancellation import cancelled_response, is_cancelled
-from tritonstack.backends.dali.allocator import malloc_trim, pool_threshold_bytes, reserve_host_pool
+from tritonstack.backends.dali.allocator import malloc_trim
+from tritonstack.backends.dali.memory_policy import MemoryPolicy
 from tritonstack.backends.dali.pipeline import PipelineError, PipelineRunner
 from tritonstack.backends.dali.requests import (
     BudgetError,
     ClipInputs,
     InputError,
     RegionInputs,
+    RequestLimits,
     UndecodableError,
-    samples_of,
 )
 from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
-from tritonstack.backends.residency import PoolResidency, RegionResidency, statm_bytes
-from tritonstack.backends.settings import (
-    DALI_BACKEND_CONFIG_ENV,
-    DALI_HOST_POOL_ENV,
-    DEFAULT_MALLOC_TRIM_EVERY,
-    DEFAULT_MAX_INPUT_BYTES,
-    MALLOC_TRIM_ENV,
-    MAX_INPUT_BYTES_ENV,
-    MEMORY_TRACE_ENV,
-    POOL_RESIDENCY_ENV,
-    REPOSITORY_ENV,
-)
+from tritonstack.backends.settings import BackendSettings
 from tritonstack.backends.stub_memory import StubMemoryGauge
 from tritonstack.contract import BOXES_INPUT_PARAMETER, MAX_BOXES_PARAMETER, TRITON_TO_NUMPY
 from tritonstack.media.decode_budget import DecodeBudget, int_parameter, plan_parts
@@ -44,7 +33,7 @@ from tritonstack.rules.common import dims_of, raise_problems, stated_max_batch_s
 from tritonstack.rules.dali import dali_autocomplete, dali_problems, split_flags
 
 # The one reader of model.dali and the one set of load rules, shared with `tritonstack check`.
-from tritonstack.rules.dali_proto import parse_pipeline
+from tritonstack.rules.dali_proto import PipelineSpec, parse_pipeline
 
 
 class TritonPythonModel:
@@ -55,10 +44,10 @@ class TritonPythonModel:
         launcher exports the repository root."""
         cfg = auto_complete_model_config
         config = cfg.as_dict()
-        root = os.environ.get(REPOSITORY_ENV)
-        model_dir = Path(root or "") / config["name"]
-        if not root or not model_dir.is_dir():
+        root = BackendSettings.of_this_process().repository
+        if root is None or not (root / config["name"]).is_dir():
             return cfg
+        model_dir = root / config["name"]
         serialized = load_serialized(latest_version_dir(model_dir), config)
         config_path = model_dir / CONFIG_FILENAME
         stated = stated_max_batch_size(config_path.read_text() if config_path.is_file() else None)
@@ -73,77 +62,35 @@ class TritonPythonModel:
         return cfg
 
     def initialize(self, args):
-        self._backend_config = json.loads(os.environ.get(DALI_BACKEND_CONFIG_ENV) or "{}")
+        settings = BackendSettings.of_this_process()
+        self._backend_config = settings.dali_backend_config
         load_plugins(self._backend_config.get("plugin_libs", ""))
         config = json.loads(args["model_config"])
-        version_dir = Path(args["model_repository"]) / args["model_version"]
-        self._serialized = load_serialized(version_dir, config, cpu_only=args["model_instance_kind"] == "CPU")
-        spec = parse_pipeline(self._serialized)
-        raise_problems(dali_problems(config, spec, args["model_instance_kind"]))
-        warn_on_version_skew(version_dir)
-        parameters = config.get("parameters", {})
-        device_id = int(args["model_instance_device_id"]) if args["model_instance_kind"] == "GPU" else None
+        serialized, spec = _checked_pipeline(args, config)
         # An unbatched model runs a request's samples in one batch of up to the
         # pipeline's own batch size (the C++ backend's for max_batch_size 0).
         batch_size = int(config.get("max_batch_size", 0)) or spec.max_batch_size or 1
-        self._budget = DecodeBudget.from_parameters(parameters)
-        raise_budget_problems(self._budget)
-        self._max_input_bytes = int_parameter(parameters, "max_input_bytes") or int(
-            os.environ.get(MAX_INPUT_BYTES_ENV) or DEFAULT_MAX_INPUT_BYTES
-        )
-        # A TYPE_STRING input's size is its data's, not its shape's: bounded after it is read.
-        self._itemsizes = {
-            tensor["name"]: np.dtype(TRITON_TO_NUMPY.get(tensor["data_type"], np.uint8)).itemsize
-            for tensor in config["input"]
-        }
-        self._input_names = [port.name for port in spec.inputs]
-        self._decoded_inputs = [name for name in self._input_names if name in spec.decoded_inputs]
+        on_gpu = args["model_instance_kind"] == "GPU"
+        self._limits = request_limits(config, spec, settings, batch_size, on_gpu)
         # An input operator (fn.experimental.inputs.video) streams: a response per run.
         self._streamed = bool(spec.streamed_inputs)
-        # Its runs decode at most batch_size sequences of a clip at once.
-        frames = spec.clip_frames * batch_size if self._streamed and spec.clip_frames else spec.clip_frames
-        video_inputs = [name for name in self._input_names if name in spec.video_inputs]
-        self._clips = (
-            ClipInputs(video_inputs, device_id is not None, frames, streamed=self._streamed) if video_inputs else None
-        )
-        self._regions = _region_inputs(config, self._decoded_inputs)
-        self._batch_size = batch_size
         self._outputs = [(tensor["name"], TRITON_TO_NUMPY[tensor["data_type"]]) for tensor in config["output"]]
         self._runner = PipelineRunner(
-            self._serialized,
+            serialized,
             batch_size,
-            device_id,
-            int_parameter(parameters, "num_threads"),
-            self._input_names,
+            int(args["model_instance_device_id"]) if on_gpu else None,
+            int_parameter(config.get("parameters", {}), "num_threads"),
+            self._limits.input_names,
             split_flags(spec, config),
         )
-        # With DALI's host pool on, a rebuilt pipeline's buffers go back to the pool,
-        # not to the system: releasing after large runs would only cost a rebuild.
-        # Unset (a tritonserver the launcher did not start): DALI's own default, a pool.
-        threshold = os.environ.get(DALI_HOST_POOL_ENV)
-        self._buffers_return = threshold is not None and pool_threshold_bytes(threshold) == 0
-        reserve = int_parameter(parameters, "host_pool_reserve_bytes")
-        if reserve and not self._buffers_return:  # with the pool off, malloc would hand it back
-            reserve_host_pool(reserve)
-        # The pool's blocks and the Python backend's region counted in RSS when
-        # reserved, not when a late batch reaches them.
-        residency = not self._buffers_return and os.environ.get(POOL_RESIDENCY_ENV) != "0"
-        self._residency = PoolResidency() if residency else None
-        self._region = RegionResidency() if residency else None
-        self._memory_trace = None
-        if os.environ.get(MEMORY_TRACE_ENV):  # the memory probe's switch: tracing slows every allocation
-            from tritonstack.backends.dali.memory_trace import MemoryTrace
-
-            self._memory_trace = MemoryTrace(os.environ[MEMORY_TRACE_ENV])
-        self._trim_every = int(os.environ.get(MALLOC_TRIM_ENV) or DEFAULT_MALLOC_TRIM_EVERY)
-        self._batches = 0
-        self._memory_gauge = StubMemoryGauge(args["model_name"], args["model_instance_name"])
+        gauge = StubMemoryGauge(args["model_name"], args["model_instance_name"])
+        self._memory = MemoryPolicy(settings, config.get("parameters", {}), gauge)
 
     def execute(self, requests):
         if self._streamed:  # a decoupled model: each request answered through its sender
             for request in requests:
                 self._stream(request)
-            self._after_batch()
+            self._memory.account()
             return None
         responses = [None] * len(requests)
         runnable, pixels, large_run = [], [], False
@@ -152,57 +99,23 @@ class TritonPythonModel:
                 responses[index] = cancelled_response()
                 continue
             try:
-                feed, declared = self._samples_of(request)
+                feed, declared = self._limits.samples_of(request)
             except (InputError, BudgetError) as error:
                 responses[index] = _refusal(error)
                 continue
             runnable.append((index, feed))
             pixels.append(declared)
         # No decoder run holds more declared pixels than max_batch_pixels.
-        for part in plan_parts(pixels, self._budget.max_batch_pixels):
+        for part in plan_parts(pixels, self._limits.budget.max_batch_pixels):
             fed = [runnable[i] for i in part]
             for (index, _), response in zip(fed, self._execute_fed(fed)):
                 responses[index] = response
-            if sum(pixels[i] for i in part) > self._budget.release_above_pixels:
+            if sum(pixels[i] for i in part) > self._limits.budget.release_above_pixels:
                 large_run = True
-                if self._buffers_return:
+                if self._memory.buffers_return:
                     self._release_buffers()
-        self._batches += 1
-        if self._trim_every and self._batches % self._trim_every == 0:
-            # Pages freed inside glibc's heaps (DALI's image buffers of varied sizes)
-            # go back to the system now, not when they happen to reach a heap's top.
-            malloc_trim()
-        if self._memory_trace is not None:
-            self._memory_trace.after_batch()
-        self._after_batch(large_run)
+        self._memory.after_batch(large_run)
         return responses
-
-    def _after_batch(self, large_run: bool = False) -> None:
-        statm = statm_bytes()  # one read for both, every batch
-        if self._residency is not None:
-            populated = self._residency.after_batch(statm, large_run)
-            if self._region.after_batch() or populated:
-                statm = statm_bytes()
-        self._memory_gauge.update(statm.resident)
-
-    def _samples_of(self, request) -> tuple[dict[str, np.ndarray], int]:
-        feed, pixels = samples_of(
-            request,
-            self._input_names,
-            self._decoded_inputs,
-            self._itemsizes,
-            self._max_input_bytes,
-            self._budget,
-            self._clips,
-            self._regions,
-        )
-        samples = len(next(iter(feed.values())))
-        if samples > self._batch_size:  # only an unbatched model's requests can be (Triton bounds the others)
-            raise InputError(
-                f"the request has {samples} samples, above the pipeline's batch size "
-                f"{self._batch_size}: send at most {self._batch_size} per request"
-            )
-        return feed, pixels
 
     def _stream(self, request) -> None:
         """One response per pipeline run until the request's input is consumed (the
@@ -214,7 +127,7 @@ class TritonPythonModel:
             sender.send(cancelled_response(), flags=final)
             return
         try:
-            feed, _ = self._samples_of(request)
+            feed, _ = self._limits.samples_of(request)
             clips = len(next(iter(feed.values())))
             if clips != 1:
                 raise InputError(
@@ -264,6 +177,45 @@ class TritonPythonModel:
             for (name, dtype), array in zip(self._outputs, outputs)
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _checked_pipeline(args, config: dict) -> tuple[bytes, PipelineSpec]:
+    """The instance's serialized pipeline and what it declares, checked against the config."""
+    version_dir = Path(args["model_repository"]) / args["model_version"]
+    serialized = load_serialized(version_dir, config, cpu_only=args["model_instance_kind"] == "CPU")
+    spec = parse_pipeline(serialized)
+    raise_problems(dali_problems(config, spec, args["model_instance_kind"]))
+    warn_on_version_skew(version_dir)
+    return serialized, spec
+
+
+def request_limits(
+    config: dict, spec: PipelineSpec, settings: BackendSettings, batch_size: int, on_gpu: bool
+) -> RequestLimits:
+    """What a request to this instance may hold: sizes, the decode budget, clips and boxes."""
+    parameters = config.get("parameters", {})
+    budget = DecodeBudget.from_parameters(parameters, settings.stub_memory_bytes)
+    raise_budget_problems(budget)
+    input_names = [port.name for port in spec.inputs]
+    decoded_inputs = [name for name in input_names if name in spec.decoded_inputs]
+    streamed = bool(spec.streamed_inputs)
+    # A streamed clip's runs decode at most batch_size sequences of it at once.
+    frames = spec.clip_frames * batch_size if streamed and spec.clip_frames else spec.clip_frames
+    video_inputs = [name for name in input_names if name in spec.video_inputs]
+    return RequestLimits(
+        input_names=input_names,
+        decoded_inputs=decoded_inputs,
+        # A TYPE_STRING input's size is its data's, not its shape's: bounded after it is read.
+        itemsizes={
+            tensor["name"]: np.dtype(TRITON_TO_NUMPY.get(tensor["data_type"], np.uint8)).itemsize
+            for tensor in config["input"]
+        },
+        max_input_bytes=int_parameter(parameters, "max_input_bytes") or settings.max_input_bytes,
+        budget=budget,
+        batch_size=batch_size,
+        clips=ClipInputs(video_inputs, on_gpu, frames, streamed=streamed) if video_inputs else None,
+        regions=_region_inputs(config, decoded_inputs),
+    )
 
 
 def _region_inputs(config: dict, decoded_inputs: list[str]) -> RegionInputs | None:

@@ -6,6 +6,7 @@ regions model, when an image's boxes are not ones it can cut (tritonstack.media.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -15,7 +16,16 @@ from tritonstack.media.decode_budget import BudgetError, DecodeBudget
 from tritonstack.media.regions import BoxError, check_boxes, oriented_size
 from tritonstack.media.video_header import CPU_CODECS, GPU_CODECS, read_header, unreadable_reason
 
-__all__ = ["BudgetError", "ClipInputs", "InputError", "RegionInputs", "UndecodableError", "check_size", "samples_of"]
+__all__ = [
+    "BudgetError",
+    "ClipInputs",
+    "InputError",
+    "RegionInputs",
+    "RequestLimits",
+    "UndecodableError",
+    "check_size",
+    "samples_of",
+]
 
 
 class InputError(Exception):
@@ -143,6 +153,40 @@ def samples_of(
     if regions is not None:
         pixels += regions.request_pixels(feed, budget, pixels)
     return feed, pixels
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one model instance accepts in a request, fixed at load."""
+
+    input_names: list[str]
+    decoded_inputs: list[str]  # the inputs that feed an image decoder
+    itemsizes: dict[str, int]  # bytes per element of each input, for its size from its shape
+    max_input_bytes: int
+    budget: DecodeBudget
+    batch_size: int  # the pipeline's: the most samples one request may hold
+    clips: ClipInputs | None = None
+    regions: RegionInputs | None = None
+
+    def samples_of(self, request) -> tuple[dict[str, np.ndarray], int]:
+        """The request's samples and declared pixels, or InputError / BudgetError."""
+        feed, pixels = samples_of(
+            request,
+            self.input_names,
+            self.decoded_inputs,
+            self.itemsizes,
+            self.max_input_bytes,
+            self.budget,
+            self.clips,
+            self.regions,
+        )
+        samples = len(next(iter(feed.values())))
+        if samples > self.batch_size:  # only an unbatched model's requests can be (Triton bounds the others)
+            raise InputError(
+                f"the request has {samples} samples, above the pipeline's batch size "
+                f"{self.batch_size}: send at most {self.batch_size} per request"
+            )
+        return feed, pixels
 
 
 def raw_string_samples(name: str, array: np.ndarray, refuse: bool) -> list[np.ndarray]:

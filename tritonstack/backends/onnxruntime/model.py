@@ -23,7 +23,6 @@ It keeps the contract of the C++ backend (triton-inference-server/onnxruntime_ba
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 from tritonstack.backends.cancellation import cancelled_response, is_cancelled
-from tritonstack.backends.settings import REPOSITORY_ENV
+from tritonstack.backends.settings import BackendSettings
 from tritonstack.backends.stub_memory import StubMemoryGauge
 from tritonstack.contract import onnx_type
 from tritonstack.repository_files import ONNX_MODEL_FILENAME, latest_version_dir
@@ -80,10 +79,10 @@ class TritonPythonModel:
         auto-complete where the model lives: the launcher exports the repository."""
         cfg = auto_complete_model_config
         config = cfg.as_dict()
-        root = os.environ.get(REPOSITORY_ENV)
-        if not root or not (Path(root) / config["name"]).is_dir():
+        root = BackendSettings.of_this_process().repository
+        if root is None or not (root / config["name"]).is_dir():
             return cfg
-        session = _session(model_path(latest_version_dir(Path(root) / config["name"]), config), {})
+        session = _session(model_path(latest_version_dir(root / config["name"]), config), {})
         merged, problems = onnx_autocomplete(
             config, graph_tensors(session.get_inputs()), graph_tensors(session.get_outputs())
         )
@@ -185,7 +184,7 @@ def _session_options(parameters) -> ort.SessionOptions:
     options = ort.SessionOptions()
     # ONNX Runtime's pool threads spin between runs by default. On a CPU machine
     # this backend shares the cores with DALI's threads, which the spinning starves
-    # (measured in the README, Performance). Results are unchanged.
+    # (docs/performance.md). Results are unchanged.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     intra = parameters.get("intra_op_thread_count", {}).get("string_value")
     inter = parameters.get("inter_op_thread_count", {}).get("string_value")
