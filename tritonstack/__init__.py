@@ -13,7 +13,8 @@ Those three never import each other. What they share:
 
 - `contract` (the wire: tensor names, presets' model names, the admin header, type
   maps), `address` (the one address parser), `repository_files` (a repository's
-  file names) and `cli` (what every command line does alike);
+  file names), `objective` (the latency objective's queue ceilings) and `cli` (what
+  every command line does alike);
 - `media/`: what an encoded input is, from its bytes (headers, budgets, boxes);
 - `rules/`: the backends' load-time rules, also run offline by `tritonstack check`,
   and how they read model.dali and DALI's errors;
