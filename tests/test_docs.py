@@ -92,3 +92,8 @@ def test_every_tracked_link_resolves():
         name for name in names.split() if (PROJECT_ROOT / name).is_symlink() and not (PROJECT_ROOT / name).exists()
     ]
     assert dangling == []
+
+
+def test_the_readme_stays_a_short_guide():
+    """Detail lives in docs/, linked from the README."""
+    assert len((PROJECT_ROOT / "README.md").read_text().splitlines()) <= 220
