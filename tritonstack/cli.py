@@ -48,7 +48,17 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """A bad option is one line, naming it (argparse's usage block buries it)."""
+    """A bad option is one line, naming it (argparse's usage block buries it).
+    `intermixed`: options may come between positional arguments (`a.jpg --top-k 2 b.jpg`)."""
+
+    def __init__(self, *args, intermixed: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.intermixed = intermixed
+
+    def parse_args(self, args=None, namespace=None):
+        if self.intermixed:
+            return self.parse_intermixed_args(args, namespace)
+        return super().parse_args(args, namespace)
 
     def error(self, message: str):
         self.exit(EXIT_NOTHING_RAN, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

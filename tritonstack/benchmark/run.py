@@ -35,12 +35,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from tritonstack import cli
 from tritonstack.benchmark import peer
 from tritonstack.benchmark.cost import write_cost_ceilings
 from tritonstack.benchmark.ideal_queue import ideal_capacity
@@ -303,3 +305,7 @@ def _write_int8_agreement(results: dict, repository: Path) -> None:
         results[f"int8_top1_agreement{suffix}"] = report.top1_agreement if report else None
         results[f"int8_top5_overlap{suffix}"] = report.mean_top5_overlap if report else None
         results[f"int8_top1_agreement_clear{suffix}"] = report.clear_top1_agreement() if report else None
+
+
+if __name__ == "__main__":
+    sys.exit(cli.replaced_by("tritonstack benchmark"))
