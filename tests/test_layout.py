@@ -141,7 +141,7 @@ def test_every_command_is_a_module_of_its_name():
         assert (PACKAGE / "commands" / f"{own}.py").is_file()
 
 
-# The lead converts overload.py to the template (issue 46).
+# overload.py: its owner converts it to the template.
 NOT_YET_TEMPLATED = {"overload"}
 
 

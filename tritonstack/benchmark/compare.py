@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
+from collections.abc import Callable
 
 from tritonstack import cli
 from tritonstack.benchmark.phases import (
@@ -136,29 +137,9 @@ def compare(args: argparse.Namespace, log=print) -> dict:
             side: stack.enter_context(TritonServer(configs[side], supervisions[side], environment=environments[side]))
             for side in SIDES
         }
-
-        def measure(side: str, model: str, round_index: int) -> Phase:
-            if args.rate:
-                return asyncio.run(
-                    open_loop(
-                        servers[side].grpc_url,
-                        model,
-                        images,
-                        args.rate,
-                        args.seconds,
-                        args.warmup_s,
-                        poisson_seed=round_index,
-                    )
-                )
-            return asyncio.run(
-                closed_loop(
-                    servers[side].grpc_url, "grpc", model, images, args.concurrency, args.seconds, args.warmup_s
-                )
-            )
-
         load = f"Poisson arrivals at {args.rate:g}/s" if args.rate else f"{args.concurrency} in flight"
         log(f"{args.rounds} rounds of {', '.join(args.model)} at {load}, {args.seconds:g} s per side...")
-        phases = interleaved_sides(measure, args.model, args.rounds, log)
+        phases = interleaved_sides(_measurer(args, servers, images), args.model, args.rounds, log)
         memory = {side: server_rss_mb_by_process(servers[side]) for side in SIDES}
     return {
         **{
@@ -183,6 +164,20 @@ def compare(args: argparse.Namespace, log=print) -> dict:
         "server_rss_mb_by_process": memory,
         "server_rss_mb": {side: sum(memory[side].values()) if memory[side] else None for side in SIDES},
     }
+
+
+def _measurer(args: argparse.Namespace, servers: dict, images) -> Callable[[str, str, int], Phase]:
+    """One phase of a side on a model: the open loop at --rate, else --concurrency in flight."""
+
+    def measure(side: str, model: str, round_index: int) -> Phase:
+        url = servers[side].grpc_url
+        if args.rate:
+            return asyncio.run(
+                open_loop(url, model, images, args.rate, args.seconds, args.warmup_s, poisson_seed=round_index)
+            )
+        return asyncio.run(closed_loop(url, "grpc", model, images, args.concurrency, args.seconds, args.warmup_s))
+
+    return measure
 
 
 def table(results: dict) -> str:
