@@ -221,6 +221,8 @@ class Group:
 
 @dataclasses.dataclass(frozen=True)
 class Option:
+    """How one field is set from the command line."""
+
     flag: str
     argparse: dict  # add_argument's keywords: type, help, choices, metavar
     const: object = UNSET  # a flag without a value: the field's value when it is given
@@ -230,7 +232,12 @@ class Option:
 
     @property
     def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
+        return _dest(self.flag)
+
+
+def _dest(flag: str) -> str:
+    """argparse's name for a flag's value: --response-cache-mb -> response_cache_mb."""
+    return flag.lstrip("-").replace("-", "_")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,7 +307,7 @@ def from_args(cls: type, args: argparse.Namespace, **fixed):
     for field in dataclasses.fields(cls):
         if field.name in fixed:
             continue
-        if _NESTED in field.metadata:
+        if _NESTED in field.metadata and any(hasattr(args, _dest(flag)) for flag in flags(field.metadata[_NESTED].cls)):
             values[field.name] = _nested_value(field.metadata[_NESTED], args)
         elif _OPTION in field.metadata and hasattr(args, field.metadata[_OPTION].dest):
             spec = field.metadata[_OPTION]
@@ -321,7 +328,7 @@ def _nested_value(spec: Nested, args: argparse.Namespace):
 
 def to_argv(options) -> list[str]:
     """The command line that from_args turns back into `options` (for a process that
-    parses its own: Locust's workers)."""
+    parses its own: Locust's workers); options without a `convert`."""
     argv = []
     for field in dataclasses.fields(options):
         spec = field.metadata.get(_OPTION)
