@@ -27,7 +27,9 @@ from pathlib import Path
 
 import psutil
 
+from loadtests.load_options import DEFAULT_STEP_S, LoadOptions
 from loadtests.report import GeneratorCpu
+from tritonstack import cli
 from tritonstack.client.preflight import ModelError, check_model
 from tritonstack.client.retry import RetryPolicy
 from tritonstack.contract import admin_headers
@@ -45,7 +47,6 @@ USER_CLASSES = {"grpc": ["GrpcUser"], "http": ["HttpUser"], "both": ["GrpcUser",
 STOP_GRACE_S = 30.0
 WORKER_CONNECT_S = 60
 DEFAULT_RUN_TIME_S = 40.0
-DEFAULT_STEP_S = 10.0
 MIN_STEP_S = 1.0  # Locust's history has one row a second
 
 
@@ -104,29 +105,7 @@ def host_option(args: argparse.Namespace, http_url: str, grpc_url: str) -> str:
 
 def shared_options(args: argparse.Namespace, grpc_url: str) -> list[str]:
     """Options every Locust process needs (workers parse their own command line)."""
-    return [
-        "--model",
-        args.model,
-        *(["--grpc-url", grpc_url] if grpc_url else []),
-        "--max-requests",
-        str(args.max_requests),
-        "--deadline-ms",
-        str(args.deadline_ms),
-        "--boxes",
-        str(args.boxes),
-        "--step-users",
-        str(args.step_users),
-        "--step-seconds",
-        str(args.step_seconds),
-        "--steps",
-        str(args.steps),
-        "--target-rps",
-        str(args.target_rps if args.shape == "open" else 0),
-        "--open-loop-users",
-        str(args.open_loop_users),
-        "--live-seconds",
-        str(args.live_seconds),
-    ]
+    return [*(["--grpc-url", grpc_url] if grpc_url else []), *cli.to_argv(cli.from_args(LoadOptions, args))]
 
 
 def locust_command(args: argparse.Namespace, *role: str) -> list[str]:
@@ -237,3 +216,7 @@ def run_locust(args, http_url: str, grpc_url: str, prefix: Path) -> tuple[int, l
             if process.poll() is None:
                 process.kill()
             process.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(cli.replaced_by("tritonstack loadtest"))

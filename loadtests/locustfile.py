@@ -1,5 +1,5 @@
-"""The locustfile: Triton's command-line options and the run's hooks; the users
-themselves are in loadtests/users.py (GrpcUser, HttpUser).
+"""The locustfile: the load test's options (loadtests/load_options.py) and the run's
+hooks; the users themselves are in loadtests/users.py (GrpcUser, HttpUser).
 
     python -m locust -f loadtests/locustfile.py --headless -u 4 -t 30s \
         --host http://127.0.0.1:8000 --grpc-url 127.0.0.1:8001 --model ensemble_dali_efficientnet_lite0
@@ -25,63 +25,23 @@ from locust import events
 from locust.runners import STATE_STOPPED, STATE_STOPPING, WorkerRunner
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
-from loadtests.users import GrpcUser, HttpUser  # noqa: F401
-from tritonstack.contract import DEFAULT_MODEL
+from loadtests.load_options import LoadOptions
 
 # The users Locust runs: found here because they are imported here.
+from loadtests.users import GrpcUser, HttpUser  # noqa: F401
+from tritonstack import cli
 from tritonstack.samples.corpus import build_corpus
 
-# How often the request-count bound is checked: at ~200 requests/s a run overshoots
-# --max-requests by about this many seconds of requests.
+# How often the request-count bound is checked: a run overshoots --max-requests by
+# about this many seconds of requests.
 CHECK_INTERVAL_S = 0.05
-LIVE_SECONDS = 5.0
 
 
 @events.init_command_line_parser.add_listener
 def _options(parser):
     group = parser.add_argument_group("Triton")
-    group.add_argument("--model", default=DEFAULT_MODEL, help="ensemble (or classifier) to load-test")
     group.add_argument("--grpc-url", default="127.0.0.1:8001", help="host:port of Triton's gRPC endpoint")
-    group.add_argument("--top-k", type=int, default=1, help="classes asked back per image")
-    group.add_argument("--corpus-seed", type=int, default=0, help="seed of the weighted image draw")
-    group.add_argument(
-        "--boxes",
-        type=int,
-        default=0,
-        help="N random boxes per image, sent with it to a regions model (ensemble_regions_...; the default "
-        "model becomes ensemble_regions_efficientnet_lite0); each box is a request's answer row (0: plain images)",
-    )
-    group.add_argument(
-        "--max-requests", type=int, default=0, help="stop the run after this many requests (0: no limit)"
-    )
-    group.add_argument(
-        "--target-rps", type=float, default=0.0, help="open loop: total requests per second, fixed (0: closed loop)"
-    )
-    group.add_argument(
-        "--open-loop-users",
-        type=int,
-        default=4,
-        help="open loop: users sharing --target-rps (the shape starts this many)",
-    )
-    group.add_argument(
-        "--max-in-flight", type=int, default=64, help="open loop: per user; a send beyond it is counted as a failure"
-    )
-    group.add_argument(
-        "--deadline-ms",
-        type=float,
-        default=0.0,
-        help="each request's deadline, sent to the server as its timeout; outcomes are then counted as "
-        "answered in time, Refused, DeadlineExceeded (no answer in time) or AnsweredLate (0: none)",
-    )
-    group.add_argument("--step-users", type=int, default=2, help="step ramp: users added per step")
-    group.add_argument("--step-seconds", type=float, default=10.0, help="step ramp: duration of a step")
-    group.add_argument("--steps", type=int, default=4, help="step ramp: number of steps")
-    group.add_argument(
-        "--live-seconds",
-        type=float,
-        default=LIVE_SECONDS,
-        help="seconds between two lines of live figures on stderr (0: none)",
-    )
+    cli.add_options(group, LoadOptions)
 
 
 @events.init.add_listener

@@ -4,8 +4,8 @@
 
 Starts `--open-loop-users` users at once and holds them for `--run-time`; each
 sends `target_rps / open_loop_users` requests per second on a fixed schedule,
-independent of response times (see TritonUser.open_loop in locustfile.py).
-Options are declared in locustfile.py.
+independent of response times (see TritonUser.open_loop in users.py).
+Options are declared in load_options.py.
 """
 
 from locust import LoadTestShape
@@ -13,6 +13,7 @@ from locust import LoadTestShape
 
 class ConstantRate(LoadTestShape):
     use_common_options = True  # reads --run-time
+    open_loop = True  # its users send on a schedule (loadtests/users.py)
 
     def tick(self):
         options = self.runner.environment.parsed_options

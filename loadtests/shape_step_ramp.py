@@ -4,10 +4,12 @@
 
 Each step holds long enough for throughput and latency to settle, so the report
 can plot them against the number of users. `--run-time` bounds the ramp too
-(loadtests/headless.py fits the steps into it). Options are declared in locustfile.py.
+(loadtests/headless.py fits the steps into it). Options are declared in load_options.py.
 """
 
 from locust import LoadTestShape
+
+from loadtests.load_options import DEFAULT_STEP_S
 
 
 class StepRamp(LoadTestShape):
@@ -16,7 +18,7 @@ class StepRamp(LoadTestShape):
     def tick(self):
         options = self.runner.environment.parsed_options
         elapsed = self.get_run_time()
-        step = int(elapsed // options.step_seconds)
+        step = int(elapsed // (options.step_seconds or DEFAULT_STEP_S))
         if step >= options.steps or (options.run_time and elapsed >= options.run_time):
             return None  # ends the run
         users = options.step_users * (step + 1)

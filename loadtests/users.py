@@ -14,7 +14,7 @@ image goes with N random boxes of it to a regions model, and the answer must hav
 row per box.
 
 Closed loop (default): each user sends its next request when the previous answer
-arrives. Open loop (`--target-rps`, with loadtests/shape_constant_rate.py): each
+arrives. Open loop (the shape of loadtests/shape_constant_rate.py, at `--target-rps`): each
 user sends on a fixed schedule whatever the answers do, and latency is measured
 from the scheduled send time, so a stalled server shows as latency instead of
 silently lowering the offered load (coordinated omission).
@@ -27,8 +27,8 @@ that says "not now"), `DeadlineExceeded` (no answer before the deadline) and
 `AnsweredLate` (an answer after it); anything else is a real failure. Goodput is
 then the successes per second (the report's summary says it).
 
-The options they read (`--model`, `--grpc-url`, ...) are declared in
-loadtests/locustfile.py.
+The options they read (`--model`, `--target-rps`, ...) are declared in
+loadtests/load_options.py (`--grpc-url` in loadtests/locustfile.py).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class TritonUser(User):
     @task
     def infer(self):
         options = self.environment.parsed_options
-        if options.target_rps > 0:
+        if getattr(self.environment.shape_class, "open_loop", False):
             self.open_loop(options.target_rps / options.open_loop_users)
         else:
             self.send(time.perf_counter())

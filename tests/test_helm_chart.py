@@ -45,17 +45,15 @@ from tests.chart import (
 )
 from tests.conftest import PROJECT_ROOT
 from tests.promql import exported_series, unexported
+from tritonstack import cli
 from tritonstack.client.classifier import ClassifierClient
+from tritonstack.commands import serve
 from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL, is_video_model
 from tritonstack.samples.photos import PHOTOS, photo_bytes
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
-from tritonstack.serve.server_config import (
-    SUMMARY_QUANTILES,
-    ServerConfig,
-    otlp_trace_flags,
-    summary_metrics_flags,
-)
+from tritonstack.serve.server_config import SUMMARY_QUANTILES, ServerConfig, summary_metrics_flags
+from tritonstack.serve.supervision import Supervision
 
 KUBERNETES_VERSION = "1.33.0"
 MODES = ("gpu", "cpu", "local")
@@ -69,7 +67,7 @@ CRDS = {
 # Everything optional switched on, so that every template renders.
 EVERYTHING = ("locust.enabled=true", "metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true")
 HEALTH = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready"}
-LOADTEST_FILES = ("__init__.py", "locustfile.py", "users.py")
+LOADTEST_FILES = ("__init__.py", "load_options.py", "locustfile.py", "users.py")
 
 
 @pytest.fixture(scope="module")
@@ -264,18 +262,55 @@ def test_server_exports_the_launchers_latency_summaries(mode):
     assert not any(arg.startswith("--metrics-config=") for arg in off)
 
 
-def test_response_cache_is_off_unless_sized_and_then_as_the_launcher_sizes_it():
-    assert not any(arg.startswith("--cache-config") for arg in triton_container(render("cpu"))["args"])
-    args = triton_container(render("cpu", "server.responseCache.sizeMegabytes=64"))["args"]
-    launcher = ServerConfig(PROJECT_ROOT / "model_repository", response_cache_bytes=64 * 2**20)
-    assert [arg for arg in args if arg.startswith("--cache-config")] == launcher.cache_args()
+TRACES = "http://otel-collector.observability:4318/v1/traces"
+# The `tritonstack serve` options the chart mirrors: a serve command line, and the chart
+# values that must render the same tritonserver flags.
+MIRRORED = {
+    "--http-port": (["--http-port", "9000"], ["server.ports.http=9000"]),
+    "--grpc-port": (["--grpc-port", "9001"], ["server.ports.grpc=9001"]),
+    "--metrics-port": (["--metrics-port", "9002"], ["server.ports.metrics=9002"]),
+    "--stop-grace-s": (["--stop-grace-s", "45"], ["server.exitTimeoutSeconds=45"]),
+    "--no-summary-latencies": (["--no-summary-latencies"], ["metrics.summaryLatencies=false"]),
+    "--response-cache-mb": (["--response-cache-mb", "64"], ["server.responseCache.sizeMegabytes=64"]),
+    "--trace-otlp": (["--trace-otlp", TRACES], [f"tracing.otlpEndpoint={TRACES}"]),
+    "--trace-rate": (
+        ["--trace-otlp", TRACES, "--trace-rate", "200"],
+        [f"tracing.otlpEndpoint={TRACES}", "tracing.rate=200"],
+    ),
+}
+# The launcher's own policies: the pod runs tritonserver itself, and the kubelet restarts it.
+SUPERVISION = "the launcher's supervision, which the pod does not run"
+NOT_MIRRORED = {
+    "--model-repository": "the chart's own: S3 or the claim's mount path",
+    "--host": "the pod binds every interface (test_server_binds_every_interface_and_drains_before_the_kill)",
+    "--open-apis": "the chart always restricts them (test_admin_apis_are_restricted_with_the_key_from_a_secret)",
+    "--max-input-bytes": "told to our backends; the NGC image runs NVIDIA's C++ backends",
+    "--latency-objective-ms": "applied by the launcher at load; the pod serves the objective the repository "
+    "was built with (`tritonstack build --latency-objective-ms`)",
+    **dict.fromkeys(cli.flags(Supervision), SUPERVISION),
+}
 
 
-def test_tracing_is_off_unless_an_endpoint_is_given_and_then_as_the_launcher_traces():
-    assert not any(arg.startswith("--trace") for arg in triton_container(render("cpu"))["args"])
-    endpoint = "http://otel-collector.observability:4318/v1/traces"
-    args = triton_container(render("cpu", f"tracing.otlpEndpoint={endpoint}", "tracing.rate=200"))["args"]
-    assert [arg for arg in args if arg.startswith("--trace")] == otlp_trace_flags(endpoint, 200)
+def serve_flags(argv: list[str]) -> set[str]:
+    """What `tritonstack serve ARGV` gives tritonserver (a fixed admin key: comparable)."""
+    args = serve.parser().parse_args(["--model-repository", "/models", *argv])
+    config = cli.from_args(ServerConfig, args, admin_key="key", extra_args=())
+    return set(config.args(Path("backends"), lambda flag: False))
+
+
+def test_the_chart_renders_each_serve_option_it_mirrors_as_the_launcher():
+    """Every serve option is mirrored by a chart value or said not to be; each mirrored
+    one changes the rendered flags as it changes the launcher's, and by default both
+    render the same (off: the cache, tracing)."""
+    assert set(cli.flags(ServerConfig)) | set(cli.flags(Supervision)) == set(MIRRORED) | set(NOT_MIRRORED)
+    launcher_default, chart_default = serve_flags([]), set(triton_container(render("cpu"))["args"])
+    for option, (argv, values) in MIRRORED.items():
+        launcher, chart = serve_flags(argv), set(triton_container(render("cpu", *values))["args"])
+        changed = launcher ^ launcher_default
+        assert changed, option
+        assert chart - chart_default == launcher - launcher_default, option
+        assert chart_default - chart == launcher_default - launcher, option
+        assert chart_default & changed == launcher_default & changed, option
 
 
 def test_alerts_read_the_servers_p99_and_refusals(server):
@@ -389,23 +424,10 @@ def test_rendered_locust_pods_run_a_bounded_test_against_the_server(server, tmp_
     for name, text in one(objects, "ConfigMap", f"{RELEASE}-image-classifier-locust")["data"].items():
         (mount / name).write_text(text)
     (tmp_path / "reports").mkdir()
-    names = {f"{RELEASE}-image-classifier-locust-master": LOOPBACK, f"{RELEASE}-image-classifier": LOOPBACK}
-
-    def as_here(container: dict) -> tuple[list[str], dict[str, str]]:
-        args = []
-        for arg in container["args"]:
-            arg = arg.replace("/locust/", f"{tmp_path}/locust/").replace("/reports/", f"{tmp_path}/reports/")
-            for service, address in names.items():  # the longer name first
-                arg = arg.replace(f"={service}", f"={address}").replace(f"//{service}:", f"//{address}:")
-            args.append(arg)
-        env = {e["name"]: e["value"].replace("/locust", f"{tmp_path}/locust") for e in container.get("env", [])}
-        (command,) = container["command"]
-        return [str(Path(sys.executable).parent / command), *args], env
-
     processes = []
     try:
         for workload in (one(objects, "Job"), one(objects, "Deployment", f"{RELEASE}-image-classifier-locust-worker")):
-            command, env = as_here(one_container(workload))
+            command, env = _as_here(one_container(workload), tmp_path)
             # cwd: a folder without the project, so only the mounted users are importable.
             processes.append(
                 subprocess.Popen(
@@ -429,6 +451,21 @@ def test_rendered_locust_pods_run_a_bounded_test_against_the_server(server, tmp_
         total = next(row for row in csv.DictReader(stats) if row["Name"] == "Aggregated")
     assert int(total["Request Count"]) > 0 and int(total["Failure Count"]) == 0, total
     assert (tmp_path / "reports" / f"{RELEASE}.html").is_file()
+
+
+def _as_here(container: dict, root: Path) -> tuple[list[str], dict[str, str]]:
+    """A rendered Locust container's command and environment for this machine: the
+    mounts under `root`, the cluster's Service names (the longer first) on loopback."""
+    names = {f"{RELEASE}-image-classifier-locust-master": LOOPBACK, f"{RELEASE}-image-classifier": LOOPBACK}
+    args = []
+    for arg in container["args"]:
+        arg = arg.replace("/locust/", f"{root}/locust/").replace("/reports/", f"{root}/reports/")
+        for service, address in names.items():
+            arg = arg.replace(f"={service}", f"={address}").replace(f"//{service}:", f"//{address}:")
+        args.append(arg)
+    env = {e["name"]: e["value"].replace("/locust", f"{root}/locust") for e in container.get("env", [])}
+    (command,) = container["command"]
+    return [str(Path(sys.executable).parent / command), *args], env
 
 
 def _get(url: str, headers: dict[str, str]) -> str:

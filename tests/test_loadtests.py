@@ -4,6 +4,7 @@ the step-ramp and open-loop shapes, distributed mode, the report, the bounds.
 Each run is a few seconds long, on loopback, and must end by itself (a gevent
 gRPC client once kept Locust alive past its run time)."""
 
+import argparse
 import csv
 import http.server
 import os
@@ -16,9 +17,11 @@ import time
 import urllib.request
 
 from loadtests import headless, metrics
+from loadtests.load_options import LoadOptions
 from loadtests.report import GeneratorCpu, cpu_section, final_stats
 from tests.conftest import PROJECT_ROOT
 from tests.processes import wait_for
+from tritonstack import cli
 from tritonstack.commands import loadtest
 from tritonstack.serve.network import free_port
 
@@ -122,6 +125,24 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
         cwd=PROJECT_ROOT,
+    )
+
+
+def test_every_locust_process_parses_back_the_options_the_command_parsed():
+    """One table of options: what `tritonstack loadtest` parsed is what the Locust
+    master and workers parse from the command line it gives them."""
+    given = ["--shape", "open", "--target-rps", "7", "--boxes", "2", "--max-requests", "9", "--deadline-ms", "150"]
+    args = loadtest.checked(loadtest.parser().parse_args(given))
+    locust_side = argparse.ArgumentParser()
+    locust_side.add_argument("--grpc-url")
+    cli.add_options(locust_side, LoadOptions)
+    back = locust_side.parse_args(headless.shared_options(args, "127.0.0.1:1"))
+    assert cli.from_args(LoadOptions, back) == cli.from_args(LoadOptions, args)
+    assert (back.grpc_url, back.target_rps, back.max_requests, back.model) == (
+        "127.0.0.1:1",
+        7.0,
+        9,
+        "ensemble_regions_efficientnet_lite0",
     )
 
 

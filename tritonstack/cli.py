@@ -1,10 +1,12 @@
 """What every command line of the project does alike: help texts that show the
 defaults, one-line errors instead of tracebacks, the same exit codes, quiet on a
-closed pipe (`| head`), and the natural order of file names.
+closed pipe (`| head`), the natural order of file names, and options declared once,
+on the typed object they set. Every command module has the same shape:
 
-    def main(argv=None) -> int: ...
-    if __name__ == "__main__":
-        sys.exit(cli.run(main))
+    def parser() -> argparse.ArgumentParser: ...    # cli.parser(__doc__) + cli.add_options(...)
+    def run(args: argparse.Namespace) -> int: ...   # cli.from_args(SomeOptions, args) builds the object
+    def main(argv=None) -> int:
+        return cli.run(run, argv, parser)
 
 Exit codes: 0 success, 1 the run went through but something failed (a file, a
 check), 2 nothing could run (bad option, missing file, no server, unknown model).
@@ -14,6 +16,7 @@ check), 2 nothing could run (bad option, missing file, no server, unknown model)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -30,6 +33,10 @@ class UsageError(Exception):
     """A user's mistake found before anything ran: exit 2 with this message."""
 
 
+class OptionError(UsageError):
+    """Options that parse but do not go together: said as argparse says a bad option."""
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """The module docstring as written, and "(default: X)" after each option that
     has a default worth telling (not None, not a flag's False)."""
@@ -41,7 +48,17 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """A bad option is one line, naming it (argparse's usage block buries it)."""
+    """A bad option is one line, naming it (argparse's usage block buries it).
+    `intermixed`: options may come between positional arguments (`a.jpg --top-k 2 b.jpg`)."""
+
+    def __init__(self, *args, intermixed: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.intermixed = intermixed
+
+    def parse_args(self, args=None, namespace=None):
+        if self.intermixed:
+            return self.parse_intermixed_args(args, namespace)
+        return super().parse_args(args, namespace)
 
     def error(self, message: str):
         self.exit(EXIT_NOTHING_RAN, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -109,12 +126,16 @@ _USER_ERRORS = (
 )
 
 
-def run(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """main(argv) with the project's error handling; returns the exit code."""
+def run(
+    command: Callable, argv: list[str] | None = None, parser_: Callable[[], argparse.ArgumentParser] | None = None
+) -> int:
+    """command(parser_().parse_args(argv)), or command(argv) without a parser, with the
+    project's error handling; returns the exit code."""
     arguments = sys.argv[1:] if argv is None else argv
     debug = DEBUG_FLAG in arguments
+    made = parser_() if parser_ is not None else None
     try:
-        code = main(argv)
+        code = command(argv) if made is None else command(made.parse_args(argv))
         sys.stdout.flush()
         return code
     except BrokenPipeError:
@@ -123,6 +144,10 @@ def run(main: Callable[[list[str] | None], int], argv: list[str] | None = None) 
     except KeyboardInterrupt:
         error("interrupted")
         return 130
+    except OptionError as problem:
+        if made is None or debug:
+            raise
+        made.error(str(problem))  # exits 2
     except _USER_ERRORS as problem:
         if debug:
             raise
@@ -159,3 +184,171 @@ def existing_paths(paths: list[Path]) -> list[Path]:
         if not path.exists():
             raise UsageError(f"{path}: no such file or folder")
     return paths
+
+
+def replaced_by(command: str) -> int:
+    """What a module that used to run by itself says now: exit 2, naming its command."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    itself = f"python -m {spec.name}" if spec else Path(sys.argv[0]).name
+    error(f"{itself} no longer runs by itself: run `{command}` (see {command} --help)")
+    return EXIT_NOTHING_RAN
+
+
+# --- options: each declared once, as metadata of the dataclass field it sets ---
+#
+#     @dataclass(frozen=True)
+#     class ServerConfig:
+#         http_port: int = cli.option(0, "--http-port", type=cli.positive_int, command_default=8000)
+#
+#     cli.add_options(parser, ServerConfig)          # the argparse arguments
+#     config = cli.from_args(ServerConfig, args)     # the typed object, from parse_args()
+#
+# The namespace keeps what was typed, under the flag's own name (args.response_cache_mb);
+# from_args turns it into the field's value (response_cache_bytes).
+
+REQUIRED = dataclasses.MISSING  # a field without a default (the command line gives one)
+UNSET = object()  # an Option's const or command_default that was not given
+_OPTION, _NESTED = "cli.option", "cli.nested"
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """An argument group of --help: the options of one topic, with a line about them."""
+
+    title: str
+    description: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """How one field is set from the command line."""
+
+    flag: str
+    argparse: dict  # add_argument's keywords: type, help, choices, metavar
+    const: object = UNSET  # a flag without a value: the field's value when it is given
+    convert: Callable | None = None  # the typed value -> the field's (MiB -> bytes)
+    command_default: object = UNSET  # the command line's default, where not the field's
+    group: Group | None = None
+
+    @property
+    def dest(self) -> str:
+        return _dest(self.flag)
+
+
+def _dest(flag: str) -> str:
+    """argparse's name for a flag's value: --response-cache-mb -> response_cache_mb."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+@dataclasses.dataclass(frozen=True)
+class Nested:
+    """A field holding another dataclass of options: None when its `off` flag is given
+    or `none_if(value)` holds (RecyclePolicy with --recycle-above-mib 0)."""
+
+    cls: type
+    off: Option | None = None
+    none_if: Callable | None = None
+
+
+def option(default, flag: str, *, const=UNSET, convert=None, command_default=UNSET, group=None, **argparse_):
+    """A dataclass field set by `flag`. A bool field is a flag that sets the other value
+    (`--no-summary-latencies` for one that is True by default); `const`: a flag that sets
+    this value (`--open-apis` -> ()); the rest are argparse's keywords."""
+    if isinstance(default, bool) and const is UNSET:
+        const = not default
+    spec = Option(flag, argparse_, const, convert, command_default, group)
+    return dataclasses.field(default=default, metadata={_OPTION: spec})
+
+
+def nested(cls: type, default=REQUIRED, *, default_factory=REQUIRED, off: str | None = None, off_help="", none_if=None):
+    """A field holding a `cls` whose options are this dataclass's too."""
+    off_option = Option(off, {"help": off_help}, const=None) if off else None
+    spec = Nested(cls, off_option, none_if)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={_NESTED: spec})
+
+
+def add_options(parser_: argparse.ArgumentParser, cls: type, defaults=None) -> None:
+    """An argument for each option of the dataclass `cls` and of those it nests.
+    `defaults`: an instance whose values the command line shows and uses as defaults
+    (computed at run time: MemoryLimits.default()); else each field's default."""
+    groups: dict[Group, object] = {}
+    for field in dataclasses.fields(cls):
+        default = getattr(defaults, field.name) if defaults is not None else _field_default(field)
+        if _NESTED in field.metadata:
+            spec = field.metadata[_NESTED]
+            if spec.off:
+                _add(parser_, spec.off, None)
+            add_options(parser_, spec.cls, default)
+        elif _OPTION in field.metadata:
+            spec = field.metadata[_OPTION]
+            if spec.group and spec.group not in groups:
+                groups[spec.group] = parser_.add_argument_group(spec.group.title, spec.group.description)
+            _add(groups.get(spec.group, parser_), spec, default)
+
+
+def _add(parser_, spec: Option, default) -> None:
+    if spec.const is not UNSET:
+        parser_.add_argument(spec.flag, action="store_true", **spec.argparse)
+    else:
+        shown = default if spec.command_default is UNSET else spec.command_default
+        parser_.add_argument(spec.flag, default=shown, **spec.argparse)
+
+
+def _field_default(field: dataclasses.Field):
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
+
+
+def from_args(cls: type, args: argparse.Namespace, **fixed):
+    """A `cls` from parsed arguments; `fixed`: fields the command line does not set.
+    A field whose option this parser does not have keeps its default."""
+    values = {}
+    for field in dataclasses.fields(cls):
+        if field.name in fixed:
+            continue
+        if _NESTED in field.metadata and any(hasattr(args, _dest(flag)) for flag in flags(field.metadata[_NESTED].cls)):
+            values[field.name] = _nested_value(field.metadata[_NESTED], args)
+        elif _OPTION in field.metadata and hasattr(args, field.metadata[_OPTION].dest):
+            spec = field.metadata[_OPTION]
+            typed = getattr(args, spec.dest)
+            if spec.const is UNSET:
+                values[field.name] = spec.convert(typed) if spec.convert else typed
+            elif typed:
+                values[field.name] = spec.const
+    return cls(**values, **fixed)
+
+
+def _nested_value(spec: Nested, args: argparse.Namespace):
+    if spec.off and getattr(args, spec.off.dest):
+        return None
+    value = from_args(spec.cls, args)
+    return None if spec.none_if and spec.none_if(value) else value
+
+
+def to_argv(options) -> list[str]:
+    """The command line that from_args turns back into `options` (for a process that
+    parses its own: Locust's workers); options without a `convert`."""
+    argv = []
+    for field in dataclasses.fields(options):
+        spec = field.metadata.get(_OPTION)
+        value = getattr(options, field.name)
+        if spec is None or value is None:
+            continue
+        if spec.const is UNSET:
+            argv += [spec.flag, str(value)]
+        elif value == spec.const:
+            argv.append(spec.flag)
+    return argv
+
+
+def flags(cls: type) -> list[str]:
+    """Every flag the dataclass `cls` declares, those of the dataclasses it nests included."""
+    found = []
+    for field in dataclasses.fields(cls):
+        if _NESTED in field.metadata:
+            spec = field.metadata[_NESTED]
+            found += ([spec.off.flag] if spec.off else []) + flags(spec.cls)
+        elif _OPTION in field.metadata:
+            found.append(field.metadata[_OPTION].flag)
+    return found

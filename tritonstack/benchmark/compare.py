@@ -33,9 +33,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonstack import cli
 from tritonstack.benchmark.figures import COMPARE, SIDES, Median, report
 from tritonstack.benchmark.phases import (
     Phase,
@@ -212,3 +214,7 @@ def table(results: dict) -> str:
     memory = results["server_rss_mb"]
     lines.append(f"\nserver RSS after the rounds: A {memory['a']:.0f} MB, B {memory['b']:.0f} MB")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(cli.replaced_by("tritonstack compare"))

@@ -10,9 +10,12 @@ docs/performance.md ("Every figure") are read from these declarations.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -354,9 +357,16 @@ def rendered_docs(text: str) -> str:
     return text
 
 
-if __name__ == "__main__":  # python -m tritonstack.benchmark.figures docs/performance.md: render its tables
-    import sys
-    from pathlib import Path
-
-    page = Path(sys.argv[1])
+def main(argv: list[str] | None = None) -> int:
+    """python -m tritonstack.benchmark.figures docs/performance.md: render its tables."""
+    parser = argparse.ArgumentParser(
+        description="Render each group's table of figures into a docs page, between its markers."
+    )
+    parser.add_argument("page", type=Path, help="the page, e.g. docs/performance.md")
+    page = parser.parse_args(argv).page
     page.write_text(rendered_docs(page.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,7 +23,10 @@ errs low: the autoscaler adds replicas a little early, not late.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
+
+from tritonstack import cli
 
 # What the plan reads from a benchmark JSON (tritonstack/benchmark writes them).
 PLAN_KEYS = (
@@ -124,3 +127,7 @@ def plan(results: dict, target_rps: float, p99_budget_ms: float) -> Plan:
         replicas,
         max(1, round(queue_ms * 1000)),
     )
+
+
+if __name__ == "__main__":
+    sys.exit(cli.replaced_by("tritonstack plan"))

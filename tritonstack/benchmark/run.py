@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonstack import cli
 from tritonstack.benchmark import peer
 from tritonstack.benchmark.cost import cost_figures
 from tritonstack.benchmark.figures import BENCHMARK, Median, docstring_listing, report
@@ -392,3 +394,7 @@ def int8_agreement(repository: Path) -> Int8Agreement:
         figures[f"int8_top5_overlap{suffix}"] = compared.mean_top5_overlap if compared else None
         figures[f"int8_top1_agreement_clear{suffix}"] = compared.clear_top1_agreement() if compared else None
     return Int8Agreement(**figures)
+
+
+if __name__ == "__main__":
+    sys.exit(cli.replaced_by("tritonstack benchmark"))

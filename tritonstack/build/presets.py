@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tritonstack import contract
+from tritonstack import cli, contract
 from tritonstack.build import classifiers
 from tritonstack.build.classifiers import Classifier
 from tritonstack.objective import DEFAULT_OBJECTIVE_MS, check_objective
@@ -24,50 +24,145 @@ class FrameSampling:
     stride: int
 
 
+# The option groups of `tritonstack build --help`.
+ADMISSION = cli.Group("admission under overload (docs/reliability.md#overload)")
+VIDEO = cli.Group(
+    "video presets",
+    "A clip per sample, decoded by DALI (VP8, VP9, MJPEG on the CPU; H.264, H.265, AV1 too with --device gpu); "
+    "every frame kept is classified and answered, a row each, in order.",
+)
+REGIONS = cli.Group(
+    "regions presets",
+    "An image and its boxes (FP32 [N, 4]: x0, y0, x1, y1 in the image's pixels) per sample, decoded once; each "
+    "box is cut, resized and center-cropped as a whole image would be, and answered with a row of probabilities, "
+    "in order.",
+)
+
+
 @dataclass(frozen=True)
 class BuildOptions:
-    max_batch_size: int = 32
-    num_threads: int = 2  # DALI CPU threads; raise to the serving machine's cores
-    # ONNX Runtime threads per classifier instance, and instances of each classifier
-    # (0: `instances`); fixed like num_threads so the committed repository is the same
-    # everywhere. On a CPU, two instances of one thread each spend less CPU per image
-    # than one instance of two threads (no synchronization between the threads of one
-    # run), for a classifier stub's memory more, and a lone request computes on one
-    # core: measured side by side in docs/performance.md#thread-layout.
-    intra_op_threads: int = 1
-    instances: int = 1
-    classifier_instances: int = 2
-    max_queue_delay_us: int = 0
-    # The batch the classifier's dynamic batcher forms from queued requests on the
-    # CPU (`preferred_batch_size`; 0: none, batches up to max_batch_size). ONNX
-    # Runtime's CPU rate per image is highest at batches of 4-8 and its arena keeps
-    # the memory of the largest batch it ran: measured in docs/performance.md.
-    # A request of more images still runs whole, up to max_batch_size.
-    classifier_batch: int = 8
-    # Admission under overload (docs/reliability.md#overload). A bound on the queue
-    # before each ensemble's first step: a request that finds this many waiting is
-    # refused at once (HTTP 503, gRPC UNAVAILABLE). 0 (no bound) by default: on Triton
-    # 2.51, the CPU stack's server, such refusals inside an ensemble later crashed
-    # tritonserver (SIGSEGV, reproduced in this project's suite; the ensemble fixes of
-    # triton-inference-server/core#466 came after 2.51). For releases with them.
-    max_queue_size: int = 0
-    # Every step's queue ceiling derives from it (tritonstack.objective); 0: no ceiling.
-    latency_objective_ms: int = DEFAULT_OBJECTIVE_MS
-    device: str = "cpu"  # "gpu": nvJPEG decoding, GPU resize/normalize, KIND_GPU
-    format: str = "model.dali"  # or "dali.py": serialized by the DALI backend at load
-    # Video presets: each clip is decoded to `clip_frames` frames, `frame_stride` apart
-    # (the last one repeated when the clip is shorter), every one classified.
-    clip_frames: int = 8
-    frame_stride: int = 4
-    # `response_cache { enable: true }` on the ensembles: a request whose input bytes
-    # equal an earlier one's is answered from the server's cache (`tritonstack serve
-    # --response-cache-mb`), without running the steps. Off: load tests and the
-    # benchmark repeat their images, and would measure the cache (docs/operations.md).
-    response_cache: bool = False
-    # Regions presets: the most boxes one image may come with, the pipeline's slots (DALI
-    # has no operator that cuts a varying number of regions). Each slot past an image's
-    # boxes still costs a 1-pixel region's resize to the crop (docs/building.md, Regions).
-    max_boxes: int = 16
+    """What every model of a build shares; each field is a `tritonstack build` option.
+    Thread and instance counts are fixed, not this machine's, so that the committed
+    repository is the same everywhere."""
+
+    device: str = cli.option(
+        "cpu",
+        "--device",
+        choices=DEVICES,
+        help="gpu: nvJPEG decoding (device=mixed, hw_decoder_load), resize and normalize on "
+        "the GPU, KIND_GPU instances; serializes on a machine without a GPU",
+    )
+    format: str = cli.option(
+        DALI_MODEL_FILENAME,
+        "--format",
+        choices=FORMATS,
+        help="model.dali: the pipeline serialized now (the DALI version is recorded next to it); "
+        "dali.py: the pipeline's source, serialized by the DALI backend at load",
+    )
+    max_batch_size: int = cli.option(
+        32,
+        "--max-batch-size",
+        type=cli.positive_int,
+        help="every model's max_batch_size, and the DALI pipeline's batch",
+    )
+    instances: int = cli.option(
+        1,
+        "--instances",
+        type=cli.positive_int,
+        help="instances of each preprocessing model, and of each classifier with "
+        "--classifier-instances 0 (each one is a process on CPU machines)",
+    )
+    # Two instances of one thread each spend less CPU per image than one of two threads
+    # (no synchronization between the threads of one run), for a stub's memory more.
+    classifier_instances: int = cli.option(
+        2,
+        "--classifier-instances",
+        type=cli.non_negative_int,
+        metavar="N",
+        help="instances of each classifier (0: --instances; default 2, of one ONNX Runtime "
+        "thread each: a CPU's cores split between instances, docs/performance.md#thread-layout)",
+    )
+    num_threads: int = cli.option(
+        2,
+        "--num-threads",
+        type=cli.positive_int,
+        help="DALI CPU worker threads per instance (default fixed, not this machine's cores, "
+        "so the committed repository is the same everywhere)",
+    )
+    intra_op_threads: int = cli.option(
+        1,
+        "--intra-op-threads",
+        type=cli.positive_int,
+        help="ONNX Runtime threads per classifier instance, the intra_op_thread_count "
+        "parameter, fixed like --num-threads",
+    )
+    max_queue_delay_us: int = cli.option(
+        0, "--max-queue-delay-us", type=int, help="how long the dynamic batcher waits to fill a batch"
+    )
+    # ONNX Runtime's CPU rate per image is highest at batches of 4-8, and its arena keeps
+    # the memory of the largest batch it ran (docs/performance.md).
+    classifier_batch: int = cli.option(
+        8,
+        "--classifier-batch",
+        type=cli.non_negative_int,
+        metavar="N",
+        help="on the CPU, the batch the classifier's dynamic batcher forms from queued "
+        "requests (preferred_batch_size; 0: none): ONNX Runtime's best rate per image "
+        "and a bounded arena. Requests of more images still run whole",
+    )
+    # No bound by default: on Triton 2.51, the CPU stack's server, refusals inside an
+    # ensemble crash tritonserver (docs/reliability.md#overload); for releases with
+    # the ensemble fixes of triton-inference-server/core#466.
+    max_queue_size: int = cli.option(
+        0,
+        "--max-queue-size",
+        type=cli.non_negative_int,
+        metavar="N",
+        group=ADMISSION,
+        help="requests queued before an ensemble's first step beyond which a new one is refused at once "
+        "(HTTP 503, gRPC UNAVAILABLE); 0: no bound",
+    )
+    latency_objective_ms: int = cli.option(
+        DEFAULT_OBJECTIVE_MS,
+        "--latency-objective-ms",
+        type=cli.non_negative_int,
+        metavar="MS",
+        group=ADMISSION,
+        help="answer within MS or refuse: each step refuses an interactive request that waited past its share of "
+        "it (HTTP 503, gRPC UNAVAILABLE; a request's own shorter timeout wins; batch-priority requests wait up to "
+        "30 s; default: %(default)s; 0: no ceiling; docs/reliability.md#latency-objective)",
+    )
+    # Off by default: load tests and the benchmark repeat their images, and would
+    # measure the cache (docs/operations.md).
+    response_cache: bool = cli.option(
+        False,
+        "--response-cache",
+        help="enable Triton's response cache on the ensembles: a repeated upload is answered from the cache of "
+        "a server started with `tritonstack serve --response-cache-mb N` (off by default; docs/operations.md)",
+    )
+    clip_frames: int = cli.option(
+        8,
+        "--clip-frames",
+        type=cli.positive_int,
+        metavar="N",
+        group=VIDEO,
+        help="frames kept per clip (the last one repeated when a clip is shorter); a request "
+        "holds max_batch_size // N clips",
+    )
+    frame_stride: int = cli.option(
+        4, "--frame-stride", type=cli.positive_int, metavar="N", group=VIDEO, help="distance between kept frames"
+    )
+    # DALI has no operator that cuts a varying number of regions: the pipeline has this
+    # many slots (docs/building.md, Regions).
+    max_boxes: int = cli.option(
+        16,
+        "--max-boxes",
+        type=cli.positive_int,
+        metavar="N",
+        group=REGIONS,
+        help="the most boxes an image may have (the pipeline's slots; each unused one costs a small "
+        "resize); a request holds max_batch_size // N images",
+    )
 
     def __post_init__(self):
         if self.device not in DEVICES:

@@ -3,6 +3,7 @@ with --regions N, of tritonstack.benchmark.region_speedup alone."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -11,7 +12,6 @@ from pathlib import Path
 from tritonstack import cli
 from tritonstack.benchmark import run as benchmark_run
 from tritonstack.benchmark.results import write_results
-from tritonstack.benchmark.run import run
 from tritonstack.benchmark.settings import (
     DALI_ENSEMBLE,
     FULL,
@@ -25,12 +25,7 @@ from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.target import GivenServer, given_endpoints
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The exit code; one-line errors (tritonstack.cli)."""
-    return cli.run(benchmark, argv)
-
-
-def benchmark(argv: list[str] | None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = cli.parser(benchmark_run.__doc__)
     parser.add_argument("--quick", action="store_true", help="short phases: at most 4 minutes on 2 cores")
     parser.add_argument("--smoke", action="store_true", help="shortest phases (tests): every key, rough figures")
@@ -53,7 +48,10 @@ def benchmark(argv: list[str] | None) -> int:
     running.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port; default: --url's host:port)")
     running.add_argument("--metrics-url", help="host:port or http://host:port/metrics")
     running.add_argument("--server-pid", type=int, help="tritonserver's process id on this host, for CPU and memory")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
     settings = SMOKE if args.smoke else QUICK if args.quick else FULL
     reason = unservable_reason(args.model_repository)
     if reason:
@@ -77,7 +75,7 @@ def benchmark(argv: list[str] | None) -> int:
             f"(rounds {results['regions_speedup_spread']})"
         )
         return 0 if results["errors"] == 0 else 1
-    results = run(settings, args.model_repository.resolve(), log=log, server=server)
+    results = benchmark_run.run(settings, args.model_repository.resolve(), log=log, server=server)
     results["benchmark_seconds"] = time.monotonic() - started
     print(write_results(results, args.out))
     return 0 if results["errors"] == 0 else 1
@@ -91,6 +89,11 @@ def _regions(boxes: int, settings, repository: Path, server, log) -> dict:
         return run_regions(server, boxes, settings, log)
     with TritonServer(repository) as started:
         return run_regions(started, boxes, settings, log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(run, argv, parser)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tritonstack import cli
 from tritonstack.build import classifiers, presets
-from tritonstack.build.presets import FORMATS, PRESETS, BuildOptions, Preset, preset_named
+from tritonstack.build.presets import PRESETS, BuildOptions, Preset, preset_named
 from tritonstack.build.repository import write_repository
 
 # The folder the command runs in, as for `make build` from a checkout.
@@ -37,23 +37,9 @@ DEFAULT_REPOSITORY = Path("model_repository")
 
 
 def build(args: argparse.Namespace) -> int:
-    options = BuildOptions(
-        max_batch_size=args.max_batch_size,
-        num_threads=args.num_threads,
-        intra_op_threads=args.intra_op_threads,
-        instances=args.instances,
-        classifier_instances=args.classifier_instances,
-        max_queue_delay_us=args.max_queue_delay_us,
-        classifier_batch=args.classifier_batch,
-        max_queue_size=args.max_queue_size,
-        latency_objective_ms=args.latency_objective_ms,
-        device=args.device,
-        format=args.format,
-        clip_frames=args.clip_frames,
-        frame_stride=args.frame_stride,
-        response_cache=args.response_cache,
-        max_boxes=args.max_boxes,
-    )
+    if bool(args.classifier_onnx) != bool(args.labels):
+        raise cli.OptionError("--classifier-onnx and --labels go together")
+    options = cli.from_args(BuildOptions, args)
     changed = write_repository(args.out, presets=_presets(args), options=options)
     for path in changed:
         print(f"wrote {path.relative_to(args.out)}")
@@ -131,7 +117,6 @@ def _floats3(text: str) -> tuple[float, float, float]:
 
 
 def _add_build_parser(commands) -> None:
-    defaults = BuildOptions()
     parser = cli.subcommand(
         commands,
         "build",
@@ -145,129 +130,12 @@ def _add_build_parser(commands) -> None:
         help=f"presets to build (default: all): {', '.join(p.name for p in PRESETS)}",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_REPOSITORY, help="repository folder")
-    parser.add_argument(
-        "--device",
-        choices=presets.DEVICES,
-        default=defaults.device,
-        help="gpu: nvJPEG decoding (device=mixed, hw_decoder_load), resize and normalize on "
-        "the GPU, KIND_GPU instances; serializes on a machine without a GPU",
-    )
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        default=defaults.format,
-        help="model.dali: the pipeline serialized now (the DALI version is recorded next to it); "
-        "dali.py: the pipeline's source, serialized by the DALI backend at load",
-    )
-    parser.add_argument(
-        "--max-batch-size",
-        type=cli.positive_int,
-        default=defaults.max_batch_size,
-        help="every model's max_batch_size, and the DALI pipeline's batch",
-    )
-    parser.add_argument(
-        "--instances",
-        type=cli.positive_int,
-        default=defaults.instances,
-        help="instances of each preprocessing model, and of each classifier with "
-        "--classifier-instances 0 (each one is a process on CPU machines)",
-    )
-    parser.add_argument(
-        "--classifier-instances",
-        type=cli.non_negative_int,
-        default=defaults.classifier_instances,
-        metavar="N",
-        help="instances of each classifier (0: --instances; default 2, of one ONNX Runtime "
-        "thread each: a CPU's cores split between instances, docs/performance.md#thread-layout)",
-    )
-    parser.add_argument(
-        "--num-threads",
-        type=cli.positive_int,
-        default=defaults.num_threads,
-        help="DALI CPU worker threads per instance (default fixed, not this machine's cores, "
-        "so the committed repository is the same everywhere)",
-    )
-    parser.add_argument(
-        "--intra-op-threads",
-        type=cli.positive_int,
-        default=defaults.intra_op_threads,
-        help="ONNX Runtime threads per classifier instance, the intra_op_thread_count "
-        "parameter, fixed like --num-threads",
-    )
-    parser.add_argument(
-        "--max-queue-delay-us",
-        type=int,
-        default=defaults.max_queue_delay_us,
-        help="how long the dynamic batcher waits to fill a batch",
-    )
-    parser.add_argument(
-        "--classifier-batch",
-        type=cli.non_negative_int,
-        default=defaults.classifier_batch,
-        metavar="N",
-        help="on the CPU, the batch the classifier's dynamic batcher forms from queued "
-        "requests (preferred_batch_size; 0: none): ONNX Runtime's best rate per image "
-        "and a bounded arena. Requests of more images still run whole",
-    )
-    admission = parser.add_argument_group("admission under overload (docs/reliability.md#overload)")
-    admission.add_argument(
-        "--max-queue-size",
-        type=cli.non_negative_int,
-        default=defaults.max_queue_size,
-        metavar="N",
-        help="requests queued before an ensemble's first step beyond which a new one is refused at once "
-        "(HTTP 503, gRPC UNAVAILABLE); 0: no bound",
-    )
-    admission.add_argument(
-        "--latency-objective-ms",
-        type=cli.non_negative_int,
-        default=defaults.latency_objective_ms,
-        metavar="MS",
-        help="answer within MS or refuse: each step refuses a request that waited past its share of it "
-        "(HTTP 503, gRPC UNAVAILABLE; a request's own shorter timeout wins; default: %(default)s; 0: no ceiling; "
-        "docs/reliability.md#latency-objective)",
-    )
-    parser.add_argument(
-        "--response-cache",
-        action="store_true",
-        help="enable Triton's response cache on the ensembles: a repeated upload is answered from the cache of "
-        "a server started with `tritonstack serve --response-cache-mb N` (off by default; docs/operations.md)",
-    )
-    video = parser.add_argument_group(
-        "video presets",
-        "A clip per sample, decoded by DALI (VP8, VP9, MJPEG on "
-        "the CPU; H.264, H.265, AV1 too with --device gpu); every frame kept is "
-        "classified and answered, a row each, in order.",
-    )
-    video.add_argument(
-        "--clip-frames",
-        type=cli.positive_int,
-        default=defaults.clip_frames,
-        metavar="N",
-        help="frames kept per clip (the last one repeated when a clip is shorter); a request "
-        "holds max_batch_size // N clips",
-    )
-    video.add_argument(
-        "--frame-stride",
-        type=cli.positive_int,
-        default=defaults.frame_stride,
-        metavar="N",
-        help="distance between kept frames",
-    )
-    regions = parser.add_argument_group(
-        "regions presets",
-        "An image and its boxes (FP32 [N, 4]: x0, y0, x1, y1 in the image's pixels) per sample, "
-        "decoded once; each box is cut, resized and center-cropped as a whole image would be, "
-        "and answered with a row of probabilities, in order.",
-    )
-    regions.add_argument(
-        "--max-boxes",
-        type=cli.positive_int,
-        default=defaults.max_boxes,
-        metavar="N",
-        help="the most boxes an image may have (the pipeline's slots; each unused one costs a small "
-        "resize); a request holds max_batch_size // N images",
-    )
+    cli.add_options(parser, BuildOptions)
+    _add_own_classifier_options(parser)
+    parser.set_defaults(run=build)
+
+
+def _add_own_classifier_options(parser: argparse.ArgumentParser) -> None:
     own = parser.add_argument_group(
         "bring your own classifier",
         "An ONNX classifier taking FP32 NCHW images (0..255 RGB normalized with --mean/--std) gets its "
@@ -298,21 +166,13 @@ def _add_build_parser(commands) -> None:
         default=("dali",),
         help="which preprocessing models to build for it",
     )
-    parser.set_defaults(run=build)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The exit code; one-line errors (tritonstack.cli)."""
-    return cli.run(run, argv)
-
-
-def run(argv: list[str] | None) -> int:
-    parser = cli.parser(__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    made = cli.parser(__doc__)
+    commands = made.add_subparsers(dest="command", required=True)
     _add_build_parser(commands)
-
     cli.subcommand(commands, "list", help="list the presets").set_defaults(run=list_presets)
-
     check_parser = cli.subcommand(
         commands,
         "check",
@@ -322,7 +182,6 @@ def run(argv: list[str] | None) -> int:
     )
     check_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
     check_parser.set_defaults(run=check)
-
     parity_parser = cli.subcommand(
         commands,
         "parity",
@@ -334,15 +193,20 @@ def run(argv: list[str] | None) -> int:
     parity_parser.add_argument("--preset", default="dali_efficientnet_lite0", help="the DALI preset to compare")
     parity_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
     parity_parser.set_defaults(run=parity)
+    return made
 
-    args = parser.parse_args(argv)
-    if args.command == "build" and bool(args.classifier_onnx) != bool(args.labels):
-        parser.error("--classifier-onnx and --labels go together")
+
+def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         return args.run(args)
     except (ValueError, KeyError) as error:  # an unknown preset, a file that is not what it should be
         raise cli.UsageError(error.args[0] if error.args else str(error)) from error
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(run, argv, parser)
 
 
 if __name__ == "__main__":

@@ -56,8 +56,8 @@ from tritonstack.contract import (
 FORMATS = ("table", "jsonl", "csv")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = cli.parser(__doc__)
+def parser() -> argparse.ArgumentParser:
+    parser = cli.parser(__doc__, intermixed=True)
     parser.add_argument("paths", nargs="+", type=Path, help="image files, video clips or folders")
     add_server_options(
         parser, model_help=f"the model for photos, or for clips when it is a video model (default: {DEFAULT_MODEL})"
@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--format", choices=FORMATS, default="table", help="table: aligned text; jsonl and csv: one record per file"
     )
-    return parser.parse_intermixed_args(argv)
+    return parser
 
 
 class ResultWriter:
@@ -164,13 +164,7 @@ def _as_dict(
     return record
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The exit code; one-line errors (tritonstack.cli)."""
-    return cli.run(classify, argv)
-
-
-def classify(argv: list[str] | None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     url, protocol = endpoint(args.url, args.protocol, DEFAULT_URLS)
     if args.boxes is not None:
         return classify_boxes(args, url, protocol)
@@ -243,6 +237,11 @@ def read_boxes(path: Path) -> list[list[float]]:
     ):
         raise cli.UsageError(f"{path}: need a JSON list of [x0, y0, x1, y1] boxes, numbers in the image's pixels")
     return [[float(value) for value in box] for box in boxes]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(run, argv, parser)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -15,11 +16,7 @@ from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.supervision import RecyclePolicy, Supervision
 
 
-def main(argv: list[str] | None = None) -> int:
-    return cli.run(_main, argv)
-
-
-def _main(argv: list[str] | None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = cli.parser(comparison.__doc__)
     parser.add_argument("--a-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--b-repository", type=Path, help="default: A's")
@@ -62,7 +59,10 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--concurrency", type=cli.positive_int, default=24, help="single-image requests in flight")
     parser.add_argument("--rate", type=cli.positive_float, help="an open loop instead: Poisson arrivals, requests/s")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
     args.model = args.model or [DALI_ENSEMBLE, INT8_ENSEMBLE]
     if (
         args.b_repository is None
@@ -89,6 +89,11 @@ def _main(argv: list[str] | None) -> int:
     print(table(results))
     errors = sum(figures[f"{side}_errors"] for figures in results["models"].values() for side in SIDES)
     return 0 if errors == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(run, argv, parser)
 
 
 if __name__ == "__main__":

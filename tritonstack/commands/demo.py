@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tritonstack import cli
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL, DEFAULT_VIDEO_MODEL
 from tritonstack.repository_files import CONFIG_FILENAME
@@ -16,12 +17,14 @@ from tritonstack.samples.photos import PHOTOS, SAMPLE_CLIP, collage, photo_bytes
 from tritonstack.serve.launcher import TritonServer
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    parser = cli.parser(__doc__)
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--model", default=DEFAULT_MODEL)
-    args = parser.parse_args(argv)
+    return parser
 
+
+def run(args: argparse.Namespace) -> int:
     print(f"starting tritonserver on {args.model_repository} ...", flush=True)
     with TritonServer(args.model_repository) as server:
         print(f"ready: HTTP {server.http_url}, gRPC {server.grpc_url}\n")
@@ -68,6 +71,11 @@ def show_collage(server: TritonServer) -> None:
             corners = ", ".join(f"{value:.0f}" for value in box)
             print(f"  box {index} [{corners}]  " + ", ".join(f"{p.label} ({p.score:.3f})" for p in top))
         print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(run, argv, parser)
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def print_text(summary: dict, root: Path) -> None:
         )
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     parser = cli.parser(__doc__)
     parser.add_argument("root", type=Path, metavar="DIR", help="one folder per class")
     add_server_options(parser)
@@ -147,16 +147,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--async", dest="use_async", action="store_true", help="asyncio client instead of threads")
     parser.add_argument("--worst", type=cli.positive_int, default=5, help="how many of the worst classes to show")
     parser.add_argument("--format", choices=("text", "json"), default="text")
-    return parser.parse_args(argv)
+    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The exit code; one-line errors (tritonstack.cli)."""
-    return cli.run(evaluate, argv)
-
-
-def evaluate(argv: list[str] | None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     url, protocol = endpoint(args.url, args.protocol, DEFAULT_URLS)
     if not args.root.is_dir():
         raise cli.UsageError(f"{args.root}: no such folder")
@@ -198,6 +192,11 @@ def evaluate(argv: list[str] | None) -> int:
     else:
         print_text(summary, args.root)
     return 1 if progress.failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(run, argv, parser)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from loadtests import headless as loadtest_run
 from loadtests import metrics
 from loadtests.headless import (
     DEFAULT_RUN_TIME_S,
-    DEFAULT_STEP_S,
     PROJECT_ROOT,
     SHAPE_FILES,
     USER_CLASSES,
@@ -21,6 +20,7 @@ from loadtests.headless import (
     protocols,
     run_locust,
 )
+from loadtests.load_options import LoadOptions
 from loadtests.report import PlotLabels, RunSummary, write_report
 from tritonstack import cli
 from tritonstack.client.retry import PROTOCOL_NAMES
@@ -28,96 +28,68 @@ from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL
 from tritonstack.serve.target import given_endpoints, target_server
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = cli.parser(loadtest_run.__doc__)
-    parser.add_argument(
+def parser() -> argparse.ArgumentParser:
+    made = cli.parser(loadtest_run.__doc__)
+    made.add_argument(
         "--url",
         help="HTTP host:port (or http://host:port) of a running Triton (default: start one on free loopback ports)",
     )
-    parser.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port) of that Triton")
-    parser.add_argument(
+    made.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port) of that Triton")
+    made.add_argument(
         "--metrics-url",
         help="its Prometheus endpoint (host:port or http://host:port/metrics), for the server-side breakdown",
     )
-    parser.add_argument(
+    made.add_argument(
         "--model-repository", default=str(PROJECT_ROOT / "model_repository"), help="served when no --url is given"
     )
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="the image classifier to load")
-    parser.add_argument(
-        "--boxes",
-        type=cli.non_negative_int,
-        default=0,
-        metavar="N",
-        help=f"N random boxes with each image, to a regions model (default then: {DEFAULT_REGIONS_MODEL}); "
-        "each answer must have a row per box (0: plain images)",
-    )
-    parser.add_argument("--user", choices=sorted(USER_CLASSES), default="grpc", help="protocol of the users")
-    parser.add_argument(
+    cli.add_options(made, LoadOptions)
+    made.add_argument("--user", choices=sorted(USER_CLASSES), default="grpc", help="protocol of the users")
+    made.add_argument(
         "--shape",
         choices=sorted(SHAPE_FILES),
         default="step",
         help="closed: --users at once; step: a ramp of --steps; open: --target-rps fixed",
     )
-    parser.add_argument(
-        "--deadline-ms",
-        type=float,
-        default=0.0,
-        help="each request's deadline, sent to the server; the report then counts answered in time, refused, "
-        "no answer in time and answered late apart, with the goodput (0: none)",
-    )
-    parser.add_argument("--users", type=cli.positive_int, default=4, help="closed shape: users")
-    parser.add_argument(
+    made.add_argument("--users", type=cli.positive_int, default=4, help="closed shape: users")
+    made.add_argument(
         "--run-time",
         type=float,
         default=None,
         metavar="S",
         help=f"seconds, every shape (default: {DEFAULT_RUN_TIME_S:.0f}; step shape: --steps x --step-seconds)",
     )
-    parser.add_argument("--max-requests", type=cli.positive_int, default=20000, help="stop after this many requests")
-    parser.add_argument("--step-users", type=cli.positive_int, default=2, help="step shape: users added per step")
-    parser.add_argument(
-        "--step-seconds",
-        type=float,
-        default=None,
-        metavar="S",
-        help=f"step shape: duration of a step (default: --run-time / --steps, else {DEFAULT_STEP_S:.0f})",
-    )
-    parser.add_argument("--steps", type=cli.positive_int, default=4, help="step shape: number of steps")
-    parser.add_argument("--target-rps", type=float, default=20.0, help="open shape: requests per second")
-    parser.add_argument(
-        "--open-loop-users", type=cli.positive_int, default=4, help="open shape: users sharing --target-rps"
-    )
-    parser.add_argument("--workers", type=int, default=0, help="distributed: Locust worker processes (0: one process)")
-    parser.add_argument(
-        "--live-seconds", type=float, default=5.0, help="seconds between two lines of live figures on stderr (0: none)"
-    )
-    parser.add_argument(
+    made.add_argument("--workers", type=int, default=0, help="distributed: Locust worker processes (0: one process)")
+    made.add_argument(
         "--skip-preflight",
         action="store_true",
         help="start the users even when the model does not classify encoded images (to load-test the error path)",
     )
-    parser.add_argument("--out", type=Path, default=None, help="report folder (default: reports/loadtest-<time>)")
-    args = parser.parse_args(argv)
+    made.add_argument("--out", type=Path, default=None, help="report folder (default: reports/loadtest-<time>)")
+    return made
+
+
+def checked(args: argparse.Namespace) -> argparse.Namespace:
+    """The options that go together, the regions model for --boxes, the run time fitted."""
     if args.boxes and args.model == DEFAULT_MODEL:
         args.model = DEFAULT_REGIONS_MODEL
     if args.url and not args.grpc_url and args.user != "http":
-        parser.error("--url names a running server: give its --grpc-url too (gRPC users)")
+        raise cli.OptionError("--url names a running server: give its --grpc-url too (gRPC users)")
     if args.grpc_url and not args.url:
-        parser.error("--grpc-url names a running server: give its HTTP --url too (readiness, HTTP users)")
+        raise cli.OptionError("--grpc-url names a running server: give its HTTP --url too (readiness, HTTP users)")
     try:
         fit_run_time(args)
     except ValueError as error:
-        parser.error(str(error))
+        raise cli.OptionError(str(error)) from error
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """The exit code; one-line errors (tritonstack.cli)."""
-    return cli.run(load_test, argv)
+    return cli.run(run, argv, parser)
 
 
-def load_test(argv: list[str] | None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    args = checked(args)
     http_url, grpc_url, metrics_url = given_endpoints(args.url, args.grpc_url, args.metrics_url)
     with target_server(args.model_repository, http_url, grpc_url, metrics_url) as target:
         preflight(args, target.http_url, target.grpc_url)

@@ -7,16 +7,20 @@ import json
 import sys
 from pathlib import Path
 
+from tritonstack import cli
 from tritonstack.benchmark import plan as planning
 from tritonstack.benchmark.plan import InfeasiblePlan, plan
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=planning.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    parser = cli.parser(planning.__doc__)
     parser.add_argument("benchmark", type=Path, help="JSON written by tritonstack/benchmark --out")
     parser.add_argument("--target-rps", type=float, required=True, help="requests per second to serve")
     parser.add_argument("--p99-ms", type=float, required=True, help="p99 latency budget, ms")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         result = plan(json.loads(args.benchmark.read_text()), args.target_rps, args.p99_ms)
     except InfeasiblePlan as error:
@@ -24,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(result.explain())
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(run, argv, parser)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -13,12 +14,7 @@ from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.launcher import TritonServer
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The exit code; one-line errors (tritonstack.cli)."""
-    return cli.run(soak, argv)
-
-
-def soak(argv: list[str] | None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = cli.parser(soaking.__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=1800, help="seconds of load")
     parser.add_argument("--warmup", type=float, default=None, help="seconds left out of the slope (default: a quarter)")
@@ -33,12 +29,15 @@ def soak(argv: list[str] | None) -> int:
         help="served by a server of the soak's own, on free loopback ports",
     )
     parser.add_argument("--out", type=Path, default=Path("reports/soak.json"), help="JSON report")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
     reason = unservable_reason(args.model_repository)
     if reason:
         raise cli.UsageError(reason)
     if args.duration <= 0 or not 0 <= args.bad_ratio <= 1:
-        parser.error("--duration must be above 0 and --bad-ratio between 0 and 1")
+        raise cli.OptionError("--duration must be above 0 and --bad-ratio between 0 and 1")
     with TritonServer(args.model_repository) as server:
         report = run_soak(
             server, args.duration, args.warmup, args.workers, args.bad_ratio, args.period, args.max_requests
@@ -49,6 +48,11 @@ def soak(argv: list[str] | None) -> int:
     print(summary(report))
     print(f"report: {args.out}")
     return 0 if report["passed"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(run, argv, parser)
 
 
 if __name__ == "__main__":

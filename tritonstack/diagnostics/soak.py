@@ -28,6 +28,7 @@ the noise, and the memory is reported as not judged. `make soak` runs 30 minutes
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 from collections import Counter
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
+from tritonstack import cli
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.protocol import PROTOCOLS
 from tritonstack.client.retry import NO_RETRY, describe_error
@@ -294,3 +296,7 @@ def summary(report: dict) -> str:
         )
     lines.append("  PASSED" if report["passed"] else "  FAILED")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(cli.replaced_by("tritonstack soak"))

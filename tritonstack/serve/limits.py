@@ -15,8 +15,8 @@ The server's ceiling is set right after it is spawned (before it starts any stub
 stubs inherit it); each stub's, lower, is set by the stub supervisor when it first
 sees the stub, and is exported to the backends ($TRITONSTACK_STUB_MEMORY_BYTES) as
 the memory share their decode budgets derive from. Address space counts reserved,
-not only used, memory (tritonserver reserves ~2.7 GB of thread stacks idle, a DALI
-stub ~1.2 GB), hence the floors below.
+not only used, memory (tritonserver and a DALI stub reserve gigabytes idle: thread
+stacks, pools), hence the floors below.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import os
 from dataclasses import dataclass
 
 import psutil
+
+from tritonstack import cli
 
 LOGGER = logging.getLogger("tritonstack.serve")
 GiB = 1 << 30
@@ -37,8 +39,21 @@ def physical_memory_bytes() -> int:
 
 @dataclass(frozen=True)
 class MemoryLimits:
-    server_bytes: int  # tritonserver's address space
-    stub_bytes: int  # each backend stub's address space
+    """Address-space ceilings; the command line's defaults are default()'s."""
+
+    server_bytes: int = cli.option(
+        cli.REQUIRED,
+        "--server-memory-bytes",
+        type=int,
+        help="tritonserver's address-space ceiling (default: half the machine's memory, >= 8 GiB)",
+    )
+    stub_bytes: int = cli.option(
+        cli.REQUIRED,
+        "--stub-memory-bytes",
+        type=int,
+        help="each backend stub's ceiling, and its decode budgets' share "
+        "(default: a quarter of the machine's memory, >= 4 GiB)",
+    )
 
     @classmethod
     def default(cls) -> "MemoryLimits":

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from tritonstack import cli
 from tritonstack.address import METRICS_PATH
 from tritonstack.backends.settings import (
     DEFAULT_MAX_INPUT_BYTES,
@@ -27,7 +28,7 @@ from tritonstack.backends.settings import (
     STUB_REGION_SETTING,
     backend_config,
 )
-from tritonstack.contract import admin_headers
+from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, admin_headers
 from tritonstack.objective import check_objective
 from tritonstack.serve import security
 from tritonstack.serve.network import LOOPBACK, free_port
@@ -74,31 +75,89 @@ def is_remote_repository(location: str | os.PathLike) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
-    # A local folder (resolved to an absolute path) or s3://, gs://, as:// (kept as text).
-    model_repository: str | Path
-    host: str = LOOPBACK
-    http_port: int = 0  # 0: a free port, chosen when the config is made
-    grpc_port: int = 0
-    metrics_port: int = 0
+    """Each field with a flag is a `tritonstack serve` option (tritonstack.cli)."""
+
+    # A local folder (resolved to an absolute path) or s3://, gs://, as:// (kept as text:
+    # a Path would fold the "//" of s3://host:port/bucket/path).
+    model_repository: str | Path = cli.option(
+        cli.REQUIRED,
+        "--model-repository",
+        command_default="model_repository",
+        help="a local folder, or s3://[host:port/]bucket/path fetched by Triton",
+    )
+    host: str = cli.option(LOOPBACK, "--host", help="address to bind (default: loopback only)")
+    # 0: a free port, chosen when the config is made; the command's are Triton's usual ones.
+    http_port: int = cli.option(0, "--http-port", type=cli.positive_int, command_default=8000)
+    grpc_port: int = cli.option(0, "--grpc-port", type=cli.positive_int, command_default=8001)
+    metrics_port: int = cli.option(0, "--metrics-port", type=cli.positive_int, command_default=8002)
     # In-flight requests get this long after SIGINT (--exit-timeout-secs).
-    stop_grace_s: float = 30.0
+    stop_grace_s: float = cli.option(
+        30.0,
+        "--stop-grace-s",
+        type=cli.non_negative_int,
+        command_default=30,
+        metavar="S",
+        help="after Ctrl-C or SIGTERM, how long requests in flight and open HTTP connections get before "
+        "tritonserver exits (--exit-timeout-secs; Triton waits for a client's idle keep-alive connection "
+        "too; default: %(default)s)",
+    )
     # Triton's APIs behind the admin key (tritonstack.serve.security); () opens all.
-    restricted_apis: tuple[str, ...] = RESTRICTED_APIS
+    restricted_apis: tuple[str, ...] = cli.option(
+        RESTRICTED_APIS,
+        "--open-apis",
+        const=(),
+        help="do not restrict model control, shared memory, statistics, trace, logging "
+        f"(default: they need the header {ADMIN_HEADER}: ${ADMIN_KEY_ENV})",
+    )
     admin_key: str | None = None
-    # The largest input tensor, told to our backends (and to tritonserver where it has the flag).
-    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    # Told to our backends too (and to tritonserver where it has the flag).
+    max_input_bytes: int = cli.option(
+        DEFAULT_MAX_INPUT_BYTES, "--max-input-bytes", type=cli.positive_int, help="largest request accepted, in bytes"
+    )
     # Latency quantiles in /metrics (SUMMARY_QUANTILES); False: only Triton's counters.
-    summary_latencies: bool = True
-    # Triton's local response cache, in bytes (--cache-config=local,size=...); 0: none.
-    # Only models whose config enables `response_cache` use it.
-    response_cache_bytes: int = 0
-    # Every ensemble step's queue ceiling from this objective (tritonstack.objective),
+    summary_latencies: bool = cli.option(
+        True,
+        "--no-summary-latencies",
+        help="leave out Triton's latency quantiles (p50, p90, p99 per model) from /metrics",
+    )
+    # Triton's local response cache (--cache-config=local,size=...); only models whose
+    # config enables `response_cache` use it.
+    response_cache_bytes: int = cli.option(
+        0,
+        "--response-cache-mb",
+        type=cli.non_negative_int,
+        convert=lambda mib: mib * 2**20,
+        command_default=0,
+        metavar="N",
+        help="Triton's local response cache of N MiB, for the models built with `tritonstack build "
+        "--response-cache` (default: 0, none; docs/operations.md#response-cache)",
+    )
+    # Every ensemble step's queue ceilings from this objective (tritonstack.objective),
     # applied at load without writing the repository; None: the repository's own.
-    latency_objective_ms: int | None = None
-    # An OTLP/HTTP collector's traces endpoint (http://host:4318/v1/traces): Triton's
-    # OpenTelemetry traces of one request in `trace_rate` go there; None: no tracing.
-    trace_otlp_url: str | None = None
-    trace_rate: int = DEFAULT_TRACE_RATE
+    latency_objective_ms: int | None = cli.option(
+        None,
+        "--latency-objective-ms",
+        type=cli.non_negative_int,
+        metavar="MS",
+        help="answer within MS or refuse: every ensemble step's queue ceilings from this objective, applied at "
+        "load without writing the repository (default: the repository's own, `tritonstack build "
+        "--latency-objective-ms`; 0: no ceiling; docs/reliability.md#latency-objective)",
+    )
+    # OpenTelemetry traces of one request in `trace_rate`; None: no tracing.
+    trace_otlp_url: str | None = cli.option(
+        None,
+        "--trace-otlp",
+        metavar="URL",
+        help="export Triton's OpenTelemetry traces (the request, its ensemble, each step) over OTLP/HTTP to a "
+        "collector, e.g. http://127.0.0.1:4318/v1/traces (docs/operations.md#traces)",
+    )
+    trace_rate: int = cli.option(
+        DEFAULT_TRACE_RATE,
+        "--trace-rate",
+        type=cli.positive_int,
+        metavar="N",
+        help="trace one request in N (default: %(default)s, Triton's)",
+    )
     # Any other tritonserver flags, passed as given, after ours (the last of a flag wins).
     extra_args: tuple[str, ...] = ()
 

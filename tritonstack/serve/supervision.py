@@ -6,7 +6,7 @@ crash in native code), the server stays up and ready, and every later request to
 that model fails with HTTP 500 "Stub process '<instance>' is not healthy." The
 backend never restarts the stub, and a plain `load_model` of an unchanged model is
 a no-op. Loading it again with its own config as an override does reload it: a new
-instance and stub replace the dead one (about 2 s here) and the ensembles using it
+instance and stub replace the dead one (in seconds) and the ensembles using it
 are re-linked.
 
 The supervisor watches the stubs of one server (children of tritonserver; their
@@ -32,12 +32,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psutil
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tritonstack import cli
 from tritonstack.serve.limits import MemoryLimits
 from tritonstack.serve.process_tree import server_stubs
 
@@ -66,12 +67,19 @@ def reload_model(http_url: str, admin_headers: dict[str, str], model: str, reaso
 class RecyclePolicy:
     """When a stub that grew is replaced by a new one."""
 
-    above_mib: float = 256.0  # RSS above the stub's settled size
+    # RSS above the stub's settled size.
+    above_mib: float = cli.option(
+        256.0,
+        "--recycle-above-mib",
+        type=float,
+        help="reload a model whose stub idles this many MiB above its settled size, after a "
+        "burst of huge images (default: %(default)s; 0: never; docs/memory.md)",
+    )
     hold_s: float = 5.0  # for this long without a break
     cooldown_s: float = 30.0  # between two recycles of one model
     # Not while the stub works this hard (cores, between two readings): a burst still
     # decoding. A new stub would take the burst's queued requests while the old one
-    # holds its buffers, and the tree's peak doubled (+2.4 GB against +1.7).
+    # holds its buffers (docs/memory.md).
     busy_cores: float = 0.5
 
 
@@ -86,15 +94,33 @@ class Supervision:
     # (tritonstack.serve.restart).
     restart: bool = True
     # Replace a stub that idles far above its settled size after a burst; None: never.
-    recycle: RecyclePolicy | None = RecyclePolicy()
+    recycle: RecyclePolicy | None = cli.nested(
+        RecyclePolicy, RecyclePolicy(), none_if=lambda policy: policy.above_mib <= 0
+    )
     # Address-space ceilings for the server and each stub (tritonstack.serve.limits); None: none.
-    memory_limits: MemoryLimits | None = field(default_factory=MemoryLimits.default)
+    memory_limits: MemoryLimits | None = cli.nested(
+        MemoryLimits, default_factory=MemoryLimits.default, off="--no-memory-limits", off_help="no memory ceilings"
+    )
     # The nice value of the stubs of ensembles' first steps (tritonstack.serve.priority):
-    # under overload the backlog waits before them, where it is refused; 0: as any other.
-    front_nice: int = 19
+    # under overload the backlog waits before them, where it is refused.
+    front_nice: int = cli.option(
+        19,
+        "--front-nice",
+        type=int,
+        choices=range(0, 20),
+        metavar="0-19",
+        help="CPU priority (nice value) of the stubs of ensembles' first steps: under overload the backlog "
+        "then waits before them, where it is refused (0: as any other stub; docs/reliability.md#overload)",
+    )
     # Before a start is called ready, each loaded ensemble answers a real sample
-    # (tritonstack.serve.warmup), all within this many seconds; 0: no warmup.
-    warmup_s: float = 60.0
+    # (tritonstack.serve.warmup), all within this many seconds.
+    warmup_s: float = cli.option(
+        60.0,
+        "--warmup-s",
+        type=float,
+        help="before it is called ready, each loaded ensemble answers a real sample within this many "
+        "seconds (default: %(default)s; 0: no warmup; docs/operations.md)",
+    )
 
 
 @dataclass

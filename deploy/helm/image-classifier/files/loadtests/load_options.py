@@ -1,0 +1,1 @@
+../../../../../loadtests/load_options.py
