@@ -3,10 +3,14 @@
     tritonstack overload --out reports/overload.json                 # starts its own server
     tritonstack overload --url 127.0.0.1:8000 --grpc-url 127.0.0.1:8001 --out reports/overload.json
 
-First the capacity (requests/s, one image each, a closed loop over gRPC), then for
-each protocol and load multiple an open loop of Poisson arrivals at that multiple of
-the capacity, every request with the same deadline (sent to the server as the
-request's timeout, and the client stops waiting then). Every request ends one way:
+    tritonstack overload --clients stock --out reports/overload-stock.json   # Triton's own clients
+    tritonstack overload --within-capacity --out reports/busy.json             # 0.9x: refusals, misses
+
+First the capacity (requests/s, one image each, a closed loop over gRPC at batch
+priority), then for each protocol and load multiple an open loop of Poisson arrivals at
+that multiple of the capacity, every request with the same deadline: our clients send
+it to the server as the request's timeout too; Triton's stock clients (`--clients
+stock`) only stop waiting then, as most callers do. Every request ends one way:
 
 - in time: answered (200) before its deadline;
 - refused: the server said no (a full queue, or its timeout passed while queued:
@@ -38,6 +42,7 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 
+from tritonstack import cli
 from tritonstack.benchmark import figures
 from tritonstack.benchmark.phases import closed_loop
 from tritonstack.client.aio import AsyncClassifierClient
@@ -362,12 +367,38 @@ def wasted_share(answered_in_time: int, computed: dict[str, int]) -> float:
 
 @dataclass(frozen=True)
 class OverloadSettings:
-    seconds: float = 30.0  # per open loop
-    deadline_s: float = DEADLINE_S
-    multiples: tuple[float, ...] = MULTIPLES
-    protocols: tuple[str, ...] = PROTOCOLS
-    capacity_s: float = 10.0
-    clients: str = "ours"
+    """What `tritonstack overload` measures; each field is one of its options."""
+
+    seconds: float = cli.option(30.0, "--seconds", type=cli.positive_float, help="per open loop")
+    deadline_s: float = cli.option(
+        DEADLINE_S,
+        "--deadline-ms",
+        type=cli.positive_float,
+        convert=lambda ms: ms / 1000,
+        command_default=DEADLINE_S * 1000,
+        help="every request's deadline (default: %(default)s)",
+    )
+    multiples: tuple[float, ...] = cli.option(
+        MULTIPLES,
+        "--multiples",
+        type=cli.positive_float,
+        nargs="+",
+        convert=tuple,
+        help="the open loops' loads, in multiples of the capacity",
+    )
+    protocols: tuple[str, ...] = cli.option(
+        PROTOCOLS, "--protocols", nargs="+", choices=PROTOCOLS, convert=tuple, help="each protocol's open loops"
+    )
+    capacity_s: float = cli.option(
+        10.0, "--capacity-seconds", type=cli.positive_float, help="the closed loop that measures the capacity"
+    )
+    clients: str = cli.option(
+        "ours",
+        "--clients",
+        choices=CLIENTS,
+        help="ours: the deadline is also sent as Triton's `timeout`; stock: Triton's own asyncio clients with only "
+        "a client-side timeout (gRPC client_timeout, HTTP session timeout), as most callers are",
+    )
 
     def as_dict(self) -> dict:
         return asdict(self)

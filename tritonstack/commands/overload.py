@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -17,54 +18,41 @@ from tritonstack.contract import DEFAULT_MODEL, admin_headers
 from tritonstack.serve.target import given_endpoints, target_server
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The exit code; one-line errors (tritonstack.cli)."""
-    return cli.run(lambda argv: run(parser().parse_args(argv)), argv)
-
-
 def parser() -> argparse.ArgumentParser:
-    parser = cli.parser(overload.__doc__)
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"), help="served if no --url")
-    parser.add_argument("--seconds", type=cli.positive_float, default=30.0, help="per open loop")
-    parser.add_argument("--deadline-ms", type=cli.positive_float, default=overload.DEADLINE_S * 1000)
-    parser.add_argument("--multiples", type=cli.positive_float, nargs="+", default=list(overload.MULTIPLES))
-    parser.add_argument("--protocols", nargs="+", choices=overload.PROTOCOLS, default=list(overload.PROTOCOLS))
-    parser.add_argument("--capacity-seconds", type=cli.positive_float, default=10.0)
-    parser.add_argument(
-        "--clients",
-        choices=overload.CLIENTS,
-        default="ours",
-        help="ours: the deadline is also sent as Triton's `timeout`; stock: Triton's own asyncio clients with only a "
-        "client-side timeout (gRPC client_timeout, HTTP session timeout), as most callers are (default: %(default)s)",
-    )
-    parser.add_argument(
+    made = cli.parser(overload.__doc__)
+    made.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    made.add_argument("--model", default=DEFAULT_MODEL)
+    made.add_argument("--model-repository", type=Path, default=Path("model_repository"), help="served if no --url")
+    cli.add_options(made, overload.OverloadSettings)
+    made.add_argument(
         "--within-capacity",
         action="store_true",
         help=f"one open loop at {overload.WITHIN_CAPACITY:g}x the capacity instead of --multiples: "
         "what a busy hour refuses or answers late",
     )
-    soak = parser.add_argument_group("--soak: load swinging below and beyond capacity, every answer checked")
+    soak = made.add_argument_group("--soak: load swinging below and beyond capacity, every answer checked")
     soak.add_argument("--soak", action="store_true", help="run the overload soak instead (exit 1 unless it passes)")
     soak.add_argument("--soak-seconds", type=cli.positive_float, default=overload_soak.SoakSettings.seconds)
     soak.add_argument("--period-seconds", type=cli.positive_float, default=overload_soak.SoakSettings.period_s)
-    running = parser.add_argument_group("a running server instead of starting one")
+    running = made.add_argument_group("a running server instead of starting one")
     running.add_argument("--url", help="HTTP host:port (or http://host:port)")
     running.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port)")
-    return parser
+    return made
 
 
 def run(args: argparse.Namespace) -> int:
+    settings = cli.from_args(overload.OverloadSettings, args)
+    if args.within_capacity:
+        settings = dataclasses.replace(settings, multiples=(overload.WITHIN_CAPACITY,))
     http_url, grpc_url, _ = given_endpoints(args.url, args.grpc_url, None)
     with target_server(args.model_repository, http_url, grpc_url, None) as server:
         target = overload.Target(server.http_url, server.grpc_url, server.admin_headers("http"), server.pid)
-        for protocol in overload.PROTOCOLS if args.soak else args.protocols:
+        for protocol in overload.PROTOCOLS if args.soak else settings.protocols:
             check_model(target.url(protocol), protocol, args.model, admin_headers(protocol), RetryPolicy(retries=1))
         if args.soak:
-            results = soak(args, target, server.pid)
+            results = soak(args, settings, target, server.pid)
         else:
-            results = overload.run_overload(target, args.model, weighted_images(400), settings(args), log=cli_log)
+            results = overload.run_overload(target, args.model, weighted_images(400), settings, log=cli_log)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"report: {args.out}")
@@ -73,26 +61,15 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(phase["failed"] == 0 for phase in results["phases"]) else 1
 
 
-def settings(args) -> overload.OverloadSettings:
-    return overload.OverloadSettings(
-        seconds=args.seconds,
-        deadline_s=args.deadline_ms / 1000,
-        multiples=(overload.WITHIN_CAPACITY,) if args.within_capacity else tuple(args.multiples),
-        protocols=tuple(args.protocols),
-        capacity_s=args.capacity_seconds,
-        clients=args.clients,
-    )
-
-
-def soak(args, target: overload.Target, server_pid: int | None) -> dict:
-    settings = overload_soak.SoakSettings(
+def soak(args, settings: overload.OverloadSettings, target: overload.Target, server_pid: int | None) -> dict:
+    soak_settings = overload_soak.SoakSettings(
         seconds=args.soak_seconds,
         period_s=args.period_seconds,
-        deadline_s=args.deadline_ms / 1000,
-        capacity_s=args.capacity_seconds,
+        deadline_s=settings.deadline_s,
+        capacity_s=settings.capacity_s,
     )
     report = overload_soak.run_overload_soak(
-        target, server_pid, args.model, weighted_images(400), settings, log=cli_log
+        target, server_pid, args.model, weighted_images(400), soak_settings, log=cli_log
     )
     print(overload_soak.summary(report))
     return report
@@ -100,6 +77,11 @@ def soak(args, target: overload.Target, server_pid: int | None) -> dict:
 
 def cli_log(text: str) -> None:
     print(text, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The exit code; one-line errors (tritonstack.cli)."""
+    return cli.run(run, argv, parser)
 
 
 if __name__ == "__main__":
