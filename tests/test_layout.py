@@ -200,6 +200,22 @@ def test_no_sys_path_edits_outside_tests():
     assert edits == []
 
 
+def test_no_function_over_60_lines():
+    """Short functions: a newcomer reads one on a screen."""
+    sources = [
+        path
+        for folder in ("tritonstack", "loadtests", "clients", "deploy", "tests")
+        for path in (PROJECT_ROOT / folder).rglob("*.py")
+    ]
+    long = [
+        f"{path.relative_to(PROJECT_ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sources
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60
+    ]
+    assert long == []
+
+
 def test_few_modules_loose_at_the_package_root():
     """Shared modules live in named homes (media/, rules/, samples/); the root keeps
     the entry point and the few every room needs."""
