@@ -35,9 +35,9 @@ def lite0_repository(tmp_path_factory, model_repository) -> Path:
 
 
 # Triton 2.51 waits its whole exit timeout at shutdown while any HTTP client keeps an
-# idle connection open (docs/operations.md): a test server stopped with nothing in
-# flight needs no more than this.
-TEST_STOP_GRACE_S = 5
+# idle connection open, or a model it could not load or unload (docs/operations.md):
+# a test server stopped with nothing in flight needs no more than this.
+TEST_STOP_GRACE_S = 1
 
 
 @pytest.fixture(scope="session")

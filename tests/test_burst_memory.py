@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import TEST_STOP_GRACE_S
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
 from tritonstack.samples.photos import photo_bytes
@@ -46,7 +47,7 @@ def huge_png() -> bytes:
 
 @pytest.fixture(scope="module")
 def server(lite0_repository):
-    with TritonServer(ServerConfig(lite0_repository, stop_grace_s=5)) as running:
+    with TritonServer(ServerConfig(lite0_repository, stop_grace_s=TEST_STOP_GRACE_S)) as running:
         yield running
 
 

@@ -17,6 +17,7 @@ import pytest
 import tritonclient.http as httpclient
 from PIL import Image
 
+from tests.conftest import TEST_STOP_GRACE_S
 from tritonstack.contract import DEFAULT_MODEL
 from tritonstack.samples.photos import photo_path
 from tritonstack.serve.launcher import TritonServer
@@ -24,13 +25,14 @@ from tritonstack.serve.network import free_port
 from tritonstack.serve.server_config import ServerConfig
 
 CLASSIFY = Path(__file__).resolve().parent.parent / "clients" / "classify.py"
-IMAGES = 400
+# Enough that the run is still sending when the first server stops after LINES_BEFORE_STOP
+# lines, and that most of it is left for the second server.
+IMAGES = 200
 LINES_BEFORE_STOP = 20
 # Triton keeps serving for its exit timeout while requests keep coming: with any
 # grace the first server could finish the whole folder before it exits. With none,
 # it exits at once and requests in flight fail over to the new server by retrying.
 FIRST_SERVER_GRACE_S = 0
-STOP_GRACE_S = 2
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +137,7 @@ def test_folder_run_survives_a_server_restart(lite0_repository, many_images, tmp
         reader.wait_for(LINES_BEFORE_STOP, timeout_s=60)
         first.stop()
         second = TritonServer(
-            ServerConfig(lite0_repository, stop_grace_s=STOP_GRACE_S, admin_key=first.admin_key, **ports)
+            ServerConfig(lite0_repository, stop_grace_s=TEST_STOP_GRACE_S, admin_key=first.admin_key, **ports)
         ).start()
         process.wait(timeout=120)
         reader.join()

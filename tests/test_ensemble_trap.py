@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
+from tests.conftest import TEST_STOP_GRACE_S
 from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import EnsembleStep, ModelConfig, QueuePolicy, Tensor, read_config, write_config
 from tritonstack.build.presets import BuildOptions, preset_named
@@ -96,7 +97,7 @@ def test_a_bound_on_a_parallel_step_hangs_triton_251(tmp_path):
 def test_the_bound_on_the_first_step_answers_or_refuses_every_request(tmp_path):
     repository = fanout_repository(tmp_path, bound_on_classifier=False)
     assert [str(p) for p in check_repository(repository)] == []
-    with TritonServer(ServerConfig(repository, restricted_apis=(), stop_grace_s=5)) as server:
+    with TritonServer(ServerConfig(repository, restricted_apis=(), stop_grace_s=TEST_STOP_GRACE_S)) as server:
         answered, refused, unanswered = burst(server)
         assert unanswered == 0 and refused > 0 and answered > 0, (answered, refused, unanswered)
         again = burst(server)  # and the ensemble still serves afterwards

@@ -13,6 +13,7 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
+from tests.conftest import TEST_STOP_GRACE_S
 from tests.processes import wait_for
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
@@ -40,7 +41,7 @@ def fault_repository(model_repository, tmp_path_factory):
 def triton(fault_repository):
     # A short grace: after a dead stub's model is reloaded, Triton 2.51 never
     # finishes unloading the dead instance, and its shutdown waits the whole grace.
-    with TritonServer(ServerConfig(fault_repository, stop_grace_s=5)) as running:
+    with TritonServer(ServerConfig(fault_repository, stop_grace_s=TEST_STOP_GRACE_S)) as running:
         yield running
 
 

@@ -28,6 +28,7 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
+from tests.conftest import TEST_STOP_GRACE_S
 
 # qa/L0_autoconfig's pipelines with CPU operators only: two FP16 inputs, outputs
 # declared FP16 and FP32, device_id=0 as written for the GPU container.
@@ -259,7 +260,7 @@ def before(repository) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def triton(repository, before):
     # A short grace: Triton's shutdown otherwise waits 30 s on the refused models.
-    with rf.explicit_server(repository, stop_grace_s=5) as running:
+    with rf.explicit_server(repository, stop_grace_s=TEST_STOP_GRACE_S) as running:
         yield running
 
 

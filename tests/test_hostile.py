@@ -31,6 +31,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
+from tests.conftest import TEST_STOP_GRACE_S
 from tests.test_bad_input import decompression_bomb  # a 16x16 JPEG declaring 60000x60000
 from tritonstack.build.model_config import read_config
 from tritonstack.client.classifier import ClassifierClient
@@ -86,9 +87,8 @@ def add_parameters(model_dir, parameters: dict) -> None:
 def triton(hostile_repository):
     # No recycling: these tests watch one DALI stub's memory across bursts
     # (recycling after a burst: tests/test_burst_memory.py).
-    with TritonServer(
-        ServerConfig(hostile_repository, stop_grace_s=5), Supervision(recycle=None, memory_limits=LIMITS)
-    ) as running:
+    config = ServerConfig(hostile_repository, stop_grace_s=TEST_STOP_GRACE_S)
+    with TritonServer(config, Supervision(recycle=None, memory_limits=LIMITS)) as running:
         yield running
 
 

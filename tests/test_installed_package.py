@@ -30,12 +30,16 @@ def installed(tmp_path_factory) -> Path:
     if not any(wheelhouse().glob("nvidia_dali*.whl")):
         pytest.fail(f"no serve wheels in {wheelhouse()}: run `make install`")
     env_dir = tmp_path_factory.mktemp("installed") / "venv"
-    venv.create(env_dir, with_pip=True)
+    # No pip of its own (ensurepip would add seconds to every run): this venv's pip
+    # installs into it, as `pip --python` does for a user.
+    venv.create(env_dir, with_pip=False)
     subprocess.run(
         [
-            str(env_dir / "bin" / "python"),
+            sys.executable,
             "-m",
             "pip",
+            "--python",
+            str(env_dir / "bin" / "python"),
             "install",
             "--quiet",
             "--no-index",

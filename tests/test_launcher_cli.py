@@ -19,7 +19,10 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests import repo_factory as rf
 from tests.processes import assert_nothing_left
+from tritonstack.build.presets import preset_named
+from tritonstack.build.repository import write_repository
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV
 from tritonstack.samples.photos import photo_bytes
@@ -126,11 +129,22 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def test_sigkilled_cli_leaves_no_server_stub_or_port(model_repository, tmp_path):
+@pytest.fixture(scope="module")
+def three_backends_repository(tmp_path_factory) -> Path:
+    """Lite0 behind DALI and behind Pillow: a stub of each backend (dali, onnxruntime,
+    python) in five models, which start faster than the whole repository's."""
+    out = tmp_path_factory.mktemp("three-backends")
+    rf.seed_lite0_export(out)
+    presets = tuple(preset_named(name) for name in ("dali_efficientnet_lite0", "python_efficientnet_lite0"))
+    write_repository(out, presets=presets)
+    return out
+
+
+def test_sigkilled_cli_leaves_no_server_stub_or_port(three_backends_repository, tmp_path):
     """SIGKILL (the OOM killer, a CI timeout) gives the launcher no chance to stop
     anything: the server dies by PR_SET_PDEATHSIG, and its stubs with it."""
     ports = [free_port(), free_port(), free_port()]
-    cli = start_cli(model_repository, ports, tmp_path / "cli.log")
+    cli = start_cli(three_backends_repository, ports, tmp_path / "cli.log")
     client = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
     recorded: list[psutil.Process] = []
     try:
@@ -190,13 +204,14 @@ def test_a_stopped_server_starts_again_at_once_on_its_ports(lite0_repository, tm
     clis = []
     try:
         for run in (1, 2):
-            # Triton waits for the clients' open HTTP connections until its exit timeout.
-            clis.append(cli := start_cli(lite0_repository, ports, log_path, options=("--stop-grace-s", "3")))
+            # Triton waits for the clients' open HTTP connections until its exit timeout:
+            # the shortest it takes, as nothing is in flight when it stops.
+            clis.append(cli := start_cli(lite0_repository, ports, log_path, options=("--stop-grace-s", "1")))
             http = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
             wait_ready(cli, http, timeout_s=180)
             groups |= server_groups(cli)
             (server,) = psutil.Process(cli.pid).children()
-            assert "--exit-timeout-secs=3" in server.cmdline()
+            assert "--exit-timeout-secs=1" in server.cmdline()
             with (
                 ClassifierClient(f"127.0.0.1:{ports[0]}", "http") as over_http,
                 ClassifierClient(f"127.0.0.1:{ports[1]}", "grpc") as over_grpc,
