@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
 """asyncio gRPC: many requests in flight from one event loop, bounded by a semaphore.
+They are batch work (batch=True): served after interactive requests, never refused at the
+server's latency objective.
 
 python clients/example_grpc_asyncio.py --url 127.0.0.1:8001 --requests 64 --in-flight 16
 """
@@ -16,7 +18,7 @@ from tritonstack.samples.photos import PHOTOS, photo_bytes
 async def main(url: str, requests: int, in_flight: int) -> None:
     images = [photo_bytes(name) for name in PHOTOS]
     limit = asyncio.Semaphore(in_flight)
-    async with AsyncClassifierClient(url, protocol="grpc", timeout_s=30) as client:
+    async with AsyncClassifierClient(url, protocol="grpc", timeout_s=30, batch=True) as client:
 
         async def one(image: bytes) -> str:
             async with limit:

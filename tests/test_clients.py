@@ -19,7 +19,7 @@ from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY, RetryPolicy, ServerUnavailableError, describe_error, is_retryable
 from tritonstack.client.shm import PREFIX
-from tritonstack.contract import DEFAULT_MODEL, ENSEMBLE_INPUT
+from tritonstack.contract import BATCH_PRIORITY, DEFAULT_MODEL, ENSEMBLE_INPUT
 from tritonstack.samples.photos import PHOTOS, photo_bytes
 from tritonstack.serve.network import free_port
 
@@ -225,7 +225,10 @@ def test_our_http_client_asks_for_answers_that_need_no_inflating(server):
     picture = io.BytesIO()
     Image.new("RGB", (32, 32), (200, 30, 30)).save(picture, "JPEG")
     encoded = list(picture.getvalue())
-    body = {"inputs": [{"name": ENSEMBLE_INPUT, "shape": [1, len(encoded)], "datatype": "UINT8", "data": encoded}]}
+    body = {
+        "inputs": [{"name": ENSEMBLE_INPUT, "shape": [1, len(encoded)], "datatype": "UINT8", "data": encoded}],
+        "parameters": {"priority": BATCH_PRIORITY},  # answered whatever an earlier test left queued
+    }
     url = f"http://{server.http_url}/v2/models/{DEFAULT_MODEL}/infer"
     ours = AsyncClassifierClient(server.http_url, "http", retry=NO_RETRY)._headers()
 

@@ -42,7 +42,7 @@ from tritonstack.backends.settings import (
     BackendSettings,
 )
 from tritonstack.build.model_config import read_config, write_config
-from tritonstack.contract import DEFAULT_PRESET, PREPROCESS_INPUT, PREPROCESS_OUTPUT, preprocessing_name
+from tritonstack.contract import BATCH_PRIORITY, DEFAULT_PRESET, PREPROCESS_INPUT, PREPROCESS_OUTPUT, preprocessing_name
 from tritonstack.samples.photos import PHOTOS, bad_samples, good_samples, photo_path
 from tritonstack.serve import process_tree
 from tritonstack.serve.launcher import TritonServer
@@ -142,19 +142,21 @@ class RoundSender:
         return self._local.client
 
     def _send(self, image: bytes) -> None:
+        """At batch priority: a round's full batches wait their turn, none is refused at the
+        server's latency objective (tritonstack.objective)."""
         data = np.frombuffer(image, dtype=np.uint8)[np.newaxis]
         tensor = httpclient.InferInput(PREPROCESS_INPUT, list(data.shape), "UINT8")
         tensor.set_data_from_numpy(data, binary_data=True)
         outputs = [httpclient.InferRequestedOutput(PREPROCESS_OUTPUT, binary_data=True)]
         if image in self.bad_images:  # the pipeline fails on it and is rebuilt: a client error is the answer
             try:
-                self._client().infer(self.model, [tensor], outputs=outputs)
+                self._client().infer(self.model, [tensor], outputs=outputs, priority=BATCH_PRIORITY)
             except InferenceServerException as error:
                 if str(error.status()).startswith("4"):
                     return
                 raise
             raise RuntimeError("a bad input was accepted")
-        result = self._client().infer(self.model, [tensor], outputs=outputs)
+        result = self._client().infer(self.model, [tensor], outputs=outputs, priority=BATCH_PRIORITY)
         if result.as_numpy(PREPROCESS_OUTPUT).shape != (1, 3, 224, 224):
             raise RuntimeError(f"unexpected output shape {result.as_numpy(PREPROCESS_OUTPUT).shape}")
 
