@@ -18,7 +18,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from tritonstack.client.protocol import parse_classification
-from tritonstack.contract import DEFAULT_MODEL, pad_batch
+from tritonstack.contract import BATCH_PRIORITY, DEFAULT_MODEL, pad_batch
 from tritonstack.samples.photos import PHOTOS, photo_bytes
 
 CAT = PHOTOS["chelsea.png"]
@@ -103,14 +103,16 @@ CASES = {
 }
 
 
-def classify_http(server, data: bytes, top_k: int = 1):
+def classify_http(server, data: bytes, top_k: int = 1, priority: int = 0):
+    """`priority`: BATCH_PRIORITY for requests sent all at once, which may queue past the
+    latency objective behind a bad image's pipeline rebuild."""
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=TIMEOUT_S)
     try:
         batch = pad_batch([data]) if data else np.zeros((1, 0), np.uint8)
         tensor = httpclient.InferInput("INPUT", list(batch.shape), "UINT8")
         tensor.set_data_from_numpy(batch, binary_data=True)
         output = httpclient.InferRequestedOutput("OUTPUT", binary_data=True, class_count=top_k)
-        result = client.infer(DEFAULT_MODEL, [tensor], outputs=[output])
+        result = client.infer(DEFAULT_MODEL, [tensor], outputs=[output], priority=priority)
         return parse_classification(result.as_numpy("OUTPUT")[0])
     finally:
         client.close()
@@ -232,7 +234,7 @@ def test_good_and_bad_images_sharing_dynamic_batches(server):
         sends.insert(index * 3 + 1, (None, data))
     stats_before = preprocessing_stats(server)
     with concurrent.futures.ThreadPoolExecutor(len(sends)) as pool:  # a client per request
-        futures = [pool.submit(classify_http, server, data) for _, data in sends]
+        futures = [pool.submit(classify_http, server, data, priority=BATCH_PRIORITY) for _, data in sends]
     outcomes = [future.exception() or future.result() for future in futures]
     for (name, _), outcome in zip(sends, outcomes):
         if name is None:
