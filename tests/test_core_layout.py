@@ -14,8 +14,10 @@ import tritonclient.http as httpclient
 from tests.conftest import MODEL_REPOSITORY, TEST_STOP_GRACE_S
 from tritonstack import cli
 from tritonstack.build.model_config import config_dict, read_config
+from tritonstack.client.classifier import ClassifierClient
 from tritonstack.commands import serve
 from tritonstack.repository_files import CONFIG_FILENAME
+from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.layout import (
     CORES_LAYOUT,
@@ -180,6 +182,8 @@ def test_a_server_on_one_cpu_serves_the_layout_of_one_core_and_leaves_the_files(
         with httpclient.InferenceServerClient(server.http_url) as client:
             classifier = client.get_model_config("efficientnet_lite0")
             dali = client.get_model_config("preprocess_dali_efficientnet_lite0")
+        with ClassifierClient(server.http_url, "http") as classifier_client:  # the ensemble serves on the new steps
+            assert classifier_client.classify([photo_bytes("coffee.png")], top_k=1)[0][0].label == "espresso"
     finally:
         server.stop()
     layouts = step_layouts(1)
