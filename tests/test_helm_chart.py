@@ -287,6 +287,8 @@ NOT_MIRRORED = {
     "--max-input-bytes": "told to our backends; the NGC image runs NVIDIA's C++ backends",
     "--latency-objective-ms": "applied by the launcher at load; the pod serves the objective the repository "
     "was built with (`tritonstack build --latency-objective-ms`)",
+    "--layout": "applied by the launcher at load; the pod runs tritonserver itself and serves the repository's "
+    "layout (docs/kubernetes.md#limits)",
     **dict.fromkeys(cli.flags(Supervision), SUPERVISION),
 }
 

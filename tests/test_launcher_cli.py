@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -88,7 +89,9 @@ def test_cli_serves_locked_down_and_stops_on_sigterm(lite0_repository, tmp_path)
         client.close()
         cli.send_signal(signal.SIGTERM)
         assert cli.wait(timeout=60) == 0
-        assert "stopping" in (tmp_path / "cli.log").read_text()
+        said = (tmp_path / "cli.log").read_text()
+        assert "stopping" in said
+        assert re.search(r"^\d+ cores \(affinity \d+, .*\); layout: dali ", said, re.MULTILINE), said[-2000:]
         for pgid in groups:
             assert_nothing_left(pgid, (http_port, grpc_port, metrics_port))
     finally:

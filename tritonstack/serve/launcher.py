@@ -43,6 +43,7 @@ from tritonstack.backends.settings import VARIABLES, BackendSettings, backend_co
 from tritonstack.rules.unbuilt import shell_unsafe_reason, unservable_reason
 from tritonstack.serve import process, server_log
 from tritonstack.serve.install import TritonInstall
+from tritonstack.serve.layout import REPOSITORY_LAYOUT, apply_layout, describe_layouts, read_cores, step_layouts
 from tritonstack.serve.limits import limit_address_space
 from tritonstack.serve.loaded import loaded_configs
 from tritonstack.serve.network import is_loopback
@@ -208,6 +209,7 @@ class TritonServer:
         except process.NotReady as error:
             raise ServerStartError(f"{error}:\n{self.log_errors()}") from None
         self.loaded = self._read_loaded()
+        self._apply_layout()
         if self.config.latency_objective_ms is not None:
             self._apply_objective(self.config.latency_objective_ms)
         if self.config.response_cache_bytes and self.config.explicit_model_control:
@@ -217,6 +219,24 @@ class TritonServer:
             LOGGER.info(warm_ensembles(self.http_url, self.loaded, self.supervision.warmup_s).summary())
         for callback in self.on_ready:
             callback(self)
+
+    def _apply_layout(self) -> None:
+        cores = read_cores()
+        if self.config.layout == REPOSITORY_LAYOUT:
+            LOGGER.info("%s; layout: the repository's own", cores.describe())
+            return
+        if not self.config.explicit_model_control:
+            LOGGER.warning(
+                "%s; --layout cores needs explicit model control: the repository's layout stays", cores.describe()
+            )
+            return
+        layouts = step_layouts(cores.usable)
+        reloaded = apply_layout(self.http_url, self.admin_headers("http"), self.loaded, layouts)
+        if reloaded:
+            self.loaded = self._read_loaded()
+        LOGGER.info(
+            "%s; layout: %s; reloaded: %s", cores.describe(), describe_layouts(layouts), ", ".join(reloaded) or "none"
+        )
 
     def _apply_objective(self, objective_ms: int) -> None:
         if not self.config.explicit_model_control:

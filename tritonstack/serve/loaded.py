@@ -1,7 +1,12 @@
 """What a running server has loaded, asked of the server itself (its repository may
-be remote, or not the one the launcher was given)."""
+be remote, or not the one the launcher was given), and loading it again with config
+overrides: Triton's load API takes a model's config in the request, so a setting
+changes at load while the repository's files stay as they are (the latency objective,
+tritonstack.serve.queue_ceilings; the layout, tritonstack.serve.layout)."""
 
 from __future__ import annotations
+
+import json
 
 import tritonclient.http as httpclient
 
@@ -12,3 +17,28 @@ def loaded_configs(http_url: str, headers: dict[str, str]) -> list[dict]:
         index = client.get_model_repository_index(headers=headers)
         ready = [entry["name"] for entry in index if entry.get("state") == "READY"]
         return [client.get_model_config(name, headers=headers) for name in ready]
+
+
+def ensemble_steps(configs: list[dict]) -> set[str]:
+    """Every model that is a step of a loaded ensemble."""
+    steps = (config.get("ensemble_scheduling", {}).get("step", []) for config in configs)
+    return {step["model_name"] for ensemble in steps for step in ensemble}
+
+
+def differs(changed: dict, config: dict) -> bool:
+    """Whether `changed` says anything `config` does not. Triton's JSON spells 64-bit
+    integers as strings: the values are compared, not their spelling."""
+    return _normalized(changed) != _normalized(config)
+
+
+def _normalized(config: dict) -> str:
+    return json.dumps(config, sort_keys=True, default=str).replace('"', "")
+
+
+def load_overrides(http_url: str, headers: dict[str, str], configs: list[dict]) -> list[str]:
+    """Load each model of `configs` again with that config, in order (a step before
+    the ensembles that use it); their names."""
+    with httpclient.InferenceServerClient(http_url, network_timeout=300) as client:
+        for config in configs:
+            client.load_model(config["name"], headers=headers, config=json.dumps(config))
+    return [config["name"] for config in configs]

@@ -11,18 +11,9 @@ the same queue policies.
 
 from __future__ import annotations
 
-import json
-
-import tritonclient.http as httpclient
-
 from tritonstack.objective import OBJECTIVE_PARAMETER, StepQueues, step_queues
+from tritonstack.serve.loaded import differs, ensemble_steps, load_overrides
 from tritonstack.serve.priority import front_steps
-
-
-def ensemble_steps(configs: list[dict]) -> set[str]:
-    """Every model that is a step of a loaded ensemble."""
-    steps = (config.get("ensemble_scheduling", {}).get("step", []) for config in configs)
-    return {step["model_name"] for ensemble in steps for step in ensemble}
 
 
 def with_queues(config: dict, queues: StepQueues | None) -> dict:
@@ -57,11 +48,6 @@ def with_objective(config: dict, objective_ms: int) -> dict:
     return config | {"parameters": parameters}
 
 
-def _normalized(config: dict) -> str:
-    """Triton's JSON spells 64-bit integers as strings: compare the values."""
-    return json.dumps(config, sort_keys=True, default=str).replace('"', "")
-
-
 def overridden(configs: list[dict], objective_ms: int) -> list[dict]:
     """The configs that change under `objective_ms`: steps first (an ensemble loads
     against its steps), then the ensembles."""
@@ -71,10 +57,10 @@ def overridden(configs: list[dict], objective_ms: int) -> list[dict]:
         name = config["name"]
         if config.get("platform") == "ensemble":
             recorded = with_objective(config, objective_ms)
-            ensembles += [recorded] if _normalized(recorded) != _normalized(config) else []
+            ensembles += [recorded] if differs(recorded, config) else []
         elif name in steps and config.get("dynamic_batching") is not None:
             changed = with_queues(config, step_queues(objective_ms, first_step=name in first))
-            if _normalized(changed) != _normalized(config):
+            if differs(changed, config):
                 changed_steps.append(changed)
     return changed_steps + ensembles
 
@@ -82,8 +68,4 @@ def overridden(configs: list[dict], objective_ms: int) -> list[dict]:
 def apply_objective(http_url: str, headers: dict[str, str], configs: list[dict], objective_ms: int) -> list[str]:
     """Load again, with their overrides, the models whose config the objective changes;
     their names."""
-    changes = overridden(configs, objective_ms)
-    with httpclient.InferenceServerClient(http_url, network_timeout=300) as client:
-        for config in changes:
-            client.load_model(config["name"], headers=headers, config=json.dumps(config))
-    return [config["name"] for config in changes]
+    return load_overrides(http_url, headers, overridden(configs, objective_ms))

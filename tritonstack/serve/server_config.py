@@ -31,6 +31,7 @@ from tritonstack.backends.settings import (
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, admin_headers
 from tritonstack.objective import check_objective
 from tritonstack.serve import security
+from tritonstack.serve.layout import CORES_LAYOUT, LAYOUTS, REPOSITORY_LAYOUT
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.security import RESTRICTED_APIS
 
@@ -143,6 +144,19 @@ class ServerConfig:
         "load without writing the repository (default: the repository's own, `tritonstack build "
         "--latency-objective-ms`; 0: no ceiling; docs/reliability.md#latency-objective)",
     )
+    # Each ensemble step's instances and threads from the cores this process may use
+    # (tritonstack.serve.layout), applied at load without writing the repository. A
+    # server started in code keeps the repository's unless asked: tests serve
+    # repositories whose layout is theirs to choose.
+    layout: str = cli.option(
+        REPOSITORY_LAYOUT,
+        "--layout",
+        choices=LAYOUTS,
+        command_default=CORES_LAYOUT,
+        help="cores: each ensemble step's instances and threads sized from the CPUs this process may use (its "
+        "affinity and cgroup CPU quota), applied at load without writing the repository; repository: the "
+        "repository's own (docs/performance.md#thread-layout)",
+    )
     # OpenTelemetry traces of one request in `trace_rate`; None: no tracing.
     trace_otlp_url: str | None = cli.option(
         None,
@@ -179,6 +193,8 @@ class ServerConfig:
             raise ValueError(f"the OTLP endpoint must be an http:// or https:// URL, not {self.trace_otlp_url!r}")
         if self.latency_objective_ms is not None:
             check_objective(self.latency_objective_ms)
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"the layout is one of {', '.join(LAYOUTS)}, not {self.layout!r}")
         if self.trace_rate < 1:
             raise ValueError(f"the trace rate must be at least 1 (one request in N), not {self.trace_rate}")
 
