@@ -20,6 +20,9 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
+# Two pytest workers, a test file each at a time (its module's server shared): most
+# tests wait on a server, so two overlap even on 2 cores (docs/architecture.md#where-the-tests-live).
+PYTEST_WORKERS ?= 2
 
 .PHONY: install build demo serve test lint check clean chromium loadtest loadtest-distributed benchmark soak overload-soak tools upload-repository
 
@@ -76,7 +79,7 @@ lint: $(INSTALLED)
 
 test: $(SETUP) tools chromium lint
 	$(TS) check $(MODEL_REPOSITORY)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Upload a built repository (make build, or a --device gpu build) to object storage
 # for Triton's --model-repository=s3://..., after the offline check passes.

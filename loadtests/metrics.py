@@ -35,12 +35,14 @@ INFERENCES = "nv_inference_count"
 EXECUTIONS = "nv_inference_exec_count"
 REQUEST_US = "nv_inference_request_duration_us"
 QUEUE_US = "nv_inference_queue_duration_us"
+# A gauge: requests a model has received and not yet started (Triton 2.51).
+PENDING = "nv_inference_pending_request_count"
 COMPUTE_US = (
     "nv_inference_compute_input_duration_us",
     "nv_inference_compute_infer_duration_us",
     "nv_inference_compute_output_duration_us",
 )
-_COUNTERS = (SUCCESS, FAILURE, INFERENCES, EXECUTIONS, REQUEST_US, QUEUE_US, *COMPUTE_US)
+_COUNTERS = (SUCCESS, FAILURE, INFERENCES, EXECUTIONS, REQUEST_US, QUEUE_US, *COMPUTE_US, PENDING)
 
 # model name -> counter name -> value (summed over versions and failure reasons)
 Snapshot = dict[str, dict[str, float]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tritonstack.build.repository import write_repository
 from tritonstack.serve.launcher import TritonServer
@@ -16,9 +17,11 @@ MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 
 
 @pytest.fixture(scope="session")
-def model_repository() -> Path:
+def model_repository(tmp_path_factory) -> Path:
     # `make test` has built it; this makes a bare `pytest` work too (cheap when built).
-    write_repository(MODEL_REPOSITORY)
+    # One writer at a time: each pytest worker asks for it (their temporary folders share a parent).
+    with FileLock(tmp_path_factory.getbasetemp().parent / "model_repository.lock"):
+        write_repository(MODEL_REPOSITORY)
     return MODEL_REPOSITORY
 
 

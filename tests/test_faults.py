@@ -13,6 +13,7 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
+from loadtests import metrics
 from tests.conftest import TEST_STOP_GRACE_S
 from tests.processes import wait_for
 from tritonstack.client.classifier import ClassifierClient
@@ -144,6 +145,17 @@ def busy_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
+def step_counts(server) -> dict[str, float]:
+    return metrics.scrape(server.metrics_url).get(PREPROCESS, {})
+
+
+def requests_received(counts: dict[str, float], answered_before: float) -> float:
+    """What the first step has received since: those waiting, those answered, and while
+    any waits, one executing (counted in neither)."""
+    waiting = counts.get(metrics.PENDING, 0)
+    return waiting + counts.get(metrics.SUCCESS, 0) - answered_before + (1 if waiting else 0)
+
+
 def test_shutdown_lets_requests_in_flight_finish(fault_repository):
     server = TritonServer(fault_repository)
     server.start()
@@ -171,9 +183,14 @@ def test_shutdown_lets_requests_in_flight_finish(fault_repository):
         for sender in senders:
             sender.start()
         ready.wait(timeout=120)
-        idle = busy_seconds(preprocessing)
-        # In flight: the DALI stub is decoding (CPU time rising well past the warm-up
-        # calls); the four requests were sent together before it, at the barrier.
+        idle, answered = busy_seconds(preprocessing), step_counts(server)[metrics.SUCCESS]
+        # All four received before the signal: a request still being sent would be refused.
+        wait_for(
+            lambda: requests_received(step_counts(server), answered) >= 4,
+            timeout_s=60,
+            what="the four requests received",
+        )
+        # In flight: the DALI stub is decoding (CPU time rising well past the warm-up calls).
         wait_for(lambda: busy_seconds(preprocessing) - idle > 0.2, timeout_s=60, what="the batches executing")
         interrupted = time.monotonic()
         exit_code = server.stop()  # SIGINT; Triton waits for in-flight inferences
