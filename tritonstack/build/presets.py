@@ -251,6 +251,26 @@ class Preset:
     classifier: Classifier
     preprocessor: str = "dali"
 
+    def __post_init__(self):
+        p = self.classifier.preprocessing
+        if self.preprocessor == "python" and (p.layout, p.channel_order, p.resize, p.input_type) != (
+            "NCHW",
+            "rgb",
+            "crop",
+            "fp32",
+        ):
+            raise ValueError(
+                "the python (Pillow) preprocessor serves NCHW RGB FP32 classifiers with a center crop: "
+                "build the dali preprocessor for this one"
+            )
+        if self.preprocessor in (contract.VIDEO_PREPROCESSOR, contract.REGIONS_PREPROCESSOR) and (
+            p.input_type != "fp32" or (self.video and p.channel_order != "rgb")
+        ):
+            raise ValueError(
+                f"the {self.preprocessor} preprocessor gives FP32 images (RGB for video): "
+                "build the dali preprocessor for this classifier"
+            )
+
     @property
     def name(self) -> str:
         return f"{self.preprocessor}_{self.classifier.name}"

@@ -36,6 +36,7 @@ from tritonstack.build.model_config import (
     Warmup,
     WarmupInput,
 )
+from tritonstack.build.onnx_graph import servable_onnx
 from tritonstack.build.presets import PRESETS, BuildOptions, Preset
 from tritonstack.contract import (
     BOX_WIDTH,
@@ -101,8 +102,8 @@ def _batching(
 
 
 def _preprocessed(classifier: Classifier) -> Tensor:
-    crop = classifier.preprocessing.crop
-    return Tensor(PREPROCESS_OUTPUT, "FP32", (3, crop, crop))
+    p = classifier.preprocessing
+    return Tensor(PREPROCESS_OUTPUT, p.triton_type, p.image_dims)
 
 
 def _sample_warmup(sample: bytes, filename: str = WARMUP_SAMPLE, name: str = "sample_jpeg") -> tuple[Warmup, ...]:
@@ -197,13 +198,13 @@ def python_config(preset: Preset, options: BuildOptions, sample: bytes) -> Model
 
 
 def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelConfig:
-    crop = classifier.preprocessing.crop
-    image = (3, crop, crop)
+    p = classifier.preprocessing
+    image, image_type = p.image_dims, p.triton_type
     return ModelConfig(
         name=classifier.name,
         backend="onnxruntime",
         max_batch_size=options.max_batch_size,
-        inputs=(Tensor(classifier.input_name, "FP32", image, format="FORMAT_NCHW"),),
+        inputs=(Tensor(classifier.input_name, image_type, image, format=f"FORMAT_{p.layout}"),),
         outputs=(Tensor(classifier.output_name, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),),
         dynamic_batching=_batching(options, options.classifier_preferred_batches),
         instance_groups=(InstanceGroup(count=options.classifier_instance_count, kind=options.instance_kind),),
@@ -213,7 +214,9 @@ def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelCon
         gpu_accelerators=(TENSORRT_FP16,) if options.device == "gpu" else (),
         warmup=(
             Warmup(
-                name="zeros", batch_size=1, inputs=(WarmupInput(classifier.input_name, "FP32", image, zero_data=True),)
+                name="zeros",
+                batch_size=1,
+                inputs=(WarmupInput(classifier.input_name, image_type, image, zero_data=True),),
             ),
         ),
     )
@@ -361,6 +364,10 @@ def _replace_atomically(path: Path, write) -> None:
     os.replace(partial, path)
 
 
+def _write_servable(classifier: Classifier, path: Path) -> None:
+    path.write_bytes(servable_onnx(classifier.onnx_file, classifier.softmax, classifier.dynamic_batch))
+
+
 def _export_if_stale(classifier: Classifier, onnx_path: Path) -> list[Path]:
     stamp = onnx_path.with_name(f".{onnx_path.name}.fingerprint")
     fingerprint = quantization.fingerprint(classifier) if classifier.int8 else classifier.fingerprint()
@@ -376,6 +383,8 @@ def _export_if_stale(classifier: Classifier, onnx_path: Path) -> list[Path]:
         # of this build can act on.
         warnings.simplefilter("ignore")
         export = quantization.export_int8 if classifier.int8 else classifiers.export_onnx
+        if classifier.onnx_file is not None:  # a user's graph, with the edits it needs
+            export = _write_servable
         _replace_atomically(onnx_path, lambda partial: export(classifier, partial))
     stamp.write_text(fingerprint)
     return [onnx_path]

@@ -8,9 +8,8 @@ ONNX classifier.
     tritonstack build                      # all presets into ./model_repository
     tritonstack build dali_efficientnet_lite2 --out /tmp/repo
     tritonstack build --device gpu --instances 2 --out /tmp/gpu-repo
-    tritonstack build --classifier-onnx my.onnx --labels labels.txt \\
-        --input-size 224 --resize-shorter 256 --mean 123.675,116.28,103.53 \\
-        --std 58.395,57.12,57.375 --out /tmp/mine
+    tritonstack build --classifier-onnx my.onnx --labels labels.txt --out /tmp/mine
+    tritonstack build --classifier-onnx mobilenet.onnx --labels labels.txt --scale -1,1 --out /tmp/mine
     tritonstack check [REPOSITORY]          # offline load-time validation
     tritonstack parity                     # DALI vs Pillow on real photos
 
@@ -28,7 +27,8 @@ import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.build import classifiers, presets
+from tritonstack.build import presets
+from tritonstack.build.own_classifier import OwnClassifierOptions, own_classifier
 from tritonstack.build.presets import PRESETS, BuildOptions, Preset, preset_named
 from tritonstack.build.repository import write_repository
 
@@ -37,27 +37,22 @@ DEFAULT_REPOSITORY = Path("model_repository")
 
 
 def build(args: argparse.Namespace) -> int:
-    if bool(args.classifier_onnx) != bool(args.labels):
+    own = cli.from_args(OwnClassifierOptions, args)
+    if bool(own.onnx) != bool(own.labels):
         raise cli.OptionError("--classifier-onnx and --labels go together")
     options = cli.from_args(BuildOptions, args)
-    changed = write_repository(args.out, presets=_presets(args), options=options)
+    changed = write_repository(args.out, presets=_presets(args, own), options=options)
     for path in changed:
         print(f"wrote {path.relative_to(args.out)}")
     print(f"{args.out}: {len(changed)} file(s) changed")
     return 0
 
 
-def _presets(args: argparse.Namespace) -> tuple[Preset, ...]:
-    if args.classifier_onnx:
-        preprocessing = classifiers.Preprocessing(
-            resize_shorter=args.resize_shorter or round(args.input_size / 0.875),
-            crop=args.input_size,
-            mean=args.mean,
-            std=args.std,
-        )
-        classifier = classifiers.from_onnx(
-            args.name or args.classifier_onnx.stem, args.classifier_onnx, args.labels, preprocessing
-        )
+def _presets(args: argparse.Namespace, own: OwnClassifierOptions) -> tuple[Preset, ...]:
+    if own.onnx:
+        classifier, notes = own_classifier(own)
+        for note in notes:
+            print(f"{classifier.name}: {note}")
         return tuple(Preset(classifier, preprocessor) for preprocessor in args.preprocessors)
     return tuple(preset_named(name) for name in args.presets) if args.presets else PRESETS
 
@@ -109,13 +104,6 @@ def _built_repository(path: Path) -> None:
         raise cli.UsageError(reason)
 
 
-def _floats3(text: str) -> tuple[float, float, float]:
-    values = tuple(float(value) for value in text.split(","))
-    if len(values) != 3:
-        raise argparse.ArgumentTypeError(f"need 3 comma-separated values R,G,B, got {text!r}")
-    return values
-
-
 def _add_build_parser(commands) -> None:
     parser = cli.subcommand(
         commands,
@@ -136,35 +124,13 @@ def _add_build_parser(commands) -> None:
 
 
 def _add_own_classifier_options(parser: argparse.ArgumentParser) -> None:
-    own = parser.add_argument_group(
-        "bring your own classifier",
-        "An ONNX classifier taking FP32 NCHW images (0..255 RGB normalized with --mean/--std) gets its "
-        "preprocessing model and ensemble; named after the file unless --name is given.",
-    )
-    own.add_argument("--classifier-onnx", type=Path, metavar="FILE")
-    own.add_argument("--labels", type=Path, metavar="FILE", help="one class name a line, in index order")
-    own.add_argument("--name", help="Triton model name of the classifier")
-    own.add_argument("--input-size", type=cli.positive_int, default=224, metavar="N", help="center crop side")
-    own.add_argument(
-        "--resize-shorter",
-        type=cli.positive_int,
-        metavar="N",
-        help="shorter side before the crop (default input size / 0.875)",
-    )
-    own.add_argument(
-        "--mean",
-        type=_floats3,
-        default=(123.675, 116.28, 103.53),
-        metavar="R,G,B",
-        help="in 0..255 pixel units (default: torchvision's ImageNet mean)",
-    )
-    own.add_argument("--std", type=_floats3, default=(58.395, 57.12, 57.375), metavar="R,G,B")
-    own.add_argument(
+    cli.add_options(parser, OwnClassifierOptions)
+    parser.add_argument(
         "--preprocessors",
         nargs="+",
         choices=presets.PREPROCESSORS,
         default=("dali",),
-        help="which preprocessing models to build for it",
+        help="which preprocessing models to build for your own classifier",
     )
 
 
