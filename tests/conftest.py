@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tritonstack.build.presets import BuildOptions
 from tritonstack.build.repository import write_repository
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig
@@ -33,7 +34,7 @@ def lite0_repository(tmp_path_factory, model_repository) -> Path:
 
     out = tmp_path_factory.mktemp("lite0")
     rf.seed_lite0_export(out)
-    write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),))
+    write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),), options=FUNCTIONAL_BUILD)
     return out
 
 
@@ -48,6 +49,8 @@ TEST_STOP_GRACE_S = 1
 # image) must not refuse their interactive requests at the default objective's 300 ms.
 # The objective itself is tested on servers of its own (tests/test_overload.py).
 SESSION_OBJECTIVE_MS = 60_000
+# The same for the repositories functional tests build for servers of their own.
+FUNCTIONAL_BUILD = BuildOptions(latency_objective_ms=SESSION_OBJECTIVE_MS)
 
 
 @pytest.fixture(scope="session")

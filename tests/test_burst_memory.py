@@ -51,6 +51,10 @@ def server(lite0_repository):
         yield running
 
 
+def decoded_mib() -> float:
+    return HUGE_SIDE * HUGE_SIDE * 3 / 2**20
+
+
 class OrdinaryTraffic(threading.Thread):
     """One small request after another until stopped; counts what failed."""
 
@@ -112,7 +116,9 @@ def test_burst_of_huge_images_is_answered_and_its_memory_given_back(server, huge
         f"tree RSS: warm {warm:.0f} MiB, peak +{peak - warm:.0f} MiB, "
         f"+{after - warm:.0f} MiB {time.monotonic() - burst_over:.1f} s after; {traffic.answers} small answers"
     )
-    assert peak - warm < 2500, (warm, peak)
+    # The burst's images decoded at once, and a quarter more: a stub recycled meanwhile
+    # overlaps its successor for a moment, and a slow machine decodes more at a time.
+    assert peak - warm < 1.25 * len(burst) * decoded_mib(), (warm, peak)
     assert after - warm < 300, (warm, after, server.supervisor.recycles)
     assert [model for _, model, _ in server.supervisor.recycles] == [PREPROCESS]
     assert traffic.failures == [] and traffic.answers > 0

@@ -30,11 +30,18 @@ from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.network import free_port, port_in_use
 
 
-def wait_ready(cli: subprocess.Popen, client: httpclient.InferenceServerClient, timeout_s: float = 180) -> None:
+def wait_ready(
+    cli: subprocess.Popen,
+    client: httpclient.InferenceServerClient,
+    timeout_s: float = 180,
+    log_path: Path | None = None,
+) -> None:
+    """Triton answers ready; with `log_path`, the CLI has said so too (after what it does
+    once the models are loaded: the layout, the objective, the warmup)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and cli.poll() is None:
         try:
-            if client.is_server_ready():
+            if client.is_server_ready() and (log_path is None or "ready: HTTP" in log_path.read_text()):
                 return
         except (InferenceServerException, OSError):
             pass
@@ -80,7 +87,7 @@ def test_cli_serves_locked_down_and_stops_on_sigterm(lite0_repository, tmp_path)
     client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
     groups: set[int] = set()
     try:
-        wait_ready(cli, client)
+        wait_ready(cli, client, log_path=tmp_path / "cli.log")
         groups = server_groups(cli)
         assert len(groups) == 1, groups  # tritonserver's own group, stubs inside
         with pytest.raises(InferenceServerException):

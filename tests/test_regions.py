@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import reference
 from tests import repo_factory as rf
+from tests.conftest import FUNCTIONAL_BUILD
 from tests.test_build import autoserialized, build
 from tritonstack.build.check import check_repository
 from tritonstack.build.model_config import read_config
@@ -127,7 +128,7 @@ def test_every_classifier_gets_a_regions_preset_by_the_same_code(model_repositor
 def regions_server(tmp_path_factory, model_repository):
     out = tmp_path_factory.mktemp("regions")
     rf.seed_lite0_export(out)
-    write_repository(out, presets=(preset_named(PRESET),))
+    write_repository(out, presets=(preset_named(PRESET),), options=FUNCTIONAL_BUILD)
     with TritonServer(out) as running:
         yield running
 
