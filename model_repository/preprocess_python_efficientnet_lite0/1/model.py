@@ -47,10 +47,29 @@ def _load_beside(name: str):
     return module
 
 
-def preprocess(encoded, resize_shorter, crop, mean, std):
-    """Encoded image bytes -> normalized FP32 [3, crop, crop]."""
+def preprocess(
+    encoded, resize_shorter, crop, mean, std, layout="NCHW", channel_order="rgb", resize="crop", input_type="fp32"
+):
+    """Encoded image bytes -> normalized FP32 [3, crop, crop] (or the classifier's layout,
+    channel order, resize and input type, as the DALI pipeline does)."""
     with Image.open(io.BytesIO(bytes(encoded))) as image:
         image = ImageOps.exif_transpose(image).convert("RGB")
+    if resize == "squash":
+        pixels = _resampled(image, (crop, crop), (0, 0, *image.size))
+    elif resize == "letterbox":
+        pixels = _letterboxed(image, crop, mean)
+    else:
+        pixels = _center_cropped(image, resize_shorter, crop)
+    if channel_order == "bgr":
+        pixels = pixels[..., ::-1]
+    if input_type == "uint8":
+        normalized = pixels.astype(np.uint8)
+    else:
+        normalized = (pixels - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    return np.ascontiguousarray(normalized.transpose(2, 0, 1) if layout == "NCHW" else normalized)
+
+
+def _center_cropped(image, resize_shorter, crop):
     width, height = image.size
     scale = resize_shorter / min(width, height)
     resized = (max(round(width * scale), 1), max(round(height * scale), 1))
@@ -63,16 +82,27 @@ def preprocess(encoded, resize_shorter, crop, mean, std):
     left = region_left + math.floor((resized[0] - crop) / 2 + 0.5) / scale
     top = region_top + math.floor((resized[1] - crop) / 2 + 0.5) / scale
     left, top = max(left, 0.0), max(top, 0.0)  # a rounding hair below zero: Pillow refuses it
-    box = (left, top, left + crop / scale, top + crop / scale)
-    # Each channel resampled in float ("F") and rounded once, as DALI's resize does:
-    # Pillow's 8-bit resize rounds inside its fixed-point filter, often enough to
-    # flip a near-tie between two classes (docs/building.md).
-    channels = [
-        channel.convert("F").resize((crop, crop), Image.Resampling.BILINEAR, box=box) for channel in image.split()
-    ]
-    pixels = np.clip(np.rint(np.stack([np.asarray(c) for c in channels], axis=-1)), 0, 255)
-    normalized = (pixels - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
-    return np.ascontiguousarray(normalized.transpose(2, 0, 1))
+    return _resampled(image, (crop, crop), (left, top, left + crop / scale, top + crop / scale))
+
+
+def _letterboxed(image, crop, fill):
+    """The longer side to `crop`, centered on a crop x crop canvas of `fill`."""
+    width, height = image.size
+    scale = crop / max(width, height)
+    size = (max(round(width * scale), 1), max(round(height * scale), 1))
+    canvas = np.empty((crop, crop, 3), np.float64)
+    canvas[...] = np.rint(np.asarray(fill))
+    left, top = (math.floor((crop - side) / 2) for side in size)
+    canvas[top : top + size[1], left : left + size[0]] = _resampled(image, size, (0, 0, width, height))
+    return canvas
+
+
+def _resampled(image, size, box):
+    """Each channel resampled in float ("F") and rounded once, as DALI's resize does:
+    Pillow's 8-bit resize rounds inside its fixed-point filter, often enough to flip a
+    near-tie between two classes (docs/building.md). HWC, 0..255."""
+    channels = [channel.convert("F").resize(size, Image.Resampling.BILINEAR, box=box) for channel in image.split()]
+    return np.clip(np.rint(np.stack([np.asarray(c) for c in channels], axis=-1)), 0, 255)
 
 
 class TritonPythonModel:
