@@ -17,15 +17,14 @@ classifier runs on real photos through the DALI pipeline it will be served with:
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from tritonstack import cli
 from tritonstack.build.classifiers import CHANNEL_ORDERS, INPUT_TYPES, RESIZES, Classifier, Preprocessing
 from tritonstack.build.labels import read_labels
-from tritonstack.build.onnx_graph import SERVED_OUTPUT, read_graph
+from tritonstack.build.onnx_graph import read_graph
+from tritonstack.build.photo_check import check_on_photos
 
 OWN = cli.Group(
     "bring your own classifier (docs/building.md#bring-your-own-classifier)",
@@ -36,7 +35,6 @@ TORCHVISION_MEAN = (123.675, 116.28, 103.53)
 TORCHVISION_STD = (58.395, 57.12, 57.375)
 # The share of a shorter side ImageNet's evaluation keeps (224 of 256).
 CROP_SHARE = 0.875
-PREPROCESSING_FLAGS = "--layout, --channel-order, --scale (or --mean/--std), --resize, --input-size"
 
 
 def floats(count: int):
@@ -146,8 +144,6 @@ def own_classifier(options: OwnClassifierOptions) -> tuple[Classifier, list[str]
         f"input {graph.input_name!r}: {preprocessing.layout}, {preprocessing.crop} x {preprocessing.crop}, "
         f"{preprocessing.input_type}, {preprocessing.channel_order.upper()}, resize {preprocessing.resize}"
     ]
-    from tritonstack.build.photo_check import check_on_photos
-
     return check_on_photos(classifier, labels, options.softmax, notes)
 
 
@@ -194,12 +190,3 @@ def _normalization(options: OwnClassifierOptions, input_type: str):
         std = 255.0 / (high - low)
         return (-low * std,) * 3, (std,) * 3
     return tuple(options.mean), tuple(options.std)
-
-
-def softmax_rows(scores: np.ndarray) -> np.ndarray:
-    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
-
-
-def with_softmax(classifier: Classifier) -> Classifier:
-    return replace(classifier, softmax=True, output_name=SERVED_OUTPUT)

@@ -9,22 +9,23 @@ photo's class must be in its top 5, or the build refuses, naming the options.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from tritonstack.build.classifiers import Classifier, Preprocessing, imagenet_labels
-from tritonstack.build.onnx_graph import servable_onnx
+from tritonstack.build.onnx_graph import SERVED_OUTPUT, servable_onnx
 
 # Enough of ImageNet's 1000 names (after normalizing) for a label file to be ImageNet's.
 IMAGENET_OVERLAP = 900
 TOP = 5
+PREPROCESSING_FLAGS = "--layout, --channel-order, --scale (or --mean/--std), --resize, --input-size"
 # A batch run must equal single runs this closely (float summation order differs).
 BATCH_TOLERANCE = 1e-3
 
 
 def check_on_photos(classifier: Classifier, labels: list[str], softmax: str, notes: list[str]):
     """(the classifier with a softmax head if it needs one, notes); ValueError if wrong."""
-    from tritonstack.build.own_classifier import PREPROCESSING_FLAGS, softmax_rows, with_softmax
-
     photos = _photos()
     tensors = _preprocessed(classifier.preprocessing, [data for data, _ in photos.values()])
     scores = _scores(classifier, tensors, notes)
@@ -95,3 +96,12 @@ def _scores(classifier: Classifier, tensors: np.ndarray, notes: list[str]) -> np
 
 def _normalized(label: str) -> str:
     return label.replace("_", " ").strip().lower()
+
+
+def softmax_rows(scores: np.ndarray) -> np.ndarray:
+    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def with_softmax(classifier: Classifier) -> Classifier:
+    return replace(classifier, softmax=True, output_name=SERVED_OUTPUT)
