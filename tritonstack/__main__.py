@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "benchmark": ("tritonstack.commands.benchmark", (), "the serving stack's figures, as ratios measured side by side"),
     "overload": ("tritonstack.commands.overload", (), "beyond capacity: goodput, refusals and waste under deadlines"),
     "compare": ("tritonstack.commands.compare", (), "before/after: two servers, interleaved rounds"),
+    "tune": ("tritonstack.commands.tune", (), "measure layouts on this machine; write the best as a new repository"),
     "plan": ("tritonstack.commands.plan", (), "replicas and autoscaling target from a benchmark's figures"),
     "soak": ("tritonstack.commands.soak", (), "mixed good and bad load for a duration; memory growth judged"),
 }

@@ -1,0 +1,103 @@
+"""`tritonstack tune`: candidates from the cores, the objective's choice, and a short
+real search against a real server that writes a new repository and leaves the tuned
+one as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tritonstack.benchmark.tune import Layout, Measured, TuneSettings, best, pareto_front, thread_layouts
+from tritonstack.build.model_config import read_config
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.samples.photos import photo_bytes
+from tritonstack.serve.launcher import TritonServer
+
+ENSEMBLE = "ensemble_dali_efficientnet_lite0"
+
+
+def measured(images_per_s: float, rate_p99_ms: float | None = None, p99_ms: float = 100.0) -> Measured:
+    layout = Layout(1, 2, 2, 1, int(images_per_s))
+    return Measured(layout, images_per_s, p99_ms, 10.0, rate_p99_ms, errors=0)
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 4, 8, 16])
+def test_candidates_never_ask_more_threads_than_cores(cores):
+    layouts = thread_layouts(cores, 8)
+    assert layouts and len(set(layouts)) == len(layouts)
+    for layout in layouts:
+        assert layout.classifier_instances * layout.classifier_threads <= cores
+        assert layout.dali_instances * layout.dali_threads <= cores
+    # The first tried keep every core busy in both steps.
+    first = layouts[0]
+    assert first.dali_instances * first.dali_threads == cores
+    assert first.classifier_instances * first.classifier_threads == cores
+
+
+def test_throughput_takes_the_fastest_and_p99_the_fastest_under_the_bound():
+    results = [measured(100, 300), measured(120, 900), measured(110, 200)]
+    assert best(results, TuneSettings()).images_per_s == 120
+    assert best(results, TuneSettings("p99", p99_ms=400, rate=50)).images_per_s == 110
+    # None meets the bound: the lowest p99.
+    assert best(results, TuneSettings("p99", p99_ms=100, rate=50)).rate_p99_ms == 200
+
+
+def test_the_pareto_front_holds_what_nothing_beats_on_both():
+    results = [measured(100, 300), measured(120, 900), measured(110, 200), measured(90, 400)]
+    assert sorted(result.images_per_s for result in pareto_front(results)) == [110, 120]
+
+
+def test_p99_objective_needs_its_bound_and_rate():
+    with pytest.raises(ValueError, match="--p99-ms and --rate"):
+        TuneSettings("p99", p99_ms=100)
+
+
+def digest(folder) -> str:
+    files = sorted(path for path in folder.rglob("*") if path.is_file() and "__pycache__" not in path.parts)
+    return hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()
+
+
+def test_a_short_search_writes_the_winner_as_a_new_repository(lite0_repository, tmp_path):
+    before = digest(lite0_repository)
+    out, report = tmp_path / "tuned", tmp_path / "report"
+    command = [sys.executable, "-m", "tritonstack", "tune", "--model-repository", str(lite0_repository)]
+    done = subprocess.run(
+        [*command, "--out", str(out), "--report", str(report), "--budget-s", "45", "--seconds", "1.5"]
+        + ["--warmup-s", "0.5", "--concurrency", "4"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert digest(lite0_repository) == before  # the tuned repository is left as it was
+    summary = json.loads((report / "tune.json").read_text())
+    candidates = summary["candidates"]
+    assert len(candidates) >= 2 and all(c["images_per_s"] > 0 and c["errors"] == 0 for c in candidates)
+    chosen = summary["chosen"]
+    assert chosen["images_per_s"] == max(c["images_per_s"] for c in candidates)
+    assert any(c["pareto"] for c in candidates) and (report / "pareto.png").stat().st_size > 1000
+    assert summary["build_flags"] in (report / "tune.md").read_text()
+    layout = chosen["layout"]
+    classifier = read_config(out / "efficientnet_lite0")
+    assert classifier.instance_group[0].count == layout["classifier_instances"]
+    assert classifier.parameters["intra_op_thread_count"].string_value == str(layout["classifier_threads"])
+    dali = read_config(out / "preprocess_dali_efficientnet_lite0")
+    assert (dali.instance_group[0].count, dali.parameters["num_threads"].string_value) == (
+        layout["dali_instances"],
+        str(layout["dali_threads"]),
+    )
+    check = subprocess.run([sys.executable, "-m", "tritonstack", "check", str(out)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+    with TritonServer(out) as server, ClassifierClient(server.http_url, model=ENSEMBLE) as client:
+        assert client.classify([photo_bytes("coffee.png")], top_k=1)[0][0].label == "espresso"
+
+
+def test_it_never_writes_over_a_folder_or_into_the_tuned_repository(lite0_repository, tmp_path):
+    command = [sys.executable, "-m", "tritonstack", "tune", "--model-repository", str(lite0_repository)]
+    for out, says in ((tmp_path, "exists"), (lite0_repository / "new", "inside the tuned repository")):
+        done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and says in done.stderr, done.stderr

@@ -1,0 +1,370 @@
+"""Layouts measured on this machine, and the best one written as a new repository.
+
+    tritonstack tune --model-repository model_repository --objective throughput --budget-s 600 --out tuned
+    tritonstack tune --objective p99 --p99-ms 120 --rate 60 --budget-s 600 --out tuned
+
+A layout is what `tritonstack build` fixes per ensemble step: the DALI step's instances
+and threads, the classifier's instances and ONNX Runtime threads, and the batch the
+classifier's dynamic batcher forms (the DALI step's follows the build's rule). Each
+candidate is loaded into one running server through Triton's model-control API (no
+restart; the repository's files untouched), warmed, then measured with the benchmark's
+own phases: a closed loop at `--concurrency` in flight (images/s, p99, server CPU per
+image) and, with `--rate`, an open loop of Poisson arrivals at that rate (its p99).
+
+The search is pruned in two passes: the thread layouts this machine's cores allow, at
+the repository's classifier batch; then the classifier batches around the best of
+them. It stops when the budget would be exceeded by one more candidate, and Ctrl-C
+stops it early: either way the best so far is written.
+
+Objectives: `throughput`, the most images/s; `p99`, the most images/s among layouts
+whose p99 at `--rate` stays under `--p99-ms` (or, when none does, the lowest p99).
+Written: `--out`, a copy of the repository with the winner's configs (never over the
+tuned one), and in `--report`, `tune.json` (every candidate's figures, the winner, its
+`tritonstack build` flags), `tune.md` (the table) and `pareto.png` (images/s against p99).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from tritonstack import cli
+from tritonstack.benchmark.phases import closed_loop, open_loop, server_cpu_seconds
+from tritonstack.build.presets import BuildOptions
+from tritonstack.serve.layout import StepLayout, with_layout
+from tritonstack.serve.loaded import load_overrides, loaded_configs
+
+OBJECTIVES = ("throughput", "p99")
+# The classifier batches the second pass tries around the first pass's winner.
+BATCHES = (1, 4, 8, 16)
+POISSON_SEED = 7
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Layout:
+    dali_instances: int
+    dali_threads: int
+    classifier_instances: int
+    classifier_threads: int
+    classifier_batch: int  # 0: the dynamic batcher forms no preferred batch
+
+    def build_flags(self) -> list[str]:
+        return [
+            *("--instances", str(self.dali_instances), "--num-threads", str(self.dali_threads)),
+            *("--classifier-instances", str(self.classifier_instances)),
+            *("--intra-op-threads", str(self.classifier_threads), "--classifier-batch", str(self.classifier_batch)),
+        ]
+
+    def describe(self) -> str:
+        return (
+            f"DALI {self.dali_instances}x{self.dali_threads}, classifier {self.classifier_instances}x"
+            f"{self.classifier_threads} batch {self.classifier_batch or 'none'}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    layout: Layout
+    images_per_s: float
+    p99_ms: float  # the closed loop's
+    cpu_ms_per_image: float | None
+    rate_p99_ms: float | None  # the open loop's at --rate
+    errors: int
+
+    def meets(self, bound_ms: float | None) -> bool:
+        return bound_ms is not None and self.rate_p99_ms is not None and self.rate_p99_ms <= bound_ms
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneSettings:
+    objective: str = cli.option(
+        "throughput",
+        "--objective",
+        choices=OBJECTIVES,
+        help="throughput: most images/s; p99: most images/s whose p99 at --rate stays under --p99-ms",
+    )
+    p99_ms: float | None = cli.option(None, "--p99-ms", type=cli.positive_float, metavar="MS", help="the p99 bound")
+    rate: float | None = cli.option(
+        None, "--rate", type=cli.positive_float, metavar="RPS", help="the open loop's requests/s (Poisson arrivals)"
+    )
+    budget_s: float = cli.option(600.0, "--budget-s", type=cli.positive_float, metavar="S", help="the search's time")
+    concurrency: int = cli.option(
+        8, "--concurrency", type=cli.positive_int, help="the closed loop's requests in flight"
+    )
+    seconds: float = cli.option(8.0, "--seconds", type=cli.positive_float, help="each measured phase")
+    warmup_s: float = cli.option(2.0, "--warmup-s", type=cli.positive_float, help="before each phase")
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, not {self.objective!r}")
+        if self.objective == "p99" and (self.p99_ms is None or self.rate is None):
+            raise ValueError("the p99 objective needs --p99-ms and --rate (requests/s)")
+
+    @property
+    def seconds_per_candidate(self) -> float:
+        """Load and warm-up included (about 5 s to load the steps again)."""
+        open_loop_s = self.seconds + self.warmup_s if self.rate else 0.0
+        return 5.0 + self.seconds + self.warmup_s + open_loop_s
+
+
+# --- the candidates ---
+
+
+def thread_layouts(cores: int, batch: int) -> list[Layout]:
+    """Every split of the cores the first pass tries: the DALI step as one instance of
+    1, half or all the cores' threads, or two of half; the classifier as 1, 2, half or
+    all the cores' instances of one thread, or of the cores' share each."""
+    half = max(cores // 2, 1)
+    dali = {(1, 1), (1, half), (1, cores)} | ({(2, half)} if cores > 1 else set())
+    classifier = {(instances, max(cores // instances, 1)) for instances in {1, 2, half, cores}}
+    classifier |= {(instances, 1) for instances in {1, 2, cores}}
+    layouts = [Layout(di, dt, ci, ct, batch) for di, dt in dali for ci, ct in classifier if ci * ct <= cores]
+    return sorted(layouts, key=lambda layout: (idle_cores(layout, cores), layout))
+
+
+def idle_cores(layout: Layout, cores: int) -> int:
+    """The pruning's order: layouts that keep every core busy in both steps come first,
+    so that a budget cut short keeps the likely winners."""
+    dali = layout.dali_instances * layout.dali_threads
+    classifier = layout.classifier_instances * layout.classifier_threads
+    return abs(cores - dali) + abs(cores - classifier)
+
+
+def batch_layouts(best: Layout, max_batch_size: int) -> list[Layout]:
+    return [
+        dataclasses.replace(best, classifier_batch=b)
+        for b in BATCHES
+        if b < max_batch_size and b != best.classifier_batch
+    ]
+
+
+# --- applying one to the running server ---
+
+
+def step_configs(configs: list[dict], ensemble: str) -> tuple[dict, dict]:
+    """The ensemble's DALI step and classifier step, as the server has them."""
+    by_name = {config["name"]: config for config in configs}
+    if ensemble not in by_name:
+        raise ValueError(f"no loaded model {ensemble!r}; loaded: {', '.join(sorted(by_name))}")
+    steps = [by_name[step["model_name"]] for step in by_name[ensemble]["ensemble_scheduling"]["step"]]
+    dali = [step for step in steps if step.get("backend") == "dali"]
+    classifier = [step for step in steps if step.get("backend") == "onnxruntime"]
+    if len(dali) != 1 or len(classifier) != 1:
+        raise ValueError(f"{ensemble}: tune sizes ensembles of one DALI step and one ONNX Runtime step")
+    return dali[0], classifier[0]
+
+
+def with_candidate(dali: dict, classifier: dict, layout: Layout) -> list[dict]:
+    """The two steps' configs under `layout`, the DALI step's batch by the build's rule."""
+    options = BuildOptions(max_batch_size=int(classifier["max_batch_size"]), classifier_batch=layout.classifier_batch)
+    sized_dali = with_layout(dali, StepLayout(layout.dali_instances, layout.dali_threads))
+    sized_classifier = with_layout(classifier, StepLayout(layout.classifier_instances, layout.classifier_threads))
+    return [
+        _with_preferred(sized_dali, options.first_step_preferred_batches),
+        _with_preferred(sized_classifier, options.classifier_preferred_batches),
+    ]
+
+
+def _with_preferred(config: dict, batches: tuple[int, ...]) -> dict:
+    batching = dict(config.get("dynamic_batching", {}))
+    batching["preferred_batch_size"] = list(batches)
+    return config | {"dynamic_batching": batching}
+
+
+def layout_of(dali: dict, classifier: dict) -> Layout:
+    """The layout the server has now (the repository's, or the launcher's for these cores)."""
+    preferred = classifier.get("dynamic_batching", {}).get("preferred_batch_size", [])
+    return Layout(
+        int(dali["instance_group"][0]["count"]),
+        int(dali.get("parameters", {}).get("num_threads", {}).get("string_value", 1)),
+        int(classifier["instance_group"][0]["count"]),
+        int(classifier.get("parameters", {}).get("intra_op_thread_count", {}).get("string_value", 1)),
+        int(preferred[0]) if preferred else 0,
+    )
+
+
+# --- measuring ---
+
+
+def measure(server, model: str, images: list[bytes], layout: Layout, settings: TuneSettings) -> Measured:
+    cpu = server_cpu_seconds(server)
+    closed = asyncio.run(
+        closed_loop(server.grpc_url, "grpc", model, images, settings.concurrency, settings.seconds, settings.warmup_s)
+    )
+    cpu_s = server_cpu_seconds(server) - cpu
+    done = len(closed.latencies_s) * (settings.seconds + settings.warmup_s) / settings.seconds
+    rate_p99 = None
+    if settings.rate:
+        opened = asyncio.run(
+            open_loop(server.grpc_url, model, images, settings.rate, settings.seconds, settings.warmup_s, POISSON_SEED)
+        )
+        rate_p99 = opened.percentile_ms(99) if not opened.errors else float("inf")
+    return Measured(
+        layout=layout,
+        images_per_s=closed.images_per_s,
+        p99_ms=closed.percentile_ms(99),
+        cpu_ms_per_image=cpu_s * 1000 / done if done else None,
+        rate_p99_ms=rate_p99,
+        errors=closed.errors,
+    )
+
+
+def best(results: Iterable[Measured], settings: TuneSettings) -> Measured:
+    results = [result for result in results if not result.errors]
+    if not results:
+        raise RuntimeError("every candidate failed requests: see the server's log")
+    if settings.objective == "p99":
+        meeting = [result for result in results if result.meets(settings.p99_ms)]
+        if not meeting:
+            return min(results, key=lambda result: result.rate_p99_ms)
+        results = meeting
+    return max(results, key=lambda result: result.images_per_s)
+
+
+def pareto_front(results: list[Measured]) -> list[Measured]:
+    """The candidates no other beats on both images/s and p99."""
+
+    def p99(result: Measured) -> float:
+        return result.rate_p99_ms if result.rate_p99_ms is not None else result.p99_ms
+
+    return [
+        result
+        for result in results
+        if not any(
+            other.images_per_s >= result.images_per_s
+            and p99(other) <= p99(result)
+            and other is not result
+            and (other.images_per_s, p99(other)) != (result.images_per_s, p99(result))
+            for other in results
+        )
+    ]
+
+
+def search(
+    server, model: str, images: list[bytes], cores: int, settings: TuneSettings, progress: Callable[[str], None]
+) -> tuple[Layout, list[Measured]]:
+    """The starting layout and every candidate measured, within the budget."""
+    headers = server.admin_headers("http")
+    dali, classifier = step_configs(loaded_configs(server.http_url, headers), model)
+    start = layout_of(dali, classifier)
+    deadline = time.monotonic() + settings.budget_s
+    results: list[Measured] = []
+
+    def run(layouts: list[Layout]) -> None:
+        for layout in layouts:
+            if any(result.layout == layout for result in results):
+                continue
+            if time.monotonic() + settings.seconds_per_candidate > deadline:
+                progress(f"budget spent: {len(results)} layout(s) measured")
+                return
+            load_overrides(server.http_url, headers, with_candidate(dali, classifier, layout))
+            results.append(measure(server, model, images, layout, settings))
+            progress(_line(results[-1]))
+
+    try:
+        run([start, *thread_layouts(cores, start.classifier_batch)])
+        if results:
+            run(batch_layouts(best(results, settings).layout, int(classifier["max_batch_size"])))
+    except KeyboardInterrupt:
+        progress(f"interrupted: the best of {len(results)} layout(s) so far")
+    return start, results
+
+
+def _line(result: Measured) -> str:
+    rate = f", p99 at rate {result.rate_p99_ms:.0f} ms" if result.rate_p99_ms is not None else ""
+    cpu = f", {result.cpu_ms_per_image:.1f} CPU ms/image" if result.cpu_ms_per_image else ""
+    return f"{result.layout.describe()}: {result.images_per_s:.1f} images/s, p99 {result.p99_ms:.0f} ms{cpu}{rate}"
+
+
+# --- what is written ---
+
+
+def report(start: Layout, results: list[Measured], chosen: Measured, settings: TuneSettings, cores: int) -> dict:
+    front = pareto_front(results)
+    return {
+        "settings": dataclasses.asdict(settings),
+        "cores": cores,
+        "start": dataclasses.asdict(start),
+        "chosen": dataclasses.asdict(chosen),
+        "build_flags": " ".join(chosen.layout.build_flags()),
+        "candidates": [dataclasses.asdict(result) | {"pareto": result in front} for result in results],
+    }
+
+
+def markdown(results: list[Measured], chosen: Measured) -> str:
+    rows = ["| layout | images/s | p99 ms | CPU ms/image | p99 ms at rate |", "|---|---|---|---|---|"]
+    for result in sorted(results, key=lambda result: -result.images_per_s):
+        mark = " (chosen)" if result is chosen else ""
+        cpu = f"{result.cpu_ms_per_image:.1f}" if result.cpu_ms_per_image else ""
+        rate = f"{result.rate_p99_ms:.0f}" if result.rate_p99_ms is not None else ""
+        rows.append(
+            f"| {result.layout.describe()}{mark} | {result.images_per_s:.1f} | {result.p99_ms:.0f} | {cpu} | {rate} |"
+        )
+    return "\n".join(rows) + f"\n\n`tritonstack build {' '.join(chosen.layout.build_flags())}`\n"
+
+
+def plot(results: list[Measured], chosen: Measured, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def p99(result: Measured) -> float:
+        return result.rate_p99_ms if result.rate_p99_ms is not None else result.p99_ms
+
+    front = sorted(pareto_front(results), key=p99)
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    axes.scatter([p99(r) for r in results], [r.images_per_s for r in results], color="0.6", label="candidates")
+    axes.plot([p99(r) for r in front], [r.images_per_s for r in front], "o-", color="tab:blue", label="Pareto front")
+    axes.scatter([p99(chosen)], [chosen.images_per_s], s=120, facecolors="none", edgecolors="tab:red", label="chosen")
+    axes.set_xlabel("p99 latency, ms" + (" (open loop at --rate)" if chosen.rate_p99_ms is not None else ""))
+    axes.set_ylabel("images/s")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write_repository(source: Path, out: Path, model: str, layout: Layout) -> None:
+    """A copy of `source` with the ensemble's two steps written under `layout`."""
+    import shutil
+
+    from tritonstack.build.model_config import read_config, write_config
+
+    shutil.copytree(source, out, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    dali, classifier = _step_names(read_config(out / model))
+    options = BuildOptions(
+        max_batch_size=read_config(out / classifier).max_batch_size, classifier_batch=layout.classifier_batch
+    )
+    for name, instances, parameter, threads, batches in (
+        (dali, layout.dali_instances, "num_threads", layout.dali_threads, options.first_step_preferred_batches),
+        (
+            classifier,
+            layout.classifier_instances,
+            "intra_op_thread_count",
+            layout.classifier_threads,
+            options.classifier_preferred_batches,
+        ),
+    ):
+        config = read_config(out / name)
+        config.instance_group[0].count = instances
+        config.parameters[parameter].string_value = str(threads)
+        del config.dynamic_batching.preferred_batch_size[:]
+        config.dynamic_batching.preferred_batch_size.extend(batches)
+        write_config(out / name, config)
+
+
+def _step_names(ensemble) -> tuple[str, str]:
+    """(DALI step, classifier step) of an ensemble config, in order."""
+    first, second = (step.model_name for step in ensemble.ensemble_scheduling.step)
+    return first, second
+
+
+def save(out: Path, results: list[Measured], chosen: Measured, summary: dict) -> None:
+    (out / "tune.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / "tune.md").write_text(markdown(results, chosen))
+    plot(results, chosen, out / "pareto.png")
