@@ -32,8 +32,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import psutil
+
 from tritonstack import cli
-from tritonstack.benchmark.phases import closed_loop, open_loop, server_cpu_seconds
+from tritonstack.benchmark.phases import closed_loop, open_loop
 from tritonstack.build.presets import BuildOptions
 from tritonstack.serve.layout import StepLayout, with_layout
 from tritonstack.serve.loaded import load_overrides, loaded_configs
@@ -190,12 +192,32 @@ def layout_of(dali: dict, classifier: dict) -> Layout:
 # --- measuring ---
 
 
+def cpu_by_process(server) -> dict[int, float]:
+    """CPU seconds of tritonserver and each of its processes, by PID."""
+    processes = [psutil.Process(server.pid)]
+    processes += processes[0].children(recursive=True)
+    seconds = {}
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        seconds[process.pid] = times.user + times.system
+    return seconds
+
+
+def cpu_seconds_since(server, before: dict[int, float]) -> float:
+    """Per process, so that a stub of the layout before, ending meanwhile, takes none of
+    its time away; one started meanwhile counts whole."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in cpu_by_process(server).items())
+
+
 def measure(server, model: str, images: list[bytes], layout: Layout, settings: TuneSettings) -> Measured:
-    cpu = server_cpu_seconds(server)
+    cpu = cpu_by_process(server)
     closed = asyncio.run(
         closed_loop(server.grpc_url, "grpc", model, images, settings.concurrency, settings.seconds, settings.warmup_s)
     )
-    cpu_s = server_cpu_seconds(server) - cpu
+    cpu_s = cpu_seconds_since(server, cpu)
     done = len(closed.latencies_s) * (settings.seconds + settings.warmup_s) / settings.seconds
     rate_p99 = None
     if settings.rate:
