@@ -16,6 +16,7 @@ from tritonstack import cli
 from tritonstack.build.model_config import config_dict, read_config
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.commands import serve
+from tritonstack.objective import queue_ceiling_us
 from tritonstack.repository_files import CONFIG_FILENAME
 from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
@@ -174,8 +175,12 @@ def one_cpu():
 
 
 def test_a_server_on_one_cpu_serves_the_layout_of_one_core_and_leaves_the_files(lite0_repository):
+    """With an objective applied at load too: a step both change is loaded again once, with both."""
     files = {path: path.read_bytes() for path in lite0_repository.glob(f"*/{CONFIG_FILENAME}")}
-    config = ServerConfig(lite0_repository, stop_grace_s=TEST_STOP_GRACE_S, layout=CORES_LAYOUT)
+    objective_ms = 20_000  # not the repository's
+    config = ServerConfig(
+        lite0_repository, stop_grace_s=TEST_STOP_GRACE_S, layout=CORES_LAYOUT, latency_objective_ms=objective_ms
+    )
     with one_cpu():
         server = TritonServer(config).start()
     try:
@@ -184,8 +189,13 @@ def test_a_server_on_one_cpu_serves_the_layout_of_one_core_and_leaves_the_files(
             dali = client.get_model_config("preprocess_dali_efficientnet_lite0")
         with ClassifierClient(server.http_url, "http") as classifier_client:  # the ensemble serves on the new steps
             assert classifier_client.classify([photo_bytes("coffee.png")], top_k=1)[0][0].label == "espresso"
+        log = server.log_path.read_text(errors="replace")
     finally:
         server.stop()
+    for step in ("efficientnet_lite0", "preprocess_dali_efficientnet_lite0"):
+        assert log.count(f"successfully loaded '{step}'") == 2, step  # at start, then once with both changes
+    policy = classifier["dynamic_batching"]["default_queue_policy"]
+    assert int(policy["default_timeout_microseconds"]) == queue_ceiling_us(objective_ms, first_step=False)
     layouts = step_layouts(1)
     assert classifier["instance_group"][0]["count"] == layouts["onnxruntime"].instances == 1
     assert classifier["parameters"]["intra_op_thread_count"]["string_value"] == "1"

@@ -43,12 +43,13 @@ from tritonstack.backends.settings import VARIABLES, BackendSettings, backend_co
 from tritonstack.rules.unbuilt import shell_unsafe_reason, unservable_reason
 from tritonstack.serve import process, server_log
 from tritonstack.serve.install import TritonInstall
-from tritonstack.serve.layout import REPOSITORY_LAYOUT, apply_layout, describe_layouts, read_cores, step_layouts
+from tritonstack.serve.layout import REPOSITORY_LAYOUT, describe_layouts, read_cores, step_layouts
+from tritonstack.serve.layout import overridden as layout_overridden
 from tritonstack.serve.limits import limit_address_space
-from tritonstack.serve.loaded import loaded_configs
+from tritonstack.serve.loaded import load_overrides, loaded_configs
 from tritonstack.serve.network import is_loopback
 from tritonstack.serve.priority import front_steps, lower_priority
-from tritonstack.serve.queue_ceilings import apply_objective
+from tritonstack.serve.queue_ceilings import overridden as objective_overridden
 from tritonstack.serve.response_cache import cache_ensembles
 from tritonstack.serve.restart import ServerRestarter
 from tritonstack.serve.server_config import ServerConfig
@@ -209,9 +210,7 @@ class TritonServer:
         except process.NotReady as error:
             raise ServerStartError(f"{error}:\n{self.log_errors()}") from None
         self.loaded = self._read_loaded()
-        self._apply_layout()
-        if self.config.latency_objective_ms is not None:
-            self._apply_objective(self.config.latency_objective_ms)
+        self._apply_overrides()
         if self.config.response_cache_bytes and self.config.explicit_model_control:
             names = cache_ensembles(self.http_url, self.admin_headers("http"), self.loaded)
             LOGGER.info("response cache (%d MiB): on for %s", self.config.response_cache_bytes >> 20, ", ".join(names))
@@ -220,32 +219,47 @@ class TritonServer:
         for callback in self.on_ready:
             callback(self)
 
-    def _apply_layout(self) -> None:
+    def _apply_overrides(self) -> None:
+        """The layout for these cores and the latency objective, applied at load as config
+        overrides in one pass: a step that both change is loaded again once, with both."""
+        layout_changes = self._layout_changes()
+        objective_ms = self.config.latency_objective_ms
+        objective_changes = [] if objective_ms is None else self._objective_changes(layout_changes, objective_ms)
+        changes = {config["name"]: config for config in [*layout_changes, *objective_changes]}
+        # Steps before the ensembles that use them (an ensemble loads against its steps).
+        ordered = sorted(changes.values(), key=lambda config: config.get("platform") == "ensemble")
+        reloaded = load_overrides(self.http_url, self.admin_headers("http"), ordered)
+        if reloaded:
+            self.loaded = self._read_loaded()
+        if objective_ms is not None and self.config.explicit_model_control:
+            names = ", ".join(config["name"] for config in objective_changes) or "none"
+            LOGGER.info("latency objective %d ms: queue ceilings set for %s", objective_ms, names)
+
+    def _layout_changes(self) -> list[dict]:
         cores = read_cores()
         if self.config.layout == REPOSITORY_LAYOUT:
             LOGGER.info("%s; layout: the repository's own", cores.describe())
-            return
+            return []
         if not self.config.explicit_model_control:
             LOGGER.warning(
                 "%s; --layout cores needs explicit model control: the repository's layout stays", cores.describe()
             )
-            return
+            return []
         layouts = step_layouts(cores.usable)
-        reloaded = apply_layout(self.http_url, self.admin_headers("http"), self.loaded, layouts)
-        if reloaded:
-            self.loaded = self._read_loaded()
-        LOGGER.info(
-            "%s; layout: %s; reloaded: %s", cores.describe(), describe_layouts(layouts), ", ".join(reloaded) or "none"
-        )
+        changes = layout_overridden(self.loaded, layouts)
+        names = ", ".join(config["name"] for config in changes) or "none"
+        LOGGER.info("%s; layout: %s; reloaded: %s", cores.describe(), describe_layouts(layouts), names)
+        return changes
 
-    def _apply_objective(self, objective_ms: int) -> None:
+    def _objective_changes(self, layout_changes: list[dict], objective_ms: int) -> list[dict]:
+        """The objective's overrides on top of the layout's (a step changed by both
+        carries both)."""
         if not self.config.explicit_model_control:
             LOGGER.warning("--latency-objective-ms needs explicit model control: the repository's ceilings stay")
-            return
-        reloaded = apply_objective(self.http_url, self.admin_headers("http"), self.loaded, objective_ms)
-        if reloaded:
-            self.loaded = self._read_loaded()
-        LOGGER.info("latency objective %d ms: queue ceilings set for %s", objective_ms, ", ".join(reloaded) or "none")
+            return []
+        laid_out = {config["name"]: config for config in layout_changes}
+        current = [laid_out.get(config["name"], config) for config in self.loaded]
+        return objective_overridden(current, objective_ms)
 
     def _read_loaded(self) -> list[dict]:
         try:

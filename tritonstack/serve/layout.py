@@ -5,7 +5,9 @@ of our backends gets its instances and threads from them (`step_layouts`, the ru
 Like the latency objective (tritonstack.serve.queue_ceilings), the layout is applied
 right after the server is ready, without writing the repository: each step whose
 instance count or thread parameter differs is loaded again through Triton's
-model-control API with its own config and the change; the files stay as they are.
+model-control API with its own config and the change (the launcher loads this and the
+objective's overrides in one pass: a step both change is loaded once); the files stay
+as they are.
 
 On 2 cores the rule gives the committed repository's layout, so nothing is reloaded
 there. The rule for more cores is reasoned, not measured:
@@ -22,7 +24,7 @@ import math
 import os
 from pathlib import Path
 
-from tritonstack.serve.loaded import differs, ensemble_steps, load_overrides
+from tritonstack.serve.loaded import differs, ensemble_steps
 
 CORES_LAYOUT, REPOSITORY_LAYOUT = "cores", "repository"
 LAYOUTS = (CORES_LAYOUT, REPOSITORY_LAYOUT)
@@ -138,10 +140,3 @@ def overridden(configs: list[dict], layouts: dict[str, StepLayout]) -> list[dict
     sized = [config for config in configs if config["name"] in steps and sizable(config)]
     changed = [with_layout(config, layouts[config["backend"]]) for config in sized]
     return [new for new, old in zip(changed, sized) if differs(new, old)]
-
-
-def apply_layout(
-    http_url: str, headers: dict[str, str], configs: list[dict], layouts: dict[str, StepLayout]
-) -> list[str]:
-    """Load again, with the layout, the steps whose config it changes; their names."""
-    return load_overrides(http_url, headers, overridden(configs, layouts))

@@ -12,7 +12,7 @@ the same queue policies.
 from __future__ import annotations
 
 from tritonstack.objective import OBJECTIVE_PARAMETER, StepQueues, step_queues
-from tritonstack.serve.loaded import differs, ensemble_steps, load_overrides
+from tritonstack.serve.loaded import differs, ensemble_steps
 from tritonstack.serve.priority import front_steps
 
 
@@ -63,9 +63,3 @@ def overridden(configs: list[dict], objective_ms: int) -> list[dict]:
             if differs(changed, config):
                 changed_steps.append(changed)
     return changed_steps + ensembles
-
-
-def apply_objective(http_url: str, headers: dict[str, str], configs: list[dict], objective_ms: int) -> list[str]:
-    """Load again, with their overrides, the models whose config the objective changes;
-    their names."""
-    return load_overrides(http_url, headers, overridden(configs, objective_ms))
