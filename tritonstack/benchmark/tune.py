@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -76,6 +77,11 @@ class Measured:
     cpu_ms_per_image: float | None
     rate_p99_ms: float | None  # the open loop's at --rate
     errors: int
+
+    @property
+    def latency_ms(self) -> float:
+        """The p99 the objective and the Pareto front weigh: at --rate when measured."""
+        return self.rate_p99_ms if self.rate_p99_ms is not None else self.p99_ms
 
     def meets(self, bound_ms: float | None) -> bool:
         return bound_ms is not None and self.rate_p99_ms is not None and self.rate_p99_ms <= bound_ms
@@ -217,8 +223,7 @@ def measure(server, model: str, images: list[bytes], layout: Layout, settings: T
     closed = asyncio.run(
         closed_loop(server.grpc_url, "grpc", model, images, settings.concurrency, settings.seconds, settings.warmup_s)
     )
-    cpu_s = cpu_seconds_since(server, cpu)
-    done = len(closed.latencies_s) * (settings.seconds + settings.warmup_s) / settings.seconds
+    closed.server_cpu_s, closed.warmup_s = cpu_seconds_since(server, cpu), settings.warmup_s
     rate_p99 = None
     if settings.rate:
         opened = asyncio.run(
@@ -229,7 +234,7 @@ def measure(server, model: str, images: list[bytes], layout: Layout, settings: T
         layout=layout,
         images_per_s=closed.images_per_s,
         p99_ms=closed.percentile_ms(99),
-        cpu_ms_per_image=cpu_s * 1000 / done if done else None,
+        cpu_ms_per_image=1000 / closed.images_per_cpu_s if closed.images_per_cpu_s else None,
         rate_p99_ms=rate_p99,
         errors=closed.errors,
     )
@@ -249,18 +254,13 @@ def best(results: Iterable[Measured], settings: TuneSettings) -> Measured:
 
 def pareto_front(results: list[Measured]) -> list[Measured]:
     """The candidates no other beats on both images/s and p99."""
-
-    def p99(result: Measured) -> float:
-        return result.rate_p99_ms if result.rate_p99_ms is not None else result.p99_ms
-
     return [
         result
         for result in results
         if not any(
             other.images_per_s >= result.images_per_s
-            and p99(other) <= p99(result)
-            and other is not result
-            and (other.images_per_s, p99(other)) != (result.images_per_s, p99(result))
+            and other.latency_ms <= result.latency_ms
+            and (other.images_per_s, other.latency_ms) != (result.images_per_s, result.latency_ms)
             for other in results
         )
     ]
@@ -335,14 +335,12 @@ def plot(results: list[Measured], chosen: Measured, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def p99(result: Measured) -> float:
-        return result.rate_p99_ms if result.rate_p99_ms is not None else result.p99_ms
-
-    front = sorted(pareto_front(results), key=p99)
+    front = sorted(pareto_front(results), key=lambda result: result.latency_ms)
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    axes.scatter([p99(r) for r in results], [r.images_per_s for r in results], color="0.6", label="candidates")
-    axes.plot([p99(r) for r in front], [r.images_per_s for r in front], "o-", color="tab:blue", label="Pareto front")
-    axes.scatter([p99(chosen)], [chosen.images_per_s], s=120, facecolors="none", edgecolors="tab:red", label="chosen")
+    axes.scatter([r.latency_ms for r in results], [r.images_per_s for r in results], color="0.6", label="candidates")
+    front_xy = ([r.latency_ms for r in front], [r.images_per_s for r in front])
+    axes.plot(*front_xy, "o-", color="tab:blue", label="Pareto front")
+    axes.scatter([chosen.latency_ms], [chosen.images_per_s], s=120, facecolors="none", edgecolors="red", label="chosen")
     axes.set_xlabel("p99 latency, ms" + (" (open loop at --rate)" if chosen.rate_p99_ms is not None else ""))
     axes.set_ylabel("images/s")
     axes.legend()
@@ -353,8 +351,6 @@ def plot(results: list[Measured], chosen: Measured, path: Path) -> None:
 
 def write_repository(source: Path, out: Path, model: str, layout: Layout) -> None:
     """A copy of `source` with the ensemble's two steps written under `layout`."""
-    import shutil
-
     from tritonstack.build.model_config import read_config, write_config
 
     shutil.copytree(source, out, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
