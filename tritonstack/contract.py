@@ -96,6 +96,25 @@ def is_regions_model(name: str) -> bool:
     return name.startswith(REGIONS_ENSEMBLE_PREFIX)
 
 
+# Audio presets' preprocessing is "audio": their ensembles take one encoded clip per request
+# ([1, bytes]: clips differ in length) and answer its speech segments, [1, k, 3] of start and
+# end in seconds and mean speech probability, and, when asked, a probability per 32 ms frame.
+AUDIO_PREPROCESSOR = "audio"
+AUDIO_ENSEMBLE_PREFIX = ensemble_name(f"{AUDIO_PREPROCESSOR}_")
+DEFAULT_AUDIO_MODEL = ensemble_name(f"{AUDIO_PREPROCESSOR}_silero_vad")
+ENSEMBLE_SEGMENTS = "SEGMENTS"
+ENSEMBLE_FRAME_PROBABILITIES = "FRAME_PROBABILITIES"
+SEGMENT_WIDTH = 3  # start_s, end_s, probability
+FRAME_SECONDS = 0.032  # one VAD frame: 512 samples at 16 kHz
+# Our dali backend's model config parameter: the longest clip, read from its header
+# (tritonstack.media.audio_header). NVIDIA's C++ backend ignores it.
+MAX_AUDIO_SECONDS_PARAMETER = "max_audio_seconds"
+
+
+def is_audio_model(name: str) -> bool:
+    return name.startswith(AUDIO_ENSEMBLE_PREFIX)
+
+
 def boxes_array(boxes) -> np.ndarray:
     """A request's boxes as the regions models take them: FP32 [N, 4] (x0, y0, x1, y1),
     [0, 4] for none."""

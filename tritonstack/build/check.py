@@ -30,6 +30,7 @@ from tritonstack.build.check_ensemble import check_ensemble
 from tritonstack.build.model_config import ConfigError, config_dict, read_config
 from tritonstack.contract import DALI_TO_TRITON, TRITON_TO_NUMPY, onnx_type
 from tritonstack.media import video_header
+from tritonstack.media.audio_header import AUDIO_MAGIC, AudioHeaderError, read_audio_header
 from tritonstack.media.decode_budget import BudgetError, DecodeBudget
 from tritonstack.repository_files import (
     CONFIG_FILENAME,
@@ -220,8 +221,22 @@ def _check_warmup(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
 
 def _check_warmup_sample(model: str, field: str, name: str, path: Path, kinds: set[str]) -> list[Problem]:
     """A clip the model's video decoder reads (the CPU's codecs unless every instance
-    is on a GPU), or an image Pillow decodes."""
+    is on a GPU), audio its audio decoder reads, or an image Pillow decodes."""
     data = path.read_bytes()
+    if data[:4] in AUDIO_MAGIC:
+        try:
+            read_audio_header(data)
+        except AudioHeaderError as error:
+            return [
+                Problem(
+                    model,
+                    field,
+                    name,
+                    f"warmup/{path.name}: {error}: the model would fail its warmup and not load",
+                    "use a clip the decoder reads",
+                )
+            ]
+        return []
     if video_header.read_header(data) is not None:
         codecs = video_header.GPU_CODECS if kinds == {"KIND_GPU"} else video_header.CPU_CODECS
         reason = video_header.unreadable_reason(data, codecs)

@@ -1,5 +1,6 @@
-"""The DALI classification pipeline, and the `dali.py` model file the DALI backend
-serializes at load time (`build_pipelines.py build --format dali.py`).
+"""The DALI pipelines (images, clips and regions classified; speech samples), and the
+`dali.py` model file the DALI backend serializes at load time
+(`build_pipelines.py build --format dali.py`).
 
 This file is the one definition of the pipeline: tritonstack.pipelines serializes it
 to `model.dali`, and the build copies it unchanged to `<model>/1/dali.py` with its
@@ -156,6 +157,19 @@ def _letterboxed(images, box, side, crop, fill):
 
 regions_classification_pipeline = pipeline_def(regions_classification, output_dtype=types.FLOAT, output_ndim=4)
 
+
+def speech_samples(sample_rate, device="cpu"):
+    """decode a clip (WAV, FLAC, OGG Vorbis or Opus; any rate, any channels) -> mono (the
+    channels' mean) -> resampled to `sample_rate` -> FP32 samples in [-1, 1], one
+    dimension. DALI decodes and resamples audio on the CPU only; `device="gpu"` hands
+    the samples to the GPU for the model after it."""
+    encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
+    samples, _ = fn.decoders.audio(encoded, sample_rate=sample_rate, downmix=True, dtype=types.FLOAT)
+    return samples.gpu() if device == "gpu" else samples
+
+
+speech_samples_pipeline = pipeline_def(speech_samples, output_dtype=types.FLOAT, output_ndim=1)
+
 _PARAMETERS_FILE = Path(__file__).with_name(PARAMETERS_FILENAME)
 if _PARAMETERS_FILE.exists():  # only as a model's dali.py, never as tritonstack's module
     _parameters = json.loads(_PARAMETERS_FILE.read_text())
@@ -167,6 +181,8 @@ if _PARAMETERS_FILE.exists():  # only as a model's dali.py, never as tritonstack
         device_id=None if _parameters["device"] == "cpu" else 0,
     )
     def preprocessing_pipeline():
+        if "audio" in _parameters:  # an audio preset's: {"sample_rate": ...}
+            return speech_samples(**_parameters["audio"], device=_parameters["device"])
         if "clips" in _parameters:  # a video preset's: {"frames": ..., "stride": ...}
             return video_classification(
                 **_parameters["preprocessing"], **_parameters["clips"], device=_parameters["device"]

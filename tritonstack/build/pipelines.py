@@ -19,6 +19,7 @@ from tritonstack.build.classifiers import Preprocessing
 from tritonstack.build.dali_model import (
     classification_pipeline,
     regions_classification_pipeline,
+    speech_samples_pipeline,
     video_classification_pipeline,
 )
 from tritonstack.build.presets import FrameSampling
@@ -47,15 +48,29 @@ def serialize_pipeline(
     `max_boxes`, it cuts up to that many boxes per image (a regions preset).
     """
     common = dict(device=device, batch_size=max_batch_size, num_threads=num_threads, device_id=None)
+    if clips is not None:
+        return _serialized(video_classification_pipeline, **asdict(preprocessing), **asdict(clips), **common)
+    if max_boxes is not None:
+        return _serialized(regions_classification_pipeline, **asdict(preprocessing), max_boxes=max_boxes, **common)
+    return _serialized(classification_pipeline, **asdict(preprocessing), **common)
+
+
+def serialize_speech_pipeline(sample_rate: int, max_batch_size: int, num_threads: int, device: str = "cpu") -> bytes:
+    """The audio presets' pipeline (dali_model.speech_samples), serialized as above."""
+    return _serialized(
+        speech_samples_pipeline,
+        sample_rate=sample_rate,
+        device=device,
+        batch_size=max_batch_size,
+        num_threads=num_threads,
+        device_id=None,
+    )
+
+
+def _serialized(pipeline_function, **arguments) -> bytes:
     dali_trace.set_tracing(enabled=False)
     try:
-        if clips is not None:
-            pipe = video_classification_pipeline(**asdict(preprocessing), **asdict(clips), **common)
-        elif max_boxes is not None:
-            pipe = regions_classification_pipeline(**asdict(preprocessing), max_boxes=max_boxes, **common)
-        else:
-            pipe = classification_pipeline(**asdict(preprocessing), **common)
-        return pipe.serialize()
+        return pipeline_function(**arguments).serialize()
     finally:
         dali_trace.set_tracing(enabled=True)
 
@@ -79,6 +94,22 @@ def dali_py_files(
         parameters["clips"] = asdict(clips)
     if max_boxes is not None:
         parameters["max_boxes"] = max_boxes
+    return _dali_py(parameters)
+
+
+def speech_dali_py_files(sample_rate: int, max_batch_size: int, num_threads: int, device: str = "cpu") -> dict:
+    """The `dali.py` model format of the audio presets' pipeline."""
+    return _dali_py(
+        {
+            "max_batch_size": max_batch_size,
+            "num_threads": num_threads,
+            "device": device,
+            "audio": {"sample_rate": sample_rate},
+        }
+    )
+
+
+def _dali_py(parameters: dict) -> dict[str, bytes]:
     return {
         "dali.py": open(dali_model.__file__, "rb").read(),
         dali_model.PARAMETERS_FILENAME: (json.dumps(parameters, indent=2) + "\n").encode(),

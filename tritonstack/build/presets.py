@@ -37,6 +37,12 @@ REGIONS = cli.Group(
     "box is cut, resized and center-cropped as a whole image would be, and answered with a row of probabilities, "
     "in order.",
 )
+AUDIO = cli.Group(
+    "audio presets",
+    "A clip per request (WAV, FLAC, OGG Vorbis or Opus; any rate and channels), decoded, downmixed and resampled "
+    "to 16 kHz by DALI; Silero VAD scores each 32 ms frame and the answer is the clip's speech segments, as "
+    "silero-vad's get_speech_timestamps gives them (docs/audio.md).",
+)
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,40 @@ class BuildOptions:
         help="the most boxes an image may have (the pipeline's slots; each unused one costs a small "
         "resize); a request holds max_batch_size // N images",
     )
+    max_audio_seconds: int = cli.option(
+        300,
+        "--max-audio-seconds",
+        type=cli.positive_int,
+        metavar="S",
+        group=AUDIO,
+        help="the longest clip a request may hold, read from its header before decoding (the VAD model's "
+        "memory grows with the clip: about 1 MB a second)",
+    )
+    vad_threshold: float = cli.option(
+        0.5, "--vad-threshold", type=float, metavar="P", group=AUDIO, help="speech probability a segment starts at"
+    )
+    min_speech_ms: int = cli.option(
+        250, "--min-speech-ms", type=cli.non_negative_int, metavar="MS", group=AUDIO, help="shorter speech is dropped"
+    )
+    min_silence_ms: int = cli.option(
+        100,
+        "--min-silence-ms",
+        type=cli.non_negative_int,
+        metavar="MS",
+        group=AUDIO,
+        help="silence that ends a segment; shorter pauses stay inside it",
+    )
+    speech_pad_ms: int = cli.option(
+        30, "--speech-pad-ms", type=cli.non_negative_int, metavar="MS", group=AUDIO, help="padding on each side"
+    )
+    max_speech_s: float = cli.option(
+        0.0,
+        "--max-speech-s",
+        type=float,
+        metavar="S",
+        group=AUDIO,
+        help="longer segments are cut at their longest silence (0: no limit)",
+    )
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -177,6 +217,7 @@ class BuildOptions:
             "clip_frames",
             "frame_stride",
             "max_boxes",
+            "max_audio_seconds",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
@@ -187,6 +228,11 @@ class BuildOptions:
         if self.max_queue_size < 0:
             raise ValueError(f"max_queue_size must be >= 0, not {self.max_queue_size}")
         check_objective(self.latency_objective_ms)
+        if not 0 < self.vad_threshold < 1:
+            raise ValueError(f"vad_threshold must be between 0 and 1, not {self.vad_threshold}")
+        for name in ("min_speech_ms", "min_silence_ms", "speech_pad_ms", "max_speech_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, not {getattr(self, name)}")
         if self.max_queue_delay_us < 0:
             raise ValueError(f"max_queue_delay_us must be >= 0, not {self.max_queue_delay_us}")
 

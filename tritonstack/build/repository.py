@@ -76,7 +76,7 @@ WARMUP_BOXES = "sample_boxes.fp32"
 WARMUP_SAMPLE_BOXES = ((140.0, 40.0, 330.0, 230.0), (0.0, 0.0, 451.0, 300.0))
 
 
-def _batching(
+def step_batching(
     options: BuildOptions, preferred_batch_sizes: tuple[int, ...] = (), first_step: bool = False
 ) -> DynamicBatching:
     """Interactive requests wait at most their step's share of the latency objective,
@@ -124,7 +124,7 @@ def _preprocessing_config(
         # In the classifier's batches on the CPU (of the default's at least): under overload
         # the first step hands on one classifier batch at a time, not all it holds
         # (docs/reliability.md#overload).
-        dynamic_batching=_batching(options, options.first_step_preferred_batches, first_step=True),
+        dynamic_batching=step_batching(options, options.first_step_preferred_batches, first_step=True),
         instance_groups=(InstanceGroup(count=options.instances, kind=kind),),
         parameters=parameters,
         warmup=_sample_warmup(sample),
@@ -146,7 +146,7 @@ def video_config(preset: Preset, options: BuildOptions) -> ModelConfig:
         max_batch_size=options.clips_per_request,
         inputs=(Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),),
         outputs=(_preprocessed(preset.classifier),),
-        dynamic_batching=_batching(options, first_step=True),
+        dynamic_batching=step_batching(options, first_step=True),
         instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
         parameters={"num_threads": str(options.num_threads), "split_along_outer_axis": PREPROCESS_OUTPUT},
         warmup=_sample_warmup(sample_clip(), WARMUP_CLIP, "sample_clip"),
@@ -167,7 +167,7 @@ def regions_config(preset: Preset, options: BuildOptions, sample: bytes) -> Mode
             Tensor(PREPROCESS_BOXES, "FP32", (-1, BOX_WIDTH), allow_ragged_batch=True),
         ),
         outputs=(_preprocessed(preset.classifier),),
-        dynamic_batching=_batching(options, first_step=True),
+        dynamic_batching=step_batching(options, first_step=True),
         instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
         parameters={
             "num_threads": str(options.num_threads),
@@ -206,7 +206,7 @@ def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelCon
         max_batch_size=options.max_batch_size,
         inputs=(Tensor(classifier.input_name, image_type, image, format=f"FORMAT_{p.layout}"),),
         outputs=(Tensor(classifier.output_name, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),),
-        dynamic_batching=_batching(options, options.classifier_preferred_batches),
+        dynamic_batching=step_batching(options, options.classifier_preferred_batches),
         instance_groups=(InstanceGroup(count=options.classifier_instance_count, kind=options.instance_kind),),
         parameters={"intra_op_thread_count": str(options.intra_op_threads)},
         # Only the GPU variant: the C++ backend builds TensorRT engines from it on
@@ -284,30 +284,33 @@ def write_repository(
 
 def write_model_folder(
     repository: Path, config: ModelConfig, files: dict[str, bytes | str], version: str = VERSION
-) -> Path:
+) -> list[Path]:
     """One model of any kind: its config.pbtxt, and `files` (names relative to the
-    version folder, text or bytes). For repositories that are not presets."""
+    version folder, text or bytes). For repositories that are not presets; the files
+    that changed."""
     model_dir = Path(repository) / config.name
-    _write_model(model_dir, config)
+    changed = _write_model(model_dir, config)
     (model_dir / version).mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
-        _write_if_changed(model_dir / version / name, content.encode() if isinstance(content, str) else content)
-    return model_dir
+        changed += write_if_changed(
+            model_dir / version / name, content.encode() if isinstance(content, str) else content
+        )
+    return changed
 
 
 def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions, sample: bytes) -> list[Path]:
     preprocessing = preset.classifier.preprocessing
     warmup = (WARMUP_CLIP, sample_clip()) if preset.video else (WARMUP_SAMPLE, sample)
-    changed = _write_if_changed(model_dir / WARMUP_DIR / warmup[0], warmup[1])
+    changed = write_if_changed(model_dir / WARMUP_DIR / warmup[0], warmup[1])
     version_dir = model_dir / VERSION
     if preset.regions:
-        changed += _write_if_changed(model_dir / WARMUP_DIR / WARMUP_BOXES, boxes_array(WARMUP_SAMPLE_BOXES).tobytes())
+        changed += write_if_changed(model_dir / WARMUP_DIR / WARMUP_BOXES, boxes_array(WARMUP_SAMPLE_BOXES).tobytes())
     if preset.preprocessor == "python":
         changed += _write_model(model_dir, python_config(preset, options, sample))
-        changed += _write_if_changed(version_dir / PYTHON_MODEL_FILENAME, Path(pillow_model.__file__).read_bytes())
+        changed += write_if_changed(version_dir / PYTHON_MODEL_FILENAME, Path(pillow_model.__file__).read_bytes())
         # model.py imports nothing of this project (it serves in the NGC container
         # too): its decode budget travels beside it.
-        return changed + _write_if_changed(
+        return changed + write_if_changed(
             version_dir / decode_budget.MODULE_FILENAME, Path(decode_budget.__file__).read_bytes()
         )
     clips = options.frame_sampling if preset.video else None
@@ -330,7 +333,7 @@ def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions,
     for name in stale:  # the other format's files, from an earlier build
         (version_dir / name).unlink(missing_ok=True)
     for name, content in files.items():
-        changed += _write_if_changed(version_dir / name, content)
+        changed += write_if_changed(version_dir / name, content)
     return changed
 
 
@@ -341,14 +344,14 @@ def _write_classifier(model_dir: Path, classifier: Classifier, options: BuildOpt
 
 
 def _write_labels(model_dir: Path, classifier: Classifier) -> list[Path]:
-    return _write_if_changed(model_dir / LABELS_FILENAME, ("\n".join(classifier.labels()) + "\n").encode())
+    return write_if_changed(model_dir / LABELS_FILENAME, ("\n".join(classifier.labels()) + "\n").encode())
 
 
 def _write_model(model_dir: Path, config: ModelConfig) -> list[Path]:
-    return _write_if_changed(model_dir / CONFIG_FILENAME, config.to_pbtxt().encode())
+    return write_if_changed(model_dir / CONFIG_FILENAME, config.to_pbtxt().encode())
 
 
-def _write_if_changed(path: Path, content: bytes) -> list[Path]:
+def write_if_changed(path: Path, content: bytes) -> list[Path]:
     if path.exists() and path.read_bytes() == content:
         return []
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 Each preset is an ensemble `ensemble_<preprocessor>_<classifier>`: a preprocessing
 model (DALI, or the Pillow baseline; "video": DALI decoding clips) chained to an
-ONNX classifier.
+ONNX classifier; `ensemble_audio_silero_vad` answers a clip's speech segments.
 
     tritonstack list                       # the presets
     tritonstack build                      # all presets into ./model_repository
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tritonstack import cli
 from tritonstack.build import presets
+from tritonstack.build.audio import AUDIO_PRESETS, SpeechPreset, write_speech_preset
 from tritonstack.build.own_classifier import OwnClassifierOptions, own_classifier
 from tritonstack.build.presets import PRESETS, BuildOptions, Preset, preset_named
 from tritonstack.build.repository import write_repository
@@ -41,20 +42,32 @@ def build(args: argparse.Namespace) -> int:
     if bool(own.onnx) != bool(own.labels):
         raise cli.OptionError("--classifier-onnx and --labels go together")
     options = cli.from_args(BuildOptions, args)
-    changed = write_repository(args.out, presets=_presets(args, own), options=options)
+    images, audio = _presets(args, own)
+    changed = write_repository(args.out, presets=images, options=options) if images else []
+    for preset in audio:
+        changed += write_speech_preset(args.out, preset, options)
     for path in changed:
         print(f"wrote {path.relative_to(args.out)}")
     print(f"{args.out}: {len(changed)} file(s) changed")
     return 0
 
 
-def _presets(args: argparse.Namespace, own: OwnClassifierOptions) -> tuple[Preset, ...]:
+def _presets(
+    args: argparse.Namespace, own: OwnClassifierOptions
+) -> tuple[tuple[Preset, ...], tuple[SpeechPreset, ...]]:
+    """The image presets and the audio presets to build: all of both when none is named."""
     if own.onnx:
         classifier, notes = own_classifier(own)
         for note in notes:
             print(f"{classifier.name}: {note}")
-        return tuple(Preset(classifier, preprocessor) for preprocessor in args.preprocessors)
-    return tuple(preset_named(name) for name in args.presets) if args.presets else PRESETS
+        return tuple(Preset(classifier, preprocessor) for preprocessor in args.preprocessors), ()
+    if not args.presets:
+        return PRESETS, AUDIO_PRESETS
+    audio = {preset.name: preset for preset in AUDIO_PRESETS}
+    return (
+        tuple(preset_named(name) for name in args.presets if name not in audio),
+        tuple(audio[name] for name in args.presets if name in audio),
+    )
 
 
 def list_presets(args: argparse.Namespace) -> int:
@@ -65,6 +78,8 @@ def list_presets(args: argparse.Namespace) -> int:
             f"{preset.name:28} {preset.ensemble_name:36} {preset.preprocessing_name:38} "
             f"{preset.classifier.name} ({p.crop}, {p.resize_shorter})"
         )
+    for preset in AUDIO_PRESETS:
+        print(f"{preset.name:28} {preset.ensemble_name:36} {preset.preprocessing_name:38} {preset.vad_name} (speech)")
     return 0
 
 
@@ -115,7 +130,7 @@ def _add_build_parser(commands) -> None:
         "presets",
         nargs="*",
         metavar="PRESET",
-        help=f"presets to build (default: all): {', '.join(p.name for p in PRESETS)}",
+        help=f"presets to build (default: all): {', '.join(p.name for p in (*PRESETS, *AUDIO_PRESETS))}",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_REPOSITORY, help="repository folder")
     cli.add_options(parser, BuildOptions)

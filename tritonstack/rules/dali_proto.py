@@ -32,6 +32,8 @@ VIDEO_DECODERS = {"decoders__Video", "experimental__decoders__Video"}
 # consumed, each run a response of its own (a decoupled model). fn.experimental.inputs.video
 # takes one encoded clip and gives its frames in sequences, `batch_size` sequences a run.
 INPUT_OPERATORS = {"experimental__inputs__Video", "inputs__Video"}
+# Operators whose first input is an encoded audio clip (fn.decoders.audio and its older name).
+AUDIO_DECODERS = {"decoders__Audio", "AudioDecoder"}
 # Operators whose first input is an encoded image.
 DECODERS = {
     "decoders__Image",
@@ -74,6 +76,7 @@ class PipelineSpec:
     # for an input operator, the frames of one of its sequences.
     clip_frames: int | None = None
     streamed_inputs: frozenset[str] = frozenset()  # input operators' names (fn.experimental.inputs.video)
+    audio_inputs: frozenset[str] = frozenset()  # external sources that feed an audio decoder
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -89,6 +92,7 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
     """What a serialized pipeline declares; ValueError when it is not one."""
     pipeline = _fields(serialized)
     inputs, operators, decoded, videos, streamed, clip_frames = [], [], set(), set(), set(), None
+    audio = set()
     for op in (_fields(data) for number, data in pipeline if number == _OP):
         name = _string(op, _OP_NAME)
         args = {_string(_fields(arg), _ARG_NAME): _fields(arg) for number, arg in op if number == _OP_ARG}
@@ -115,6 +119,8 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
             clip_frames = _int(args.get("sequence_length", []), _ARG_INTS)
         elif name in DECODERS:
             decoded.add(_string(_fields(_first(op, _OP_INPUT)), _IO_NAME))
+        elif name in AUDIO_DECODERS:
+            audio.add(_string(_fields(_first(op, _OP_INPUT)), _IO_NAME))
         elif name in VIDEO_DECODERS:
             videos.add(_string(_fields(_first(op, _OP_INPUT)), _IO_NAME))
             clip_frames = _int(args.get("sequence_length", []), _ARG_INTS)
@@ -139,6 +145,7 @@ def parse_pipeline(serialized: bytes) -> PipelineSpec:
         frozenset(videos & sources),
         clip_frames,
         frozenset(streamed),
+        frozenset(audio & sources),
     )
 
 

@@ -16,6 +16,7 @@ from tritonstack.backends.dali.allocator import malloc_trim
 from tritonstack.backends.dali.memory_policy import MemoryPolicy
 from tritonstack.backends.dali.pipeline import PipelineError, PipelineRunner
 from tritonstack.backends.dali.requests import (
+    AudioInputs,
     BudgetError,
     ClipInputs,
     InputError,
@@ -26,7 +27,12 @@ from tritonstack.backends.dali.requests import (
 from tritonstack.backends.dali.source import load_serialized, warn_on_version_skew
 from tritonstack.backends.settings import BackendSettings
 from tritonstack.backends.stub_memory import StubMemoryGauge
-from tritonstack.contract import BOXES_INPUT_PARAMETER, MAX_BOXES_PARAMETER, TRITON_TO_NUMPY
+from tritonstack.contract import (
+    BOXES_INPUT_PARAMETER,
+    MAX_AUDIO_SECONDS_PARAMETER,
+    MAX_BOXES_PARAMETER,
+    TRITON_TO_NUMPY,
+)
 from tritonstack.media.decode_budget import DecodeBudget, int_parameter, plan_parts
 from tritonstack.repository_files import CONFIG_FILENAME, latest_version_dir
 from tritonstack.rules.common import dims_of, raise_problems, stated_max_batch_size
@@ -215,7 +221,13 @@ def request_limits(
         batch_size=batch_size,
         clips=ClipInputs(video_inputs, on_gpu, frames, streamed=streamed) if video_inputs else None,
         regions=_region_inputs(config, decoded_inputs),
+        audio=_audio_inputs(parameters, input_names, spec),
     )
+
+
+def _audio_inputs(parameters: dict, input_names: list[str], spec: PipelineSpec) -> AudioInputs | None:
+    names = [name for name in input_names if name in spec.audio_inputs]
+    return AudioInputs(names, int_parameter(parameters, MAX_AUDIO_SECONDS_PARAMETER)) if names else None
 
 
 def _region_inputs(config: dict, decoded_inputs: list[str]) -> RegionInputs | None:

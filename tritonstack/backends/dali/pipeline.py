@@ -161,7 +161,9 @@ def explain(error: RuntimeError) -> str:
     object, plus what a decoder failure means for the client."""
     text = " ".join(meaningful_lines(error))
     if "bad_alloc" in text:  # the stub's memory ceiling (tritonstack.serve.limits)
-        text += " (out of memory: this model's memory ceiling was reached; send fewer or smaller images)"
+        text += " (out of memory: this model's memory ceiling was reached; send fewer or smaller inputs)"
+    elif "decoders.audio" in text:
+        text += " (the input is not a complete clip the audio decoder reads: WAV, FLAC, OGG Vorbis or Opus)"
     elif "decoders.video" in text:
         text += " (the input is not a complete clip the video decoder reads, or has no frames)"
     elif "decoders" in text:

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonstack.media.audio_header import AudioHeaderError, read_audio_header
 from tritonstack.media.decodable import undecodable_reason
 from tritonstack.media.decode_budget import BudgetError, DecodeBudget
 from tritonstack.media.regions import BoxError, check_boxes, oriented_size
 from tritonstack.media.video_header import CPU_CODECS, GPU_CODECS, read_header, unreadable_reason
 
 __all__ = [
+    "AudioInputs",
     "BudgetError",
     "ClipInputs",
     "InputError",
@@ -80,6 +82,31 @@ class ClipInputs:
         return total
 
 
+class AudioInputs:
+    """The inputs that feed an audio decoder, and the longest clip the model takes
+    (config parameter max_audio_seconds, our extension: the C++ backend ignores it)."""
+
+    def __init__(self, names: list[str], max_seconds: int | None):
+        self.names = names
+        self.max_seconds = max_seconds
+
+    def check(self, name: str, clips) -> None:
+        """Each clip's header: a format the decoder reads, samples in it, not too long."""
+        for row, clip in enumerate(clips):
+            try:
+                header = read_audio_header(clip.data)
+            except AudioHeaderError as error:
+                raise UndecodableError(
+                    f"input '{name}' sample {row} cannot be decoded: {error}; refused "
+                    "before the pipeline's audio decoder (decoders.audio) ran"
+                ) from error
+            if self.max_seconds and header.seconds and header.seconds > self.max_seconds:
+                raise InputError(
+                    f"input '{name}' sample {row}: the clip lasts {header.seconds:.1f} s, above this model's "
+                    f"max_audio_seconds {self.max_seconds}: send it in parts of at most {self.max_seconds} s"
+                )
+
+
 class RegionInputs:
     """A regions model's boxes input (config parameter boxes_input), the image input its
     boxes are cut from, the most boxes an image may have (max_boxes) and the pixels of
@@ -120,6 +147,7 @@ def samples_of(
     budget: DecodeBudget,
     clips: ClipInputs | None = None,
     regions: RegionInputs | None = None,
+    audio: AudioInputs | None = None,
 ) -> tuple[dict[str, np.ndarray], int]:
     """A request's inputs and the pixels its images and clips declare. Each row of
     an input is one sample, whether or not Triton batches the model: an unbatched
@@ -132,27 +160,32 @@ def samples_of(
         raise InputError("a scalar input has no samples: give every input at least one dimension, its samples")
     for name, array in feed.items():
         if array.dtype == np.object_:
-            feed[name] = raw_string_samples(
-                name, array, refuse=name in decoded_inputs or (clips is not None and name in clips.names)
-            )
+            decoder_input = any(group is not None and name in group.names for group in (clips, audio))
+            feed[name] = raw_string_samples(name, array, refuse=name in decoded_inputs or decoder_input)
     counts = {name: len(array) for name, array in feed.items()}
     if len(set(counts.values())) > 1:
         # The C++ backend's words (src/dali_model_instance.cc GenerateInputs).
         raise InputError(f"Each input in a request must have the same batch size. (samples per input: {counts})")
     pixels = sum(budget.request_pixels((sample.data for sample in feed[name]), name) for name in decoded_inputs)
     for name in decoded_inputs:
-        for row, sample in enumerate(feed[name]):
-            reason = undecodable_reason(sample.data)
-            if reason:
-                raise UndecodableError(
-                    f"input '{name}' sample {row} cannot be decoded: {reason}; refused "
-                    "before the pipeline's image decoder (decoders.image) ran"
-                )
+        _check_images(name, feed[name])
+    for name in audio.names if audio is not None else ():
+        audio.check(name, feed[name])
     if clips is not None:
         pixels += sum(clips.request_pixels(name, feed[name], budget) for name in clips.names)
     if regions is not None:
         pixels += regions.request_pixels(feed, budget, pixels)
     return feed, pixels
+
+
+def _check_images(name: str, images) -> None:
+    for row, sample in enumerate(images):
+        reason = undecodable_reason(sample.data)
+        if reason:
+            raise UndecodableError(
+                f"input '{name}' sample {row} cannot be decoded: {reason}; refused "
+                "before the pipeline's image decoder (decoders.image) ran"
+            )
 
 
 @dataclass(frozen=True)
@@ -167,6 +200,7 @@ class RequestLimits:
     batch_size: int  # the pipeline's: the most samples one request may hold
     clips: ClipInputs | None = None
     regions: RegionInputs | None = None
+    audio: AudioInputs | None = None
 
     def samples_of(self, request) -> tuple[dict[str, np.ndarray], int]:
         """The request's samples and declared pixels, or InputError / BudgetError."""
@@ -179,6 +213,7 @@ class RequestLimits:
             self.budget,
             self.clips,
             self.regions,
+            self.audio,
         )
         samples = len(next(iter(feed.values())))
         if samples > self.batch_size:  # only an unbatched model's requests can be (Triton bounds the others)

@@ -1,0 +1,233 @@
+"""The audio presets: an ensemble that takes an encoded clip and answers its speech
+segments.
+
+    client ──INPUT (encoded clip, [1, bytes])──▶ ensemble_audio_silero_vad
+        ├─ preprocess_audio_silero_vad   (dali: decode, downmix, resample to 16 kHz)
+        │     DALI_OUTPUT_0 [1, T] FP32
+        ├─ silero_vad                    (onnxruntime: framing + Silero VAD, build/vad_graph.py)
+        │     frame_probabilities [1, n], sample_count [1, 1]
+        └─ segments_silero_vad           (python: get_speech_timestamps, build/segments_model.py)
+    ◀── SEGMENTS [1, k, 3] (start_s, end_s, probability), FRAME_PROBABILITIES [1, n]
+
+One clip per request (max_batch_size 1: clips differ in length, and Triton's tensors are
+rectangular); the DALI step decodes the clips of concurrent requests in one batch. The
+VAD model takes one clip a run: its LSTM's state runs along the clip's frames.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import wave
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tritonstack.build import pipelines, segments_model, vad_graph
+from tritonstack.build.model_config import EnsembleStep, InstanceGroup, ModelConfig, Tensor, Warmup, WarmupInput
+from tritonstack.build.presets import BuildOptions
+from tritonstack.build.repository import VERSION, step_batching, write_if_changed, write_model_folder
+from tritonstack.build.segments_model import SegmentSettings
+from tritonstack.contract import (
+    AUDIO_PREPROCESSOR,
+    ENSEMBLE_FRAME_PROBABILITIES,
+    ENSEMBLE_INPUT,
+    ENSEMBLE_SEGMENTS,
+    MAX_AUDIO_SECONDS_PARAMETER,
+    PREPROCESS_INPUT,
+    PREPROCESS_OUTPUT,
+    SEGMENT_WIDTH,
+    ensemble_name,
+    preprocessing_name,
+)
+from tritonstack.objective import OBJECTIVE_PARAMETER
+from tritonstack.repository_files import (
+    DALI_MODEL_FILENAME,
+    DALI_SCRIPT_FILENAME,
+    DALI_VERSION_FILENAME,
+    ONNX_MODEL_FILENAME,
+    PYTHON_MODEL_FILENAME,
+    WARMUP_DIR,
+)
+
+WARMUP_CLIP = "sample_tone.wav"
+WARMUP_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class SpeechPreset:
+    """Speech segments from Silero VAD (silero-vad's 16 kHz sequence model)."""
+
+    name: str = f"{AUDIO_PREPROCESSOR}_silero_vad"
+    vad_name: str = "silero_vad"
+    segments_name: str = "segments_silero_vad"
+
+    @property
+    def ensemble_name(self) -> str:
+        return ensemble_name(self.name)
+
+    @property
+    def preprocessing_name(self) -> str:
+        return preprocessing_name(self.name)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.preprocessing_name, self.vad_name, self.segments_name, self.ensemble_name)
+
+
+SILERO_VAD = SpeechPreset()
+AUDIO_PRESETS = (SILERO_VAD,)
+
+
+def segment_settings(options: BuildOptions) -> SegmentSettings:
+    return SegmentSettings(
+        threshold=options.vad_threshold,
+        min_speech_duration_ms=options.min_speech_ms,
+        max_speech_duration_s=options.max_speech_s or math.inf,
+        min_silence_duration_ms=options.min_silence_ms,
+        speech_pad_ms=options.speech_pad_ms,
+    )
+
+
+def warmup_clip() -> bytes:
+    """A real clip for the DALI step's warmup (random bytes would not decode): one second
+    of a 440 Hz tone, 16-bit WAV, the same bytes every build."""
+    t = np.arange(round(vad_graph.SAMPLE_RATE * WARMUP_SECONDS)) / vad_graph.SAMPLE_RATE
+    samples = (np.sin(2 * np.pi * 440 * t) * 0.3 * 32767).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as clip:
+        clip.setnchannels(1)
+        clip.setsampwidth(2)
+        clip.setframerate(vad_graph.SAMPLE_RATE)
+        clip.writeframes(samples.tobytes())
+    return buffer.getvalue()
+
+
+def preprocessing_config(preset: SpeechPreset, options: BuildOptions, clip_bytes: int) -> ModelConfig:
+    return ModelConfig(
+        name=preset.preprocessing_name,
+        backend="dali",
+        max_batch_size=options.max_batch_size,
+        inputs=(Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),),
+        outputs=(Tensor(PREPROCESS_OUTPUT, "FP32", (-1,)),),
+        dynamic_batching=step_batching(options, first_step=True),
+        instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
+        # max_audio_seconds: our dali backend's, read from each clip's header (the C++ backend ignores it).
+        parameters={
+            "num_threads": str(options.num_threads),
+            MAX_AUDIO_SECONDS_PARAMETER: str(options.max_audio_seconds),
+        },
+        warmup=(
+            Warmup(
+                name="sample_tone",
+                batch_size=1,
+                inputs=(WarmupInput(PREPROCESS_INPUT, "UINT8", (clip_bytes,), data_file=WARMUP_CLIP),),
+            ),
+        ),
+    )
+
+
+def vad_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
+    return ModelConfig(
+        name=preset.vad_name,
+        backend="onnxruntime",
+        max_batch_size=1,
+        inputs=(Tensor(vad_graph.SAMPLES_INPUT, "FP32", (-1,)),),
+        outputs=(
+            Tensor(vad_graph.PROBABILITIES_OUTPUT, "FP32", (-1,)),
+            Tensor(vad_graph.SAMPLE_COUNT_OUTPUT, "INT64", (1,)),
+        ),
+        dynamic_batching=step_batching(options),
+        instance_groups=(InstanceGroup(count=options.classifier_instance_count, kind=options.instance_kind),),
+        parameters={"intra_op_thread_count": str(options.intra_op_threads)},
+        warmup=(
+            Warmup(
+                name="silence",
+                batch_size=1,
+                inputs=(WarmupInput(vad_graph.SAMPLES_INPUT, "FP32", (vad_graph.SAMPLE_RATE,), zero_data=True),),
+            ),
+        ),
+    )
+
+
+def segments_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
+    # A few microseconds a clip, on the CPU whatever the device of the rest.
+    return ModelConfig(
+        name=preset.segments_name,
+        backend="python",
+        max_batch_size=1,
+        inputs=(
+            Tensor(segments_model.PROBABILITIES_INPUT, "FP32", (-1,)),
+            Tensor(segments_model.SAMPLE_COUNT_INPUT, "INT64", (1,)),
+        ),
+        outputs=(Tensor(segments_model.SEGMENTS_OUTPUT, "FP32", (-1, SEGMENT_WIDTH)),),
+        instance_groups=(InstanceGroup(count=1, kind="KIND_CPU"),),
+        parameters=segment_settings(options).parameters(),
+    )
+
+
+def ensemble_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
+    samples, count = "samples", "sample_count"
+    return ModelConfig(
+        name=preset.ensemble_name,
+        platform="ensemble",
+        max_batch_size=1,
+        inputs=(Tensor(ENSEMBLE_INPUT, "UINT8", (-1,)),),
+        outputs=(
+            Tensor(ENSEMBLE_SEGMENTS, "FP32", (-1, SEGMENT_WIDTH)),
+            Tensor(ENSEMBLE_FRAME_PROBABILITIES, "FP32", (-1,)),
+        ),
+        parameters={OBJECTIVE_PARAMETER: str(options.latency_objective_ms)} if options.latency_objective_ms else {},
+        steps=(
+            EnsembleStep(
+                model_name=preset.preprocessing_name,
+                input_map={PREPROCESS_INPUT: ENSEMBLE_INPUT},
+                output_map={PREPROCESS_OUTPUT: samples},
+            ),
+            EnsembleStep(
+                model_name=preset.vad_name,
+                input_map={vad_graph.SAMPLES_INPUT: samples},
+                output_map={
+                    vad_graph.PROBABILITIES_OUTPUT: ENSEMBLE_FRAME_PROBABILITIES,
+                    vad_graph.SAMPLE_COUNT_OUTPUT: count,
+                },
+            ),
+            EnsembleStep(
+                model_name=preset.segments_name,
+                input_map={
+                    segments_model.PROBABILITIES_INPUT: ENSEMBLE_FRAME_PROBABILITIES,
+                    segments_model.SAMPLE_COUNT_INPUT: count,
+                },
+                output_map={segments_model.SEGMENTS_OUTPUT: ENSEMBLE_SEGMENTS},
+            ),
+        ),
+    )
+
+
+def write_speech_preset(repository: Path, preset: SpeechPreset, options: BuildOptions) -> list[Path]:
+    """Every model of the preset; the files that changed."""
+    repository = Path(repository)
+    clip = warmup_clip()
+    dali_dir = repository / preset.preprocessing_name
+    changed = write_if_changed(dali_dir / WARMUP_DIR / WARMUP_CLIP, clip)
+    arguments = (vad_graph.SAMPLE_RATE, options.max_batch_size, options.num_threads, options.device)
+    if options.format == DALI_SCRIPT_FILENAME:
+        dali_files, stale = pipelines.speech_dali_py_files(*arguments), (DALI_MODEL_FILENAME, DALI_VERSION_FILENAME)
+    else:
+        dali_files = {
+            DALI_MODEL_FILENAME: pipelines.serialize_speech_pipeline(*arguments),
+            DALI_VERSION_FILENAME: f"{pipelines.DALI_VERSION}\n".encode(),
+        }
+        stale = tuple(pipelines.speech_dali_py_files(*arguments))
+    for name in stale:  # the other format's files, from an earlier build
+        (dali_dir / VERSION / name).unlink(missing_ok=True)
+    models = (
+        (preprocessing_config(preset, options, len(clip)), dali_files),
+        (vad_config(preset, options), {ONNX_MODEL_FILENAME: vad_graph.served_vad_onnx()}),
+        (segments_config(preset, options), {PYTHON_MODEL_FILENAME: Path(segments_model.__file__).read_bytes()}),
+        (ensemble_config(preset, options), {}),
+    )
+    for config, files in models:
+        changed += write_model_folder(repository, config, files)
+    return changed
