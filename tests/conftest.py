@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tritonstack.build.audio import AUDIO_PRESETS
 from tritonstack.build.presets import BuildOptions
 from tritonstack.build.repository import write_repository
 from tritonstack.serve.launcher import TritonServer
@@ -22,7 +23,7 @@ def model_repository(tmp_path_factory) -> Path:
     # `make test` has built it; this makes a bare `pytest` work too (cheap when built).
     # One writer at a time: each pytest worker asks for it (their temporary folders share a parent).
     with FileLock(tmp_path_factory.getbasetemp().parent / "model_repository.lock"):
-        write_repository(MODEL_REPOSITORY)
+        write_repository(MODEL_REPOSITORY, audio_presets=AUDIO_PRESETS)
     return MODEL_REPOSITORY
 
 

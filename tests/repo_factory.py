@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import MODEL_REPOSITORY
 from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor
-from tritonstack.build.repository import write_model_folder
+from tritonstack.build.model_files import write_model_folder
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig
 

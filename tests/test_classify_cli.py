@@ -138,7 +138,7 @@ def test_no_image_files_exits_2(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("nothing to see")
     code, _, err = run_cli(capsys, tmp_path, "--url", "127.0.0.1:1")
     assert code == 2
-    assert "no image or clip files" in err
+    assert "no image, clip or audio files" in err
 
 
 def test_runs_as_a_script(server):

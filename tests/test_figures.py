@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.conftest import PROJECT_ROOT
-from tritonstack.benchmark import compare, cost, figures, region_speedup, results, run, vs_peer
+from tritonstack.benchmark import audio_cost, compare, cost, figures, region_speedup, results, run, vs_peer
 
 # The phases' results that run.run() merges into the benchmark's report.
 BENCHMARK_PHASES = (
@@ -50,6 +50,7 @@ def test_a_group_declares_each_key_once_with_a_meaning(group):
     [
         (BENCHMARK_PHASES, figures.BENCHMARK, WRITTEN_AFTER_THE_PHASES),
         ((region_speedup.RegionFigures,), figures.REGIONS, {"benchmark_seconds"}),
+        ((audio_cost.AudioFigures,), figures.AUDIO, {"benchmark_seconds"}),
         ((compare.ModelComparison,), figures.COMPARE, set()),
     ],
 )

@@ -15,6 +15,8 @@ from tritonstack.contract import (
     DEFAULT_VIDEO_MODEL,
     ENSEMBLE_BOXES,
     ENSEMBLE_INPUT,
+    ENSEMBLE_SEGMENTS,
+    is_audio_model,
     is_regions_model,
 )
 from tritonstack.samples.photos import photo_bytes, sample_jpeg
@@ -66,6 +68,8 @@ def test_the_standalone_request_speaks_the_contract_and_warms_a_regions_ensemble
     regions ensemble listed in the chart's models answers its sample with one box."""
     assert (warmup_request.INPUT_NAME, warmup_request.BOXES_NAME) == (ENSEMBLE_INPUT, ENSEMBLE_BOXES)
     assert is_regions_model(warmup_request.REGIONS_PREFIX + "efficientnet_lite0")
+    assert is_audio_model(warmup_request.AUDIO_PREFIX + "silero_vad")
+    assert warmup_request.SEGMENTS_NAME == ENSEMBLE_SEGMENTS
     sample = tmp_path / "sample.jpg"
     sample.write_bytes(sample_jpeg())
     url = f"http://{server.http_url}"

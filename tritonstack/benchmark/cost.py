@@ -31,9 +31,9 @@ from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.inprocess import dali_preprocessing
 from tritonstack.benchmark.phases import interleaved, ratios
 from tritonstack.benchmark.settings import DALI_PRESET, INT8_PRESET
+from tritonstack.build.model_files import VERSION
 from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.presets import preset_named
-from tritonstack.build.repository import VERSION
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 from tritonstack.repository_files import ONNX_MODEL_FILENAME
 

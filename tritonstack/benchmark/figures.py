@@ -224,6 +224,23 @@ REGIONS = (
     Figure("benchmark_seconds", "s", "the whole run (the command line adds it)"),
 )
 
+# `tritonstack benchmark --audio` (tritonstack/benchmark/audio_cost.py).
+AUDIO = (
+    Figure("clip_seconds", "s", "the sample clip's length (tritonstack.samples.speech)"),
+    Figure("concurrency", "requests", "clips in flight, on each side"),
+    Figure("cpu_model", "", "the CPU, as /proc/cpuinfo names it"),
+    Figure("cpu_count", "cores", "the cores this process sees"),
+    Figure("settings", "", "seconds, warmup_s and repeats"),
+    Figure("errors", "requests", "failed requests"),
+    _median("served_audio_s_per_s", "audio s/s", "ensemble_audio_silero_vad over gRPC"),
+    _median("inprocess_audio_s_per_s", "audio s/s", "DALI decoding and silero-vad in this process"),
+    _median("served_audio_s_per_cpu_s", "audio s/CPU-s", "served, per second of the server's CPU"),
+    _median("inprocess_audio_s_per_cpu_s", "audio s/CPU-s", "in-process, per second of this process's CPU"),
+    _median("speed_ratio", "ratio", "served / in-process, audio seconds per second"),
+    _median("cost_ratio", "ratio", "served / in-process, CPU per audio second", target=("<=", 1.5)),
+    Figure("benchmark_seconds", "s", "the whole run (the command line adds it)"),
+)
+
 # `tritonstack compare`: per model, under "models".
 COMPARE = (
     *(
@@ -285,6 +302,7 @@ OVERLOAD_SOAK = (
 GROUPS = {
     "benchmark": BENCHMARK,
     "regions": REGIONS,
+    "audio": AUDIO,
     "compare": COMPARE,
     "overload": OVERLOAD,
     "overload_soak": OVERLOAD_SOAK,

@@ -25,8 +25,8 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
+from tritonstack.build.model_files import VERSION
 from tritonstack.build.presets import preset_named
-from tritonstack.build.repository import VERSION
 from tritonstack.repository_files import LABELS_FILENAME, ONNX_MODEL_FILENAME
 from tritonstack.serve import process
 from tritonstack.serve.network import LOOPBACK, free_port

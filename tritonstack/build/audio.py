@@ -16,18 +16,15 @@ VAD model takes one clip a run: its LSTM's state runs along the clip's frames.
 
 from __future__ import annotations
 
-import io
 import math
-import wave
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from tritonstack.build import pipelines, segments_model, vad_graph
 from tritonstack.build.model_config import EnsembleStep, InstanceGroup, ModelConfig, Tensor, Warmup, WarmupInput
+from tritonstack.build.model_files import VERSION, write_if_changed, write_model_folder
 from tritonstack.build.presets import BuildOptions
-from tritonstack.build.repository import VERSION, step_batching, write_if_changed, write_model_folder
+from tritonstack.build.scheduling import step_batching
 from tritonstack.build.segments_model import SegmentSettings
 from tritonstack.contract import (
     AUDIO_PREPROCESSOR,
@@ -50,6 +47,7 @@ from tritonstack.repository_files import (
     PYTHON_MODEL_FILENAME,
     WARMUP_DIR,
 )
+from tritonstack.samples.speech import tone_wav
 
 WARMUP_CLIP = "sample_tone.wav"
 WARMUP_SECONDS = 1.0
@@ -88,20 +86,6 @@ def segment_settings(options: BuildOptions) -> SegmentSettings:
         min_silence_duration_ms=options.min_silence_ms,
         speech_pad_ms=options.speech_pad_ms,
     )
-
-
-def warmup_clip() -> bytes:
-    """A real clip for the DALI step's warmup (random bytes would not decode): one second
-    of a 440 Hz tone, 16-bit WAV, the same bytes every build."""
-    t = np.arange(round(vad_graph.SAMPLE_RATE * WARMUP_SECONDS)) / vad_graph.SAMPLE_RATE
-    samples = (np.sin(2 * np.pi * 440 * t) * 0.3 * 32767).astype("<i2")
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as clip:
-        clip.setnchannels(1)
-        clip.setsampwidth(2)
-        clip.setframerate(vad_graph.SAMPLE_RATE)
-        clip.writeframes(samples.tobytes())
-    return buffer.getvalue()
 
 
 def preprocessing_config(preset: SpeechPreset, options: BuildOptions, clip_bytes: int) -> ModelConfig:
@@ -208,7 +192,7 @@ def ensemble_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
 def write_speech_preset(repository: Path, preset: SpeechPreset, options: BuildOptions) -> list[Path]:
     """Every model of the preset; the files that changed."""
     repository = Path(repository)
-    clip = warmup_clip()
+    clip = tone_wav(WARMUP_SECONDS, vad_graph.SAMPLE_RATE)
     dali_dir = repository / preset.preprocessing_name
     changed = write_if_changed(dali_dir / WARMUP_DIR / WARMUP_CLIP, clip)
     arguments = (vad_graph.SAMPLE_RATE, options.max_batch_size, options.num_threads, options.device)

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonstack.build.model_files import VERSION
 from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.pipelines import run_pipeline
 from tritonstack.build.presets import preset_named
-from tritonstack.build.repository import VERSION
 from tritonstack.repository_files import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME
 from tritonstack.samples.photos import PHOTOS, photo_bytes
 

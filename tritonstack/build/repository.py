@@ -18,26 +18,25 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 from tritonstack.build import classifiers, pillow_model, pipelines, quantization
+from tritonstack.build.audio import SpeechPreset, write_speech_preset
 from tritonstack.build.classifiers import Classifier
 from tritonstack.build.model_config import (
     TENSORRT_FP16,
-    DynamicBatching,
     EnsembleStep,
     InstanceGroup,
     ModelConfig,
-    QueuePolicy,
     Tensor,
     Warmup,
     WarmupInput,
 )
+from tritonstack.build.model_files import VERSION, replace_atomically, write_config, write_if_changed
 from tritonstack.build.onnx_graph import servable_onnx
 from tritonstack.build.presets import PRESETS, BuildOptions, Preset
+from tritonstack.build.scheduling import step_batching
 from tritonstack.contract import (
     BOX_WIDTH,
     BOXES_INPUT_PARAMETER,
@@ -51,9 +50,8 @@ from tritonstack.contract import (
     boxes_array,
 )
 from tritonstack.media import decode_budget
-from tritonstack.objective import OBJECTIVE_PARAMETER, step_queues
+from tritonstack.objective import OBJECTIVE_PARAMETER
 from tritonstack.repository_files import (
-    CONFIG_FILENAME,
     DALI_MODEL_FILENAME,
     DALI_SCRIPT_FILENAME,
     DALI_VERSION_FILENAME,
@@ -64,7 +62,6 @@ from tritonstack.repository_files import (
 )
 from tritonstack.samples.photos import sample_clip, sample_jpeg
 
-VERSION = "1"
 LOGGER = logging.getLogger(__name__)  # a line per step; build_pipelines.py shows them
 # About how long one EfficientNet-Lite export takes on 2 cores, told before it starts.
 EXPORT_SECONDS = 15
@@ -74,31 +71,6 @@ WARMUP_BOXES = "sample_boxes.fp32"
 # The regions models' warmup: two boxes of the warmup JPEG (chelsea, 451x300): the cat's
 # head and the whole image.
 WARMUP_SAMPLE_BOXES = ((140.0, 40.0, 330.0, 230.0), (0.0, 0.0, 451.0, 300.0))
-
-
-def step_batching(
-    options: BuildOptions, preferred_batch_sizes: tuple[int, ...] = (), first_step: bool = False
-) -> DynamicBatching:
-    """Interactive requests wait at most their step's share of the latency objective,
-    batch ones up to BATCH_CEILING_US, after them (tritonstack.objective). The first step
-    may also bound its queue's length. A bound on a step that runs in parallel with
-    another step of the same request would hang Triton 2.51's ensemble
-    (docs/reliability.md#overload): our ensembles are chains, and the bound sits on the
-    step before any split."""
-    size = options.max_queue_size if first_step else 0
-    queues = step_queues(options.latency_objective_ms, first_step)
-    batching = DynamicBatching(
-        max_queue_delay_us=options.max_queue_delay_us, preferred_batch_sizes=preferred_batch_sizes
-    )
-    if queues is None:
-        return replace(batching, queue_policy=QueuePolicy(max_queue_size=size)) if size else batching
-    return replace(
-        batching,
-        queue_policy=QueuePolicy(max_queue_size=size, timeout_us=queues.interactive_ceiling_us),
-        priority_levels=queues.priority_levels,
-        default_priority_level=queues.default_priority_level,
-        level_policies=((queues.batch_priority, QueuePolicy(max_queue_size=size, timeout_us=queues.batch_ceiling_us)),),
-    )
 
 
 def _preprocessed(classifier: Classifier) -> Tensor:
@@ -261,8 +233,10 @@ def write_repository(
     repository: Path,
     presets: tuple[Preset, ...] = PRESETS,
     options: BuildOptions = BuildOptions(),
+    audio_presets: tuple[SpeechPreset, ...] = (),
 ) -> list[Path]:
-    """Write every model of every preset; return the files that changed."""
+    """Write every model of every preset (the image presets, then the audio ones);
+    return the files that changed."""
     repository = Path(repository)
     changed: list[Path] = []
     sample = sample_jpeg()
@@ -276,25 +250,11 @@ def write_repository(
             written_classifiers.add(preset.classifier.name)
             changed += _write_classifier(repository / preset.classifier.name, preset.classifier, options)
         ensemble_dir = repository / preset.ensemble_name
-        changed += _write_model(ensemble_dir, ensemble_config(preset, options))
+        changed += write_config(ensemble_dir, ensemble_config(preset, options))
         changed += _write_labels(ensemble_dir, preset.classifier)
         (ensemble_dir / VERSION).mkdir(exist_ok=True)  # ensembles have an empty version
-    return changed
-
-
-def write_model_folder(
-    repository: Path, config: ModelConfig, files: dict[str, bytes | str], version: str = VERSION
-) -> list[Path]:
-    """One model of any kind: its config.pbtxt, and `files` (names relative to the
-    version folder, text or bytes). For repositories that are not presets; the files
-    that changed."""
-    model_dir = Path(repository) / config.name
-    changed = _write_model(model_dir, config)
-    (model_dir / version).mkdir(parents=True, exist_ok=True)
-    for name, content in files.items():
-        changed += write_if_changed(
-            model_dir / version / name, content.encode() if isinstance(content, str) else content
-        )
+    for audio in audio_presets:
+        changed += write_speech_preset(repository, audio, options)
     return changed
 
 
@@ -306,7 +266,7 @@ def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions,
     if preset.regions:
         changed += write_if_changed(model_dir / WARMUP_DIR / WARMUP_BOXES, boxes_array(WARMUP_SAMPLE_BOXES).tobytes())
     if preset.preprocessor == "python":
-        changed += _write_model(model_dir, python_config(preset, options, sample))
+        changed += write_config(model_dir, python_config(preset, options, sample))
         changed += write_if_changed(version_dir / PYTHON_MODEL_FILENAME, Path(pillow_model.__file__).read_bytes())
         # model.py imports nothing of this project (it serves in the NGC container
         # too): its decode budget travels beside it.
@@ -321,7 +281,7 @@ def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions,
         config = regions_config(preset, options, sample)
     else:
         config = dali_config(preset, options, sample)
-    changed += _write_model(model_dir, config)
+    changed += write_config(model_dir, config)
     pipeline = (preprocessing, config.max_batch_size, options.num_threads, options.device, clips, max_boxes)
     if options.format == DALI_SCRIPT_FILENAME:
         files = pipelines.dali_py_files(*pipeline)
@@ -338,33 +298,13 @@ def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions,
 
 
 def _write_classifier(model_dir: Path, classifier: Classifier, options: BuildOptions) -> list[Path]:
-    changed = _write_model(model_dir, classifier_config(classifier, options))
+    changed = write_config(model_dir, classifier_config(classifier, options))
     changed += _write_labels(model_dir, classifier)
     return changed + _export_if_stale(classifier, model_dir / VERSION / ONNX_MODEL_FILENAME)
 
 
 def _write_labels(model_dir: Path, classifier: Classifier) -> list[Path]:
     return write_if_changed(model_dir / LABELS_FILENAME, ("\n".join(classifier.labels()) + "\n").encode())
-
-
-def _write_model(model_dir: Path, config: ModelConfig) -> list[Path]:
-    return write_if_changed(model_dir / CONFIG_FILENAME, config.to_pbtxt().encode())
-
-
-def write_if_changed(path: Path, content: bytes) -> list[Path]:
-    if path.exists() and path.read_bytes() == content:
-        return []
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _replace_atomically(path, lambda partial: partial.write_bytes(content))
-    return [path]
-
-
-def _replace_atomically(path: Path, write) -> None:
-    """Write next to `path` then rename: a server loading the repository meanwhile
-    sees the old file or the new one, never half of one."""
-    partial = path.with_name(f".{path.name}.partial")
-    write(partial)
-    os.replace(partial, path)
 
 
 def _write_servable(classifier: Classifier, path: Path) -> None:
@@ -388,6 +328,6 @@ def _export_if_stale(classifier: Classifier, onnx_path: Path) -> list[Path]:
         export = quantization.export_int8 if classifier.int8 else classifiers.export_onnx
         if classifier.onnx_file is not None:  # a user's graph, with the edits it needs
             export = _write_servable
-        _replace_atomically(onnx_path, lambda partial: export(classifier, partial))
+        replace_atomically(onnx_path, lambda partial: export(classifier, partial))
     stamp.write_text(fingerprint)
     return [onnx_path]

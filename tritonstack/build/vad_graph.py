@@ -55,20 +55,53 @@ def served_vad_onnx(sequence_model: Path | None = None) -> bytes:
     )
     del graph.input[:]
     graph.input.append(helper.make_tensor_value_info(SAMPLES_INPUT, TensorProto.FLOAT, ["batch", "samples"]))
-    graph.initializer.extend(
+    graph.initializer.extend(_framing_constants())
+    answers = [
+        helper.make_node("Unsqueeze", [_SEQUENCE_OUTPUT, "axis0"], [PROBABILITIES_OUTPUT]),
+        helper.make_node("Reshape", ["clip_length", "count_shape"], [SAMPLE_COUNT_OUTPUT]),
+    ]
+    nodes = [*_framing_nodes(), *graph.node, *answers]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.output[:]
+    graph.output.extend(
         [
-            _int64("frame_samples", [FRAME_SAMPLES]),
-            _int64("one", [1]),
-            _int64("zero", [0]),
-            _int64("axis0", [0]),
-            _int64("axis1", [1]),
-            _int64("context_start", [FRAME_SAMPLES - CONTEXT_SAMPLES]),
-            _int64("context_end", [FRAME_SAMPLES]),
-            _int64("count_shape", [1, 1]),
-            numpy_helper.from_array(np.zeros((1, FRAME_SAMPLES), np.float32), "silent_frame"),
+            helper.make_tensor_value_info(PROBABILITIES_OUTPUT, TensorProto.FLOAT, ["batch", "frames"]),
+            helper.make_tensor_value_info(SAMPLE_COUNT_OUTPUT, TensorProto.INT64, ["batch", 1]),
         ]
     )
-    framing = [
+    del graph.value_info[:]
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def _int64(name: str, values: list[int]):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.asarray(values, np.int64), name)
+
+
+def _framing_constants() -> list:
+    from onnx import numpy_helper
+
+    return [
+        _int64("frame_samples", [FRAME_SAMPLES]),
+        _int64("one", [1]),
+        _int64("zero", [0]),
+        _int64("axis0", [0]),
+        _int64("axis1", [1]),
+        _int64("context_start", [FRAME_SAMPLES - CONTEXT_SAMPLES]),
+        _int64("context_end", [FRAME_SAMPLES]),
+        _int64("count_shape", [1, 1]),
+        numpy_helper.from_array(np.zeros((1, FRAME_SAMPLES), np.float32), "silent_frame"),
+    ]
+
+
+def _framing_nodes() -> list:
+    """samples [1, T] -> the sequence model's input [n, 576] (the module's docstring)."""
+    from onnx import helper
+
+    return [
         helper.make_node("Squeeze", ["samples", "axis0"], ["clip"]),
         helper.make_node("Shape", ["clip"], ["clip_length"]),
         # n = max(1, ceil(T / 512)), as (T + 511) / 512 in integers
@@ -88,26 +121,3 @@ def served_vad_onnx(sequence_model: Path | None = None) -> bytes:
         helper.make_node("Slice", ["previous", "context_start", "context_end", "axis1"], ["context"]),
         helper.make_node("Concat", ["context", "frames"], [_SEQUENCE_INPUT], axis=1),
     ]
-    answers = [
-        helper.make_node("Unsqueeze", [_SEQUENCE_OUTPUT, "axis0"], [PROBABILITIES_OUTPUT]),
-        helper.make_node("Reshape", ["clip_length", "count_shape"], [SAMPLE_COUNT_OUTPUT]),
-    ]
-    nodes = [*framing, *graph.node, *answers]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    del graph.output[:]
-    graph.output.extend(
-        [
-            helper.make_tensor_value_info(PROBABILITIES_OUTPUT, TensorProto.FLOAT, ["batch", "frames"]),
-            helper.make_tensor_value_info(SAMPLE_COUNT_OUTPUT, TensorProto.INT64, ["batch", 1]),
-        ]
-    )
-    del graph.value_info[:]
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
-
-
-def _int64(name: str, values: list[int]):
-    from onnx import numpy_helper
-
-    return numpy_helper.from_array(np.asarray(values, np.int64), name)

@@ -26,15 +26,19 @@ from tritonstack.client.protocol import (
     ClipPredictions,
     ModelInfo,
     Prediction,
+    SpeechSegments,
     batch_rows,
+    build_audio_request,
     build_regions_request,
     build_request,
+    checked_clip,
     clip_predictions,
     labels_from,
     output_nbytes,
     parse_classification,
     region_boxes,
     region_steps,
+    speech_segments,
     top_predictions,
     worth_splitting,
 )
@@ -116,6 +120,26 @@ class AsyncClassifierClient(ClientBase):
                 except Exception as error:
                     outcomes.append(error)
         return outcomes
+
+    async def classify_audio(self, clips: Sequence[bytes], frame_probabilities: bool = False) -> list[SpeechSegments]:
+        """See ClassifierClient.classify_audio."""
+        return [await self._speech(clip, frame_probabilities) for clip in clips]
+
+    async def classify_audio_each(
+        self, clips: Sequence[bytes], frame_probabilities: bool = False
+    ) -> list[SpeechSegments | Exception]:
+        """See ClassifierClient.classify_audio_each."""
+        outcomes = []
+        for clip in clips:
+            try:
+                outcomes.append(await self._speech(clip, frame_probabilities))
+            except Exception as error:
+                outcomes.append(error)
+        return outcomes
+
+    async def _speech(self, clip: bytes, frames: bool) -> SpeechSegments:
+        inputs, outputs = build_audio_request(self.protocol, self.info, checked_clip(clip), frames)
+        return speech_segments(await self._aretrying(lambda: self._infer(inputs, outputs)), frames)
 
     async def classify_regions(self, image: bytes, boxes, top_k: int = 5) -> list[list[Prediction]]:
         """As ClassifierClient.classify_regions: each box's ranking, in order."""

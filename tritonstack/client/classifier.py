@@ -29,15 +29,19 @@ from tritonstack.client.protocol import (
     ClipPredictions,
     ModelInfo,
     Prediction,
+    SpeechSegments,
     batch_rows,
+    build_audio_request,
     build_regions_request,
     build_request,
+    checked_clip,
     clip_predictions,
     labels_from,
     output_nbytes,
     parse_classification,
     region_boxes,
     region_steps,
+    speech_segments,
     top_predictions,
     worth_splitting,
 )
@@ -120,6 +124,28 @@ class ClassifierClient(ClientBase):
             for chunk in self.info.chunks(clips)
             for outcome in outcome_per_image(lambda part: self._classify_clips_chunk(part, top_k), chunk)
         ]
+
+    def classify_audio(self, clips: Sequence[bytes], frame_probabilities: bool = False) -> list[SpeechSegments]:
+        """With an audio model: each clip's speech segments (and its frames' speech
+        probabilities, when asked), a request per clip; the first failure raises."""
+        return [self._speech(clip, frame_probabilities) for clip in clips]
+
+    def classify_audio_each(
+        self, clips: Sequence[bytes], frame_probabilities: bool = False
+    ) -> list[SpeechSegments | Exception]:
+        """One outcome per clip: its segments, or the error for that clip alone (a clip
+        the decoder would refuse fails here, before it is sent)."""
+        outcomes = []
+        for clip in clips:
+            try:
+                outcomes.append(self._speech(clip, frame_probabilities))
+            except Exception as error:
+                outcomes.append(error)
+        return outcomes
+
+    def _speech(self, clip: bytes, frames: bool) -> SpeechSegments:
+        inputs, outputs = build_audio_request(self.protocol, self.info, checked_clip(clip), frames)
+        return speech_segments(self._retrying(lambda: self._infer(inputs, outputs)), frames)
 
     def classify_regions(self, image: bytes, boxes, top_k: int = 5) -> list[list[Prediction]]:
         """With a regions model: each box's ranking, in the boxes' order. Boxes are

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from tritonstack.cli import UsageError
 from tritonstack.client.retry import RetryPolicy, ServerUnavailableError, explain_unreachable, wrong_protocol_message
-from tritonstack.contract import ADMIN_KEY_ENV, ENSEMBLE_BOXES
+from tritonstack.contract import ADMIN_KEY_ENV, ENSEMBLE_BOXES, ENSEMBLE_SEGMENTS
 
 PREFLIGHT_TIMEOUT_S = 10.0
 # Triton's words for a model name it does not know (HTTP 400, gRPC NOT_FOUND / UNAVAILABLE).
@@ -79,7 +79,7 @@ def check_model(
             raise ModelError(
                 f"model {model!r} takes {taken or 'no input'}, not encoded images; {client.image_models_text()}"
             )
-        if not classifies_images(metadata):
+        if not classifies_images(metadata) and not answers_segments(metadata):
             answer = ", ".join(f"{o['datatype']} {o['shape']}" for o in metadata.get("outputs", []))
             raise ModelError(
                 f"model {model!r} takes encoded images but answers {answer}, not class scores; "
@@ -104,6 +104,11 @@ def _answers_http(url: str) -> bool:
         return True
     except Exception:  # nothing there, or not HTTP either
         return False
+
+
+def answers_segments(metadata: dict) -> bool:
+    """An audio model: encoded clips in, speech segments out (tritonstack.contract)."""
+    return takes_encoded_images(metadata) and any(o["name"] == ENSEMBLE_SEGMENTS for o in metadata.get("outputs", []))
 
 
 class _Client:

@@ -4,8 +4,9 @@ client (tritonstack.client.aio) share.
 
 Images travel as encoded bytes (the server decodes them): one row per image,
 zero-padded to the longest (tritonstack.contract.pad_batch), as binary tensor data
-or in system shared memory. Input and output names, data types and max_batch_size
-come from the model's metadata and config; the ranking comes from Triton's
+or in system shared memory; an audio clip as one row of its own per request. Input
+and output names, data types and max_batch_size come from the model's metadata and
+config; the ranking comes from Triton's
 classification extension ("score:index:label").
 """
 
@@ -36,10 +37,14 @@ from tritonstack.contract import (
     BATCH_PRIORITY,
     DEFAULT_MODEL,
     ENSEMBLE_BOXES,
+    ENSEMBLE_FRAME_PROBABILITIES,
+    ENSEMBLE_SEGMENTS,
     QUEUES_PER_REQUEST,
+    SEGMENT_WIDTH,
     boxes_array,
     pad_batch,
 )
+from tritonstack.media.audio_header import AudioHeaderError, read_audio_header
 from tritonstack.media.regions import check_boxes, oriented_size
 
 PROTOCOLS = ("http", "grpc")
@@ -106,6 +111,52 @@ def clip_predictions(
         )
         for frames in np.split(probabilities, clip_count)
     ]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A span of speech in a clip (tritonstack.contract.is_audio_model)."""
+
+    start_s: float
+    end_s: float
+    probability: float  # the mean speech probability of its frames
+
+
+@dataclass(frozen=True)
+class SpeechSegments:
+    """An audio model's answer for one clip: its speech segments, in order, and when
+    asked, the speech probability of each 32 ms frame."""
+
+    segments: list[Segment]
+    frame_probabilities: np.ndarray | None = None
+
+
+def build_audio_request(protocol: str, info: ModelInfo, clip: bytes, frames: bool):
+    """One clip per request ([1, bytes]: clips differ in length); SEGMENTS, and
+    FRAME_PROBABILITIES with `frames`."""
+    api = httpclient if protocol == "http" else grpcclient
+    binary = {"binary_data": True} if protocol == "http" else {}
+    tensor = np.frombuffer(clip, np.uint8)[None]
+    model_input = api.InferInput(info.input_name, list(tensor.shape), info.input_datatype)
+    model_input.set_data_from_numpy(tensor, **binary)
+    names = (ENSEMBLE_SEGMENTS, ENSEMBLE_FRAME_PROBABILITIES) if frames else (ENSEMBLE_SEGMENTS,)
+    return [model_input], [api.InferRequestedOutput(name, **binary) for name in names]
+
+
+def speech_segments(result, frames: bool) -> SpeechSegments:
+    rows = result.as_numpy(ENSEMBLE_SEGMENTS).reshape(-1, SEGMENT_WIDTH)
+    segments = [Segment(float(start), float(end), float(p)) for start, end, p in rows]
+    probabilities = result.as_numpy(ENSEMBLE_FRAME_PROBABILITIES).reshape(-1) if frames else None
+    return SpeechSegments(segments, probabilities)
+
+
+def checked_clip(clip: bytes) -> bytes:
+    """A clip the model's decoder will read, or ValueError saying why not, before it is sent."""
+    try:
+        read_audio_header(clip)
+    except AudioHeaderError as error:
+        raise ValueError(f"not a clip the audio model reads: {error}") from error
+    return clip
 
 
 @dataclass(frozen=True)

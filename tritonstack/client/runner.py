@@ -1,7 +1,7 @@
 """Classify many files: batches of images per request, several requests in
 flight (threads with one sync client each, or one asyncio client), one result
-per file in the files' order, whatever fails. Clips go to the video model, in
-batches of their own (a batch holds one kind).
+per file in the files' order, whatever fails. Clips go to the video model and
+audio to the audio model, in batches of their own (a batch holds one kind).
 
     settings = RunSettings(url="127.0.0.1:8001", protocol="grpc", concurrency=4)
     for result in classify_files(files, settings):
@@ -26,10 +26,10 @@ from tqdm import tqdm
 
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.client.images import is_clip_file
-from tritonstack.client.protocol import ClipPredictions, Prediction
+from tritonstack.client.images import media_kind
+from tritonstack.client.protocol import ClipPredictions, Prediction, Segment, SpeechSegments
 from tritonstack.client.retry import RetryPolicy, describe_error
-from tritonstack.contract import DEFAULT_MODEL, DEFAULT_VIDEO_MODEL
+from tritonstack.contract import DEFAULT_AUDIO_MODEL, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class RunSettings:
     protocol: str = "http"
     model: str = DEFAULT_MODEL
     video_model: str = DEFAULT_VIDEO_MODEL  # for clips
+    audio_model: str = DEFAULT_AUDIO_MODEL  # for audio
+    frame_probabilities: bool = False  # audio: each 32 ms frame's speech probability too
     top_k: int = 5
     batch_size: int = 1
     concurrency: int = 1
@@ -57,12 +59,14 @@ class RunSettings:
             "batch": True,
         }
 
-    def model_for(self, clips: bool) -> str:
-        return self.video_model if clips else self.model
+    def model_for(self, kind: str) -> str:
+        """The model for a media kind (tritonstack.client.images.media_kind)."""
+        return {"clip": self.video_model, "audio": self.audio_model}.get(kind, self.model)
 
     def models_for(self, files: Sequence[Path]) -> list[str]:
-        """The models these files need, each once: clips the video model, images the other."""
-        return list(dict.fromkeys(self.model_for(is_clip_file(path)) for path in files))
+        """The models these files need, each once: clips the video model, audio the
+        audio model, images the other."""
+        return list(dict.fromkeys(self.model_for(media_kind(path)) for path in files))
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class FileResult:
     top: list[Prediction] | None = None  # a clip's: of its frames' mean probabilities
     error: str | None = None
     frames: list[list[Prediction]] | None = None  # a clip's, each frame's ranking
+    segments: list[Segment] | None = None  # an audio file's speech segments
+    frame_probabilities: list[float] | None = None  # an audio file's, when asked
 
 
 def read_image(path: Path) -> bytes:
@@ -81,9 +87,9 @@ def read_image(path: Path) -> bytes:
 
 
 def _batches(files: Sequence[Path], size: int) -> list[list[Path]]:
-    """Runs of consecutive files of one kind (images or clips), cut into batches."""
+    """Runs of consecutive files of one kind (images, clips or audio), cut into batches."""
     batches = []
-    for _, run in itertools.groupby(files, key=is_clip_file):
+    for _, run in itertools.groupby(files, key=media_kind):
         run = list(run)
         batches += [run[start : start + size] for start in range(0, len(run), size)]
     return batches
@@ -95,7 +101,7 @@ class _Batch:
 
     def __init__(self, paths: list[Path]):
         self.paths = paths
-        self.clips = is_clip_file(paths[0])
+        self.kind = media_kind(paths[0])
         self.results: dict[int, FileResult] = {}
         self.readable: list[tuple[int, bytes]] = []
         for position, path in enumerate(paths):
@@ -108,11 +114,13 @@ class _Batch:
     def images(self) -> list[bytes]:
         return [data for _, data in self.readable]
 
-    def classify(self, client, top_k: int):
+    def classify(self, client, settings: RunSettings):
         """The outcomes from a client of this batch's model (awaitable from the asyncio one)."""
-        if self.clips:
-            return client.classify_clips_each(self.images, top_k)
-        return client.classify_each(self.images, top_k)
+        if self.kind == "audio":
+            return client.classify_audio_each(self.images, settings.frame_probabilities)
+        if self.kind == "clip":
+            return client.classify_clips_each(self.images, settings.top_k)
+        return client.classify_each(self.images, settings.top_k)
 
     def finish(self, outcomes: list, settings: RunSettings) -> list[FileResult]:
         for (position, _), outcome in zip(self.readable, outcomes):
@@ -121,6 +129,13 @@ class _Batch:
                 self.results[position] = FileResult(path, error=describe_error(outcome, settings.timeout_s))
             elif isinstance(outcome, ClipPredictions):
                 self.results[position] = FileResult(path, top=outcome.top, frames=outcome.frames)
+            elif isinstance(outcome, SpeechSegments):
+                probabilities = outcome.frame_probabilities
+                self.results[position] = FileResult(
+                    path,
+                    segments=outcome.segments,
+                    frame_probabilities=None if probabilities is None else probabilities.tolist(),
+                )
             else:
                 self.results[position] = FileResult(path, top=outcome)
         return [self.results[position] for position in range(len(self.paths))]
@@ -183,10 +198,10 @@ def _work(jobs: queue.SimpleQueue, finished: queue.SimpleQueue, settings: RunSet
 def _classify_batch(paths: list[Path], clients: dict[str, ClassifierClient], settings: RunSettings) -> list[FileResult]:
     try:
         batch = _Batch(paths)
-        model = settings.model_for(batch.clips)
+        model = settings.model_for(batch.kind)
         if model not in clients:
             clients[model] = ClassifierClient(settings.url, settings.protocol, model, **settings.client_options())
-        outcomes = batch.classify(clients[model], settings.top_k) if batch.readable else []
+        outcomes = batch.classify(clients[model], settings) if batch.readable else []
         return batch.finish(outcomes, settings)
     except Exception as error:  # e.g. no server for this worker: its files fail, explicitly
         return [FileResult(path, error=describe_error(error, settings.timeout_s)) for path in paths]
@@ -219,8 +234,8 @@ def _classify_files_async(files: Sequence[Path], settings: RunSettings) -> Itera
             async def run(paths: list[Path]) -> list[FileResult]:
                 async with in_flight:
                     batch = _Batch(paths)
-                    client = clients[settings.model_for(batch.clips)]
-                    outcomes = await batch.classify(client, settings.top_k) if batch.readable else []
+                    client = clients[settings.model_for(batch.kind)]
+                    outcomes = await batch.classify(client, settings) if batch.readable else []
                     return batch.finish(outcomes, settings)
 
             tasks = [asyncio.ensure_future(run(paths)) for paths in _batches(files, settings.batch_size)]

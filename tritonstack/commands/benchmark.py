@@ -1,5 +1,6 @@
 """`tritonstack benchmark`: the command line of tritonstack.benchmark.run (see its docstring);
-with --regions N, of tritonstack.benchmark.region_speedup alone."""
+with --regions N, of tritonstack.benchmark.region_speedup alone; with --audio, of
+tritonstack.benchmark.audio_cost alone."""
 
 from __future__ import annotations
 
@@ -38,6 +39,12 @@ def parser() -> argparse.ArgumentParser:
         "(crops/s of each and the speed-up, tritonstack.benchmark.region_speedup)",
     )
     parser.add_argument(
+        "--audio",
+        action="store_true",
+        help="only the audio benchmark: the speech-segments preset served against silero-vad in-process on the "
+        "same clip (audio seconds per second and per CPU second, tritonstack.benchmark.audio_cost)",
+    )
+    parser.add_argument(
         "--model-repository",
         type=Path,
         default=Path("model_repository"),
@@ -64,11 +71,20 @@ def run(args: argparse.Namespace) -> int:
             check_model(url, protocol, DALI_ENSEMBLE, admin_headers(protocol), RetryPolicy(retries=1))
     started = time.monotonic()
     log = lambda text: print(text, flush=True)  # noqa: E731
+    if args.audio:
+        results = _on_server(_audio_run, settings, args.model_repository.resolve(), server, log)
+        results["benchmark_seconds"] = time.monotonic() - started
+        _write(results, args.out)
+        print(
+            f"{args.out}: served {results['served_audio_s_per_s']:.1f} audio s/s, in-process "
+            f"{results['inprocess_audio_s_per_s']:.1f}; CPU per audio second served / in-process "
+            f"x{results['cost_ratio']:.2f} (rounds {results['cost_ratio_spread']})"
+        )
+        return 0 if results["errors"] == 0 else 1
     if args.regions:
         results = _regions(args.regions, settings, args.model_repository.resolve(), server, log)
         results["benchmark_seconds"] = time.monotonic() - started
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        _write(results, args.out)
         print(
             f"{args.out}: {results['regions_crops_per_s']:.1f} crops/s in regions requests of {args.regions} boxes, "
             f"{results['per_crop_crops_per_s']:.1f} crops/s one per request: x{results['regions_speedup']:.2f} "
@@ -83,12 +99,31 @@ def run(args: argparse.Namespace) -> int:
 
 def _regions(boxes: int, settings, repository: Path, server, log) -> dict:
     from tritonstack.benchmark.region_speedup import run_regions
+
+    return _on_server(
+        lambda on, settings, log: run_regions(on, boxes, settings, log), settings, repository, server, log
+    )
+
+
+def _audio_run(server, settings, log) -> dict:
+    from tritonstack.benchmark.audio_cost import run_audio
+
+    return run_audio(server, settings, log)
+
+
+def _on_server(measure, settings, repository: Path, server, log) -> dict:
+    """measure(server, settings, log) on the given server, or on one started for it."""
     from tritonstack.serve.launcher import TritonServer
 
     if server is not None:
-        return run_regions(server, boxes, settings, log)
+        return measure(server, settings, log)
     with TritonServer(repository) as started:
-        return run_regions(started, boxes, settings, log)
+        return measure(started, settings, log)
+
+
+def _write(results: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tritonstack import cli
 from tritonstack.build import presets
-from tritonstack.build.audio import AUDIO_PRESETS, SpeechPreset, write_speech_preset
+from tritonstack.build.audio import AUDIO_PRESETS, SpeechPreset
 from tritonstack.build.own_classifier import OwnClassifierOptions, own_classifier
 from tritonstack.build.presets import PRESETS, BuildOptions, Preset, preset_named
 from tritonstack.build.repository import write_repository
@@ -43,9 +43,7 @@ def build(args: argparse.Namespace) -> int:
         raise cli.OptionError("--classifier-onnx and --labels go together")
     options = cli.from_args(BuildOptions, args)
     images, audio = _presets(args, own)
-    changed = write_repository(args.out, presets=images, options=options) if images else []
-    for preset in audio:
-        changed += write_speech_preset(args.out, preset, options)
+    changed = write_repository(args.out, presets=images, options=options, audio_presets=audio)
     for path in changed:
         print(f"wrote {path.relative_to(args.out)}")
     print(f"{args.out}: {len(changed)} file(s) changed")

@@ -1,15 +1,22 @@
-"""Classify image files, video clips and folders with a running Triton server.
+"""Classify image files, video clips, audio and folders with a running Triton server.
 
     tritonstack classify photo.jpg my_photos/ --url 127.0.0.1:8000 --top-k 5
     tritonstack classify my_photos/ --url grpc://127.0.0.1:8001 --batch-size 8 --concurrency 4 --format jsonl
     tritonstack classify my_photos/ --async --shm system --retries 8 --timeout 30
     tritonstack classify clip.mp4 --model ensemble_video_efficientnet_lite0 --format jsonl --per-frame
     tritonstack classify street.jpg --boxes boxes.json --format csv
+    tritonstack classify speech.wav talk.flac --format jsonl
 
 Clips (.mp4, .webm, .mkv, .mov, or by content) go to the video model, photos to
 the image model: --model names either kind (a video model's name starts with
 ensemble_video_), --video-model the one for clips. A clip's line ranks the mean
 of its frames' probabilities; --per-frame adds a line per frame.
+
+Audio (.wav, .flac, .ogg, .opus, or by content) goes to the audio model
+(--audio-model, default ensemble_audio_silero_vad): its line holds the clip's speech
+segments, start and end in seconds with their mean speech probability (jsonl:
+"segments": [{"start_s", "end_s", "probability"}]; csv: a row per segment); with
+--per-frame, jsonl adds each 32 ms frame's speech probability.
 
 --boxes BOXES.json (a JSON list of [x0, y0, x1, y1] in the image's pixels, after EXIF
 orientation) classifies each box of one image with a regions model (default:
@@ -33,23 +40,26 @@ import argparse
 import csv
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import TextIO
 
 from tritonstack import cli
 from tritonstack.address import endpoint
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.client.images import image_files
+from tritonstack.client.images import image_files, media_kind
 from tritonstack.client.options import add_server_options
 from tritonstack.client.preflight import check_model
 from tritonstack.client.protocol import DEFAULT_URLS, SHM_MODES, Prediction
 from tritonstack.client.retry import RetryPolicy, describe_error
 from tritonstack.client.runner import FileResult, Progress, RunSettings, classify_files
 from tritonstack.contract import (
+    DEFAULT_AUDIO_MODEL,
     DEFAULT_MODEL,
     DEFAULT_REGIONS_MODEL,
     DEFAULT_VIDEO_MODEL,
     admin_headers,
+    is_audio_model,
     is_video_model,
 )
 
@@ -58,14 +68,21 @@ FORMATS = ("table", "jsonl", "csv")
 
 def parser() -> argparse.ArgumentParser:
     parser = cli.parser(__doc__, intermixed=True)
-    parser.add_argument("paths", nargs="+", type=Path, help="image files, video clips or folders")
+    parser.add_argument("paths", nargs="+", type=Path, help="image files, video clips, audio files or folders")
     add_server_options(
         parser, model_help=f"the model for photos, or for clips when it is a video model (default: {DEFAULT_MODEL})"
     )
     parser.add_argument(
         "--video-model", default=DEFAULT_VIDEO_MODEL, help="the model for clips, unless --model is a video model"
     )
-    parser.add_argument("--per-frame", action="store_true", help="a clip's frames' rankings too, a line each")
+    parser.add_argument(
+        "--audio-model", default=DEFAULT_AUDIO_MODEL, help="the model for audio, unless --model is an audio model"
+    )
+    parser.add_argument(
+        "--per-frame",
+        action="store_true",
+        help="a clip's frames' rankings too, a line each; an audio file's frames' speech probabilities (jsonl)",
+    )
     parser.add_argument(
         "--boxes",
         type=Path,
@@ -95,6 +112,7 @@ class ResultWriter:
         path_width: int = 0,
         per_frame: bool = False,
         boxes: bool = False,
+        audio: bool = False,
     ):
         self.fmt = fmt
         self.per_frame = per_frame
@@ -104,7 +122,9 @@ class ResultWriter:
             self._csv = csv.writer(self.out)
             ranks = [f"{field}_{rank}" for rank in range(1, top_k + 1) for field in ("label", "index", "score")]
             part = ["frame"] if per_frame else ["box", "x0", "y0", "x1", "y1"] if boxes else []
-            self._csv.writerow(["path", *part, "error", *ranks])
+            # Audio: a row per speech segment, label "speech", index the segment's, score its probability.
+            self._header = ["path", *part, "error", *ranks, *(["start_s", "end_s"] if audio else [])]
+            self._csv.writerow(self._header)
 
     def write_box(self, path: Path, index: int, box: list[float], top: list[Prediction]) -> None:
         """One box of an image: its index in the boxes given, its corners and its ranking."""
@@ -123,6 +143,10 @@ class ResultWriter:
         self.out.flush()
 
     def write(self, result: FileResult) -> None:
+        if result.segments is not None:
+            self._write_speech(result)
+            self.out.flush()
+            return
         self._write_line(result.path, result.error, result.top, frames=len(result.frames or []) or None)
         if self.per_frame:
             for frame, top in enumerate(result.frames or []):
@@ -149,6 +173,25 @@ class ResultWriter:
             answer = f"error: {error}" if error is not None else ", ".join(f"{p.label} ({p.score:.3f})" for p in top)
             self.out.write(f"{shown:<{self.path_width}}  {answer}\n")
 
+    def _write_speech(self, result: FileResult) -> None:
+        segments = result.segments
+        if self.fmt == "jsonl":
+            record = {"path": str(result.path), "segments": [asdict(segment) for segment in segments]}
+            if result.frame_probabilities is not None:
+                record["frame_probabilities"] = result.frame_probabilities
+            self.out.write(json.dumps(record) + "\n")
+        elif self.fmt == "csv":
+            frame = [""] if self.per_frame else []
+            for index, segment in enumerate(segments):
+                cells = [str(result.path), *frame, "", "speech", index, f"{segment.probability:.6f}"]
+                padding = [""] * (len(self._header) - len(cells) - 2)
+                self._csv.writerow([*cells, *padding, f"{segment.start_s:.3f}", f"{segment.end_s:.3f}"])
+            if not segments:
+                self._csv.writerow([str(result.path), *frame, ""])
+        else:
+            spans = ", ".join(f"{s.start_s:.2f}-{s.end_s:.2f} s ({s.probability:.2f})" for s in segments)
+            self.out.write(f"{str(result.path):<{self.path_width}}  {'speech ' + spans if spans else 'no speech'}\n")
+
 
 def _as_dict(
     path: Path, error: str | None, top: list[Prediction] | None, frame: int | None, frames: int | None
@@ -168,15 +211,16 @@ def run(args: argparse.Namespace) -> int:
     url, protocol = endpoint(args.url, args.protocol, DEFAULT_URLS)
     if args.boxes is not None:
         return classify_boxes(args, url, protocol)
-    files = image_files(cli.existing_paths(args.paths), clips=True)
+    files = image_files(cli.existing_paths(args.paths), clips=True, audio=True)
     if not files:
-        raise cli.UsageError(f"no image or clip files in {' '.join(map(str, args.paths))}")
-    video_model = args.model if is_video_model(args.model) else args.video_model
+        raise cli.UsageError(f"no image, clip or audio files in {' '.join(map(str, args.paths))}")
     settings = RunSettings(
         url=url,
         protocol=protocol,
-        model=DEFAULT_MODEL if is_video_model(args.model) else args.model,
-        video_model=video_model,
+        model=DEFAULT_MODEL if is_video_model(args.model) or is_audio_model(args.model) else args.model,
+        video_model=args.model if is_video_model(args.model) else args.video_model,
+        audio_model=args.model if is_audio_model(args.model) else args.audio_model,
+        frame_probabilities=args.per_frame,
         top_k=args.top_k,
         batch_size=args.batch_size,
         concurrency=args.concurrency,
@@ -194,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
         args.top_k,
         path_width=max(len(str(path)) for path in files) + frame_width,
         per_frame=args.per_frame,
+        audio=any(media_kind(path) == "audio" for path in files),
     )
     progress = Progress(len(files))
     for result in classify_files(files, settings):

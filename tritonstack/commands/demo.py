@@ -1,7 +1,7 @@
 """`make demo`: start tritonserver on the model repository, classify real photos
 over HTTP and over gRPC, print each one's top 5, classify a clip with the video
-preset and the boxes of a collage with the regions preset when the repository has
-them, stop the server."""
+preset, the boxes of a collage with the regions preset and synthesized speech with
+the audio preset when the repository has them, stop the server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tritonstack import cli
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL, DEFAULT_VIDEO_MODEL
+from tritonstack.contract import DEFAULT_AUDIO_MODEL, DEFAULT_MODEL, DEFAULT_REGIONS_MODEL, DEFAULT_VIDEO_MODEL
 from tritonstack.repository_files import CONFIG_FILENAME
 from tritonstack.samples.photos import PHOTOS, SAMPLE_CLIP, collage, photo_bytes, sample_clip
 from tritonstack.serve.launcher import TritonServer
@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
             show_clip(server)
         if (args.model_repository / DEFAULT_REGIONS_MODEL / CONFIG_FILENAME).exists():
             show_collage(server)
+        if (args.model_repository / DEFAULT_AUDIO_MODEL / CONFIG_FILENAME).exists():
+            show_speech(server)
     print("server stopped")
     return 0
 
@@ -70,6 +72,23 @@ def show_collage(server: TritonServer) -> None:
         for index, (box, top) in enumerate(zip(picture.boxes, answer)):
             corners = ", ".join(f"{value:.0f}" for value in box)
             print(f"  box {index} [{corners}]  " + ", ".join(f"{p.label} ({p.score:.3f})" for p in top))
+        print()
+
+
+def show_speech(server: TritonServer) -> None:
+    """Three synthesized utterances between silence and music (tritonstack.samples.speech),
+    as FLAC, through the audio ensemble: its speech segments beside the utterances' own spans."""
+    from tritonstack.samples.speech import sample_speech, sample_track
+
+    spoken = ", ".join(f"{start:.2f}-{end:.2f} s" for start, end in sample_track().speech_spans)
+    for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
+        with ClassifierClient(url, protocol, DEFAULT_AUDIO_MODEL) as client:
+            (answer,) = client.classify_audio([sample_speech("flac")])
+        print(f"== {DEFAULT_AUDIO_MODEL} over {protocol.upper()}: speech spoken at {spoken} ==")
+        print(
+            "  segments  "
+            + ", ".join(f"{s.start_s:.2f}-{s.end_s:.2f} s ({s.probability:.2f})" for s in answer.segments)
+        )
         print()
 
 

@@ -28,7 +28,7 @@ import tritonclient.http as httpclient
 from nvidia.dali import Pipeline, fn, pipeline_def, types
 
 from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor
-from tritonstack.build.repository import write_model_folder
+from tritonstack.build.model_files import write_model_folder
 from tritonstack.serve.launcher import TritonServer
 
 DALI_MODEL = "dali_identity"

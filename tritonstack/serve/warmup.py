@@ -15,8 +15,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from tritonstack.contract import ENSEMBLE_BOXES, ENSEMBLE_INPUT, is_regions_model, is_video_model
+from tritonstack.contract import ENSEMBLE_BOXES, ENSEMBLE_INPUT, is_audio_model, is_regions_model, is_video_model
 from tritonstack.samples.photos import sample_clip, sample_jpeg
+from tritonstack.samples.speech import tone_wav
 from tritonstack.serve.warmup_request import WarmupFailed, send_sample
 
 LOGGER = logging.getLogger("tritonstack.serve")
@@ -59,6 +60,8 @@ def takes_encoded_bytes(config: dict) -> bool:
 
 
 def sample_for(model: str) -> bytes:
+    if is_audio_model(model):
+        return tone_wav()
     return sample_clip() if is_video_model(model) else sample_jpeg()
 
 

@@ -28,6 +28,9 @@ import urllib.request
 INPUT_NAME = "INPUT"
 BOXES_NAME = "BOXES"
 REGIONS_PREFIX = "ensemble_regions_"
+# An audio ensemble answers SEGMENTS; the others a classification OUTPUT.
+AUDIO_PREFIX = "ensemble_audio_"
+SEGMENTS_NAME = "SEGMENTS"
 # One box of one pixel at the corner: inside any image, so one crop goes through the chain.
 WARMUP_BOX = [0.0, 0.0, 1.0, 1.0]
 
@@ -50,13 +53,15 @@ def _post(url: str, body: dict, timeout_s: float) -> dict:
 
 
 def send_sample(url: str, model: str, sample: bytes, timeout_s: float, input_name: str = INPUT_NAME) -> float:
-    """Infer `sample` (one item of encoded bytes; with WARMUP_BOX for a regions
-    ensemble) on `model`; the seconds it took.
+    """Infer `sample` (one item of encoded bytes, an image, a clip or audio; with
+    WARMUP_BOX for a regions ensemble) on `model`; the seconds it took.
     Raises WarmupFailed with the server's answer when it was refused."""
     body = {
         "inputs": [{"name": input_name, "shape": [1, len(sample)], "datatype": "UINT8", "data": list(sample)}],
         "outputs": [{"name": "OUTPUT", "parameters": {"classification": 1}}],
     }
+    if model.startswith(AUDIO_PREFIX):
+        body["outputs"] = [{"name": SEGMENTS_NAME}]
     if model.startswith(REGIONS_PREFIX):
         body["inputs"].append({"name": BOXES_NAME, "shape": [1, 1, 4], "datatype": "FP32", "data": WARMUP_BOX})
     started = time.monotonic()

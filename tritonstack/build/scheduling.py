@@ -1,0 +1,35 @@
+"""How a step of an ensemble queues and batches its requests: the dynamic batcher's
+settings that the latency objective and the admission bound give every step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tritonstack.build.model_config import DynamicBatching, QueuePolicy
+from tritonstack.build.presets import BuildOptions
+from tritonstack.objective import step_queues
+
+
+def step_batching(
+    options: BuildOptions, preferred_batch_sizes: tuple[int, ...] = (), first_step: bool = False
+) -> DynamicBatching:
+    """Interactive requests wait at most their step's share of the latency objective,
+    batch ones up to BATCH_CEILING_US, after them (tritonstack.objective). The first step
+    may also bound its queue's length. A bound on a step that runs in parallel with
+    another step of the same request would hang Triton 2.51's ensemble
+    (docs/reliability.md#overload): our ensembles are chains, and the bound sits on the
+    step before any split."""
+    size = options.max_queue_size if first_step else 0
+    queues = step_queues(options.latency_objective_ms, first_step)
+    batching = DynamicBatching(
+        max_queue_delay_us=options.max_queue_delay_us, preferred_batch_sizes=preferred_batch_sizes
+    )
+    if queues is None:
+        return replace(batching, queue_policy=QueuePolicy(max_queue_size=size)) if size else batching
+    return replace(
+        batching,
+        queue_policy=QueuePolicy(max_queue_size=size, timeout_us=queues.interactive_ceiling_us),
+        priority_levels=queues.priority_levels,
+        default_priority_level=queues.default_priority_level,
+        level_policies=((queues.batch_priority, QueuePolicy(max_queue_size=size, timeout_us=queues.batch_ceiling_us)),),
+    )
