@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tritonstack import cli
-from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL
+from tritonstack.contract import DEFAULT_AUDIO_MODEL, DEFAULT_MODEL, DEFAULT_REGIONS_MODEL
 
 DEFAULT_STEP_S = 10.0
 
@@ -24,6 +24,12 @@ class LoadOptions:
         metavar="N",
         help=f"N random boxes with each image, to a regions model (default then: {DEFAULT_REGIONS_MODEL}); "
         "each answer must have a row per box (0: plain images)",
+    )
+    audio: bool = cli.option(
+        False,
+        "--audio",
+        help=f"send the sample speech clip (15 s of FLAC, tritonstack.samples.speech) to an audio model (default "
+        f"then: {DEFAULT_AUDIO_MODEL}); each answer must hold its speech segments",
     )
     top_k: int = cli.option(1, "--top-k", type=cli.positive_int, help="classes asked back per image")
     corpus_seed: int = cli.option(0, "--corpus-seed", type=int, help="seed of the weighted image draw")

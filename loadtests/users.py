@@ -11,7 +11,8 @@ Each request is one image drawn from a weighted corpus of real photos
 (tritonstack/samples/corpus.py) and is reported to Locust with its real outcome: a non-2xx
 answer or a response without the expected output is a failure. With `--boxes N`, the
 image goes with N random boxes of it to a regions model, and the answer must have a
-row per box.
+row per box. With `--audio`, each request is the sample speech clip to an audio model,
+and the answer must hold the clip's speech segments (tritonstack.samples.speech).
 
 Closed loop (default): each user sends its next request when the previous answer
 arrives. Open loop (the shape of loadtests/shape_constant_rate.py, at `--target-rps`): each
@@ -51,7 +52,16 @@ from tritonstack.address import parse_address
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.protocol import request_deadline_options
 from tritonstack.client.retry import NO_RETRY, describe_error, is_expired, is_refusal, is_timeout
-from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL, ENSEMBLE_BOXES, boxes_array, pad_batch
+from tritonstack.contract import (
+    DEFAULT_AUDIO_MODEL,
+    DEFAULT_MODEL,
+    DEFAULT_REGIONS_MODEL,
+    ENSEMBLE_BOXES,
+    ENSEMBLE_SEGMENTS,
+    SEGMENT_WIDTH,
+    boxes_array,
+    pad_batch,
+)
 from tritonstack.media.regions import oriented_size, random_boxes
 from tritonstack.samples.corpus import WeightedSampler, build_corpus
 
@@ -96,7 +106,10 @@ class TritonUser(User):
     def on_start(self):
         options = self.environment.parsed_options
         self.boxes = getattr(options, "boxes", 0)
-        self.model = DEFAULT_REGIONS_MODEL if self.boxes and options.model == DEFAULT_MODEL else options.model
+        self.audio = getattr(options, "audio", False)
+        self.model = options.model
+        if options.model == DEFAULT_MODEL and (self.boxes or self.audio):
+            self.model = DEFAULT_AUDIO_MODEL if self.audio else DEFAULT_REGIONS_MODEL
         self.top_k = options.top_k
         # Each user its own seed: users draw different sequences of the same mix.
         self.sampler = WeightedSampler(build_corpus(), seed=options.corpus_seed * 7919 + id(self))
@@ -150,6 +163,12 @@ class TritonUser(User):
     def rows_per_answer(self) -> int:
         return self.boxes or 1
 
+    def speech(self) -> tuple[bytes, int]:
+        """The sample clip and the speech segments its answer must hold."""
+        from tritonstack.samples.speech import sample_speech, sample_track
+
+        return sample_speech("flac"), len(sample_track().speech_spans)
+
     def report(self, started: float, length: int, exception: Exception | None, name: str | None = None):
         self.environment.events.request.fire(
             request_type=self.request_type,
@@ -184,6 +203,9 @@ class GrpcUser(TritonUser):
             raise StopUser() from error
 
     def send(self, started: float):
+        if self.audio:
+            self.send_speech(started)
+            return
         image = self.sampler.draw()
         try:
             if self.boxes:
@@ -197,6 +219,17 @@ class GrpcUser(TritonUser):
         wrong = None if len(top) == expected else ValueError(f"{len(top)} answers for {expected} rows")
         late = deadline_outcome(None, time.perf_counter() - started, self.deadline_s)
         self.report(started, len(image.data), wrong or late)
+
+    def send_speech(self, started: float):
+        clip, segments = self.speech()
+        try:
+            (answer,) = self.client.classify_audio([clip])
+        except InferenceServerException as error:
+            self.report(started, 0, deadline_outcome(error, time.perf_counter() - started, self.deadline_s))
+            return
+        found = len(answer.segments)
+        wrong = None if found == segments else ValueError(f"{found} speech segments, the clip has {segments}")
+        self.report(started, len(clip), wrong or deadline_outcome(None, time.perf_counter() - started, self.deadline_s))
 
     def close(self):
         client = getattr(self, "client", None)
@@ -230,8 +263,8 @@ class HttpUser(TritonUser, FastHttpUser):
         self.output_name = metadata["outputs"][0]["name"]
 
     def send(self, started: float):
-        image = self.sampler.draw()
-        body, header_length = self.binary_request(image.data)
+        payload = self.speech()[0] if self.audio else self.sampler.draw().data
+        body, header_length = self.binary_request(payload)
         with self.client.post(
             f"/v2/models/{self.model}/infer",
             data=body,
@@ -255,6 +288,7 @@ class HttpUser(TritonUser, FastHttpUser):
             # Any other status is already a failure (4xx included).
 
     def binary_request(self, image: bytes) -> tuple[bytes, int]:
+        """One image (its boxes with --boxes) or, with --audio, one clip."""
         batch = pad_batch([image])
         tensor = httpclient.InferInput(self.input_name, list(batch.shape), "UINT8")
         tensor.set_data_from_numpy(batch, binary_data=True)
@@ -263,7 +297,10 @@ class HttpUser(TritonUser, FastHttpUser):
             boxes = self.draw_boxes(image)[None]
             tensors.append(httpclient.InferInput(ENSEMBLE_BOXES, list(boxes.shape), "FP32"))
             tensors[-1].set_data_from_numpy(boxes, binary_data=True)
-        output = httpclient.InferRequestedOutput(self.output_name, binary_data=True, class_count=self.top_k)
+        if self.audio:
+            output = httpclient.InferRequestedOutput(ENSEMBLE_SEGMENTS, binary_data=True)
+        else:
+            output = httpclient.InferRequestedOutput(self.output_name, binary_data=True, class_count=self.top_k)
         timeout = request_deadline_options("http", self.deadline_s).get("timeout")
         body, json_size = httpclient.InferenceServerClient.generate_request_body(
             tensors, outputs=[output], timeout=timeout
@@ -276,9 +313,16 @@ class HttpUser(TritonUser, FastHttpUser):
             result = httpclient.InferenceServerClient.parse_response_body(
                 response.content, header_length=int(header) if header else None
             )
-            top = result.as_numpy(self.output_name)
+            top = result.as_numpy(ENSEMBLE_SEGMENTS if self.audio else self.output_name)
         except Exception as error:  # a malformed answer is the server's failure
             response.failure(f"unreadable response: {error}")
+            return
+        if self.audio:
+            expected = (1, self.speech()[1], SEGMENT_WIDTH)
+            if top is None or top.shape != expected:
+                response.failure(f"expected {ENSEMBLE_SEGMENTS} of shape {expected}")
+            elif late := deadline_outcome(None, latency_s, self.deadline_s):
+                response.failure(late)
             return
         if top is None or top.shape != (self.rows_per_answer, self.top_k):
             response.failure(f"expected {self.output_name} of shape ({self.rows_per_answer}, {self.top_k})")

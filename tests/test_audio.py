@@ -318,3 +318,18 @@ def test_audio_benchmark_writes_its_declared_figures(server):
     assert set(written_keys(AUDIO)) - {"benchmark_seconds"} <= set(results)
     assert results["served_audio_s_per_s"] > 0 and results["inprocess_audio_s_per_s"] > 0
     assert results["cost_ratio"] > 0
+
+
+@pytest.mark.parametrize("user", ["grpc", "http"])
+def test_locust_users_send_speech_and_check_its_segments(server, tmp_path, user):
+    """`tritonstack loadtest --audio`: the sample clip to the audio preset, each answer
+    checked for its three segments; a few seconds, bounded by a request count."""
+    from loadtests.report import final_stats
+    from tritonstack.commands import loadtest
+
+    servers = ["--url", server.http_url, "--grpc-url", server.grpc_url, "--metrics-url", server.metrics_url]
+    bounds = ["--shape", "closed", "--users", "2", "--run-time", "8", "--max-requests", "12"]
+    assert loadtest.main([*servers, "--out", str(tmp_path), "--user", user, "--audio", *bounds]) == 0
+    rows = {(row["Type"], row["Name"]): row for row in final_stats(tmp_path / "locust")}
+    row = rows[(user, DEFAULT_AUDIO_MODEL)]
+    assert int(row["Request Count"]) >= 12 and row["Failure Count"] == "0", row

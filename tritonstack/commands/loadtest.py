@@ -24,7 +24,7 @@ from loadtests.load_options import LoadOptions
 from loadtests.report import PlotLabels, RunSummary, write_report
 from tritonstack import cli
 from tritonstack.client.retry import PROTOCOL_NAMES
-from tritonstack.contract import DEFAULT_MODEL, DEFAULT_REGIONS_MODEL
+from tritonstack.contract import DEFAULT_AUDIO_MODEL, DEFAULT_MODEL, DEFAULT_REGIONS_MODEL
 from tritonstack.serve.target import given_endpoints, target_server
 
 
@@ -69,9 +69,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def checked(args: argparse.Namespace) -> argparse.Namespace:
-    """The options that go together, the regions model for --boxes, the run time fitted."""
-    if args.boxes and args.model == DEFAULT_MODEL:
-        args.model = DEFAULT_REGIONS_MODEL
+    """The options that go together, the regions model for --boxes (the audio model for
+    --audio), the run time fitted."""
+    if args.boxes and args.audio:
+        raise cli.OptionError("--boxes and --audio do not go together: boxes are cut from images")
+    if args.model == DEFAULT_MODEL and (args.boxes or args.audio):
+        args.model = DEFAULT_AUDIO_MODEL if args.audio else DEFAULT_REGIONS_MODEL
     if args.url and not args.grpc_url and args.user != "http":
         raise cli.OptionError("--url names a running server: give its --grpc-url too (gRPC users)")
     if args.grpc_url and not args.url:
