@@ -104,6 +104,9 @@ AUDIO_ENSEMBLE_PREFIX = ensemble_name(f"{AUDIO_PREPROCESSOR}_")
 DEFAULT_AUDIO_MODEL = ensemble_name(f"{AUDIO_PREPROCESSOR}_silero_vad")
 ENSEMBLE_SEGMENTS = "SEGMENTS"
 ENSEMBLE_FRAME_PROBABILITIES = "FRAME_PROBABILITIES"
+# An audio classifier's ensemble (bring your own) answers OUTPUT, the clip's probabilities
+# with its labels, as an image classifier does, and each patch's when asked.
+ENSEMBLE_PATCH_PROBABILITIES = "PATCH_PROBABILITIES"
 SEGMENT_WIDTH = 3  # start_s, end_s, probability
 FRAME_SECONDS = 0.032  # one VAD frame: 512 samples at 16 kHz
 # Our dali backend's model config parameter: the longest clip, read from its header

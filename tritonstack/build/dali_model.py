@@ -10,6 +10,7 @@ function marked `@autoserialize`.
 """
 
 import json
+import math
 from pathlib import Path
 
 import nvidia.dali.math as dmath
@@ -170,6 +171,44 @@ def speech_samples(sample_rate, device="cpu"):
 
 speech_samples_pipeline = pipeline_def(speech_samples, output_dtype=types.FLOAT, output_ndim=1)
 
+
+def log_mel_features(
+    sample_rate, window_length, window_step, nfft, mel_bins, freq_low, freq_high, mel_formula, log_offset, device="cpu"
+):
+    """decode a clip -> mono, resampled to `sample_rate` -> magnitude spectrogram (frames
+    `window_length` long, `window_step` apart, not centered, a periodic Hann window, FFT
+    of `nfft`) -> `mel_bins` mel filters (peak 1) -> log(mel + log_offset): FP32
+    [frames, mel_bins], YAMNet's definition by default (build/audio_features.py holds
+    its NumPy reference). On the CPU only, as DALI's audio decoder; `device="gpu"`
+    hands the features to the GPU."""
+    encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
+    samples, _ = fn.decoders.audio(encoded, sample_rate=sample_rate, downmix=True, dtype=types.FLOAT)
+    window = [0.5 - 0.5 * math.cos(2 * math.pi * n / window_length) for n in range(window_length)]  # periodic Hann
+    spectrum = fn.spectrogram(
+        samples,
+        nfft=nfft,
+        window_length=window_length,
+        window_step=window_step,
+        window_fn=window,
+        power=1,
+        center_windows=False,
+        layout="tf",
+    )
+    mel = fn.mel_filter_bank(
+        spectrum,
+        sample_rate=sample_rate,
+        nfilter=mel_bins,
+        freq_low=freq_low,
+        freq_high=freq_high,
+        mel_formula=mel_formula,
+        normalize=False,
+    )
+    features = dmath.log(mel + log_offset)
+    return features.gpu() if device == "gpu" else features
+
+
+log_mel_features_pipeline = pipeline_def(log_mel_features, output_dtype=types.FLOAT, output_ndim=2)
+
 _PARAMETERS_FILE = Path(__file__).with_name(PARAMETERS_FILENAME)
 if _PARAMETERS_FILE.exists():  # only as a model's dali.py, never as tritonstack's module
     _parameters = json.loads(_PARAMETERS_FILE.read_text())
@@ -183,6 +222,8 @@ if _PARAMETERS_FILE.exists():  # only as a model's dali.py, never as tritonstack
     def preprocessing_pipeline():
         if "audio" in _parameters:  # an audio preset's: {"sample_rate": ...}
             return speech_samples(**_parameters["audio"], device=_parameters["device"])
+        if "log_mel" in _parameters:  # an audio classifier's features (build/audio_features.py)
+            return log_mel_features(**_parameters["log_mel"], device=_parameters["device"])
         if "clips" in _parameters:  # a video preset's: {"frames": ..., "stride": ...}
             return video_classification(
                 **_parameters["preprocessing"], **_parameters["clips"], device=_parameters["device"]

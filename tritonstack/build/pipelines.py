@@ -18,6 +18,7 @@ from tritonstack.build import dali_model
 from tritonstack.build.classifiers import Preprocessing
 from tritonstack.build.dali_model import (
     classification_pipeline,
+    log_mel_features_pipeline,
     regions_classification_pipeline,
     speech_samples_pipeline,
     video_classification_pipeline,
@@ -64,6 +65,25 @@ def serialize_speech_pipeline(sample_rate: int, max_batch_size: int, num_threads
         batch_size=max_batch_size,
         num_threads=num_threads,
         device_id=None,
+    )
+
+
+def serialize_log_mel_pipeline(features: dict, max_batch_size: int, num_threads: int, device: str = "cpu") -> bytes:
+    """An audio classifier's features (dali_model.log_mel_features), serialized as above."""
+    return _serialized(
+        log_mel_features_pipeline,
+        **features,
+        device=device,
+        batch_size=max_batch_size,
+        num_threads=num_threads,
+        device_id=None,
+    )
+
+
+def log_mel_dali_py_files(features: dict, max_batch_size: int, num_threads: int, device: str = "cpu") -> dict:
+    """The `dali.py` model format of an audio classifier's features."""
+    return _dali_py(
+        {"max_batch_size": max_batch_size, "num_threads": num_threads, "device": device, "log_mel": features}
     )
 
 

@@ -29,7 +29,7 @@ from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.images import media_kind
 from tritonstack.client.protocol import ClipPredictions, Prediction, Segment, SpeechSegments
 from tritonstack.client.retry import RetryPolicy, describe_error
-from tritonstack.contract import DEFAULT_AUDIO_MODEL, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL
+from tritonstack.contract import DEFAULT_AUDIO_MODEL, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL, ENSEMBLE_SEGMENTS
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,9 @@ class _Batch:
         return [data for _, data in self.readable]
 
     def classify(self, client, settings: RunSettings):
-        """The outcomes from a client of this batch's model (awaitable from the asyncio one)."""
-        if self.kind == "audio":
+        """The outcomes from a client of this batch's model (awaitable from the asyncio one):
+        an audio classifier (bring your own) ranks a clip's labels as an image's."""
+        if self.kind == "audio" and client.info.output_name == ENSEMBLE_SEGMENTS:  # speech segments
             return client.classify_audio_each(self.images, settings.frame_probabilities)
         if self.kind == "clip":
             return client.classify_clips_each(self.images, settings.top_k)

@@ -12,6 +12,8 @@ ONNX classifier; `ensemble_audio_silero_vad` answers a clip's speech segments.
     tritonstack build --classifier-onnx mobilenet.onnx --labels labels.txt --scale -1,1 --out /tmp/mine
     tritonstack check [REPOSITORY]          # offline load-time validation
     tritonstack parity                     # DALI vs Pillow on real photos
+    tritonstack build --audio-classifier-onnx tagger.onnx --labels labels.csv --out /tmp/audio
+    tritonstack parity /tmp/audio --preset audio_tagger   # DALI's log-mel vs NumPy's
 
 Only files whose content changes are rewritten; the ONNX export is skipped while
 its inputs (weights, export code, torch version) are unchanged.
@@ -22,13 +24,22 @@ preset, missing file or folder, bad option). --debug shows an error's traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
-from tritonstack import cli
+from tritonstack import cli, contract
 from tritonstack.build import presets
 from tritonstack.build.audio import AUDIO_PRESETS, SpeechPreset
+from tritonstack.build.audio_classifier import (
+    AudioClassifierOptions,
+    features_parity,
+    own_audio_classifier,
+    write_audio_classifier,
+)
+from tritonstack.build.audio_features import LogMelFeatures
 from tritonstack.build.own_classifier import OwnClassifierOptions, own_classifier
 from tritonstack.build.presets import PRESETS, BuildOptions, Preset, preset_named
 from tritonstack.build.repository import write_repository
@@ -39,15 +50,31 @@ DEFAULT_REPOSITORY = Path("model_repository")
 
 def build(args: argparse.Namespace) -> int:
     own = cli.from_args(OwnClassifierOptions, args)
-    if bool(own.onnx) != bool(own.labels):
-        raise cli.OptionError("--classifier-onnx and --labels go together")
+    own_audio = cli.from_args(AudioClassifierOptions, args)
+    if own.onnx and own_audio.onnx:
+        raise cli.OptionError("--classifier-onnx and --audio-classifier-onnx: one classifier a build")
+    if bool(own.onnx or own_audio.onnx) != bool(own.labels):
+        raise cli.OptionError("--classifier-onnx (or --audio-classifier-onnx) and --labels go together")
     options = cli.from_args(BuildOptions, args)
-    images, audio = _presets(args, own)
-    changed = write_repository(args.out, presets=images, options=options, audio_presets=audio)
+    if own_audio.onnx:
+        changed = _build_audio_classifier(args, own, own_audio, options)
+    else:
+        images, audio = _presets(args, own)
+        changed = write_repository(args.out, presets=images, options=options, audio_presets=audio)
     for path in changed:
         print(f"wrote {path.relative_to(args.out)}")
     print(f"{args.out}: {len(changed)} file(s) changed")
     return 0
+
+
+def _build_audio_classifier(
+    args: argparse.Namespace, own: OwnClassifierOptions, own_audio: AudioClassifierOptions, options: BuildOptions
+) -> list[Path]:
+    features = cli.from_args(LogMelFeatures, args)
+    preset, notes = own_audio_classifier(own_audio, features, own.labels, own.name, own.softmax)
+    for note in notes:
+        print(f"{preset.name}: {note}")
+    return write_audio_classifier(args.out, preset, options)
 
 
 def _presets(
@@ -96,6 +123,12 @@ def parity(args: argparse.Namespace) -> int:
     from tritonstack.build.parity import compare, format_report
 
     _existing_repository(args.repository)
+    if args.preset.startswith(f"{contract.AUDIO_PREPROCESSOR}_"):
+        features = features_parity(args.repository, args.preset)
+        print(features.format())
+        if args.json:
+            args.json.write_text(json.dumps(asdict(features), indent=2) + "\n")
+        return 0 if features.within_tolerance else 1
     report = compare(args.repository, args.preset)
     print(format_report(report))
     if args.json:
@@ -138,6 +171,8 @@ def _add_build_parser(commands) -> None:
 
 def _add_own_classifier_options(parser: argparse.ArgumentParser) -> None:
     cli.add_options(parser, OwnClassifierOptions)
+    cli.add_options(parser, AudioClassifierOptions)
+    cli.add_options(parser, LogMelFeatures)
     parser.add_argument(
         "--preprocessors",
         nargs="+",
@@ -169,7 +204,11 @@ def parser() -> argparse.ArgumentParser:
         "on scikit-image's photos and generated variants. Exit 1 unless top-1 agrees on all.",
     )
     parity_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
-    parity_parser.add_argument("--preset", default="dali_efficientnet_lite0", help="the DALI preset to compare")
+    parity_parser.add_argument(
+        "--preset",
+        default="dali_efficientnet_lite0",
+        help="the DALI preset to compare; audio_<name>: an audio classifier's log-mel features against NumPy's",
+    )
     parity_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
     parity_parser.set_defaults(run=parity)
     return made
