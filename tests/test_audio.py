@@ -6,6 +6,7 @@ one while the others in their batch are answered."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import io
 import json
 import math
@@ -286,25 +287,63 @@ def test_a_clip_longer_than_the_model_takes_is_refused(server):
 
 
 def test_classify_cli_answers_audio_beside_images(server, encoded, tmp_path):
-    """`tritonstack classify` on a folder of audio and a photo: segments for the audio
-    (jsonl), a ranking for the photo."""
+    """`tritonstack classify` on a folder of audio and a photo: segments for the audio, a
+    ranking for the photo, in jsonl, csv and the table."""
     from tritonstack.samples.photos import sample_jpeg
 
     (tmp_path / "speech.flac").write_bytes(encoded["flac"])
     (tmp_path / "talk.ogg").write_bytes(encoded["ogg_opus"])
     (tmp_path / "cat.jpg").write_bytes(sample_jpeg())
-    run = subprocess.run(
-        [sys.executable, "-m", "tritonstack", "classify", str(tmp_path), "--url", server.http_url, "--format", "jsonl"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
-    lines = {json.loads(line)["path"].rsplit("/", 1)[-1]: json.loads(line) for line in run.stdout.splitlines()}
+    outputs = {}
+    for fmt in ("jsonl", "csv", "table"):
+        run = subprocess.run(
+            [sys.executable, "-m", "tritonstack", "classify", str(tmp_path), "--url", server.http_url, "--format", fmt],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 0, run.stderr
+        outputs[fmt] = run.stdout
+    lines = {json.loads(line)["path"].rsplit("/", 1)[-1]: json.loads(line) for line in outputs["jsonl"].splitlines()}
     assert lines["cat.jpg"]["top"][0]["label"]
     for name in ("speech.flac", "talk.ogg"):
         segments = lines[name]["segments"]
         assert len(segments) == 3 and set(segments[0]) == {"start_s", "end_s", "probability"}, lines[name]
+    rows = list(csv.DictReader(io.StringIO(outputs["csv"])))
+    speech_rows = [row for row in rows if row["path"].endswith("speech.flac")]
+    assert [row["label_1"] for row in speech_rows] == ["speech"] * 3, rows
+    first = lines["speech.flac"]["segments"][0]
+    assert abs(float(speech_rows[0]["start_s"]) - first["start_s"]) < 1e-3, speech_rows[0]
+    assert [line for line in outputs["table"].splitlines() if "talk.ogg" in line][0].split()[1] == "speech"
+
+
+def test_the_asyncio_client_answers_segments(server, encoded):
+    from tritonstack.client.aio import AsyncClassifierClient
+
+    async def ask():
+        async with AsyncClassifierClient(server.grpc_url, "grpc", DEFAULT_AUDIO_MODEL) as client:
+            return await client.classify_audio_each([encoded["flac"], b"not audio"], frame_probabilities=True)
+
+    good, bad = asyncio.run(ask())
+    assert len(good.segments) == 3 and good.frame_probabilities.max() > 0.5
+    assert isinstance(bad, ValueError) and "not a clip the audio model reads" in str(bad)
+
+
+def test_the_gpu_variant_is_written_and_checked_offline(tmp_path):
+    """`--device gpu`: the DALI step on KIND_GPU hands its samples to the GPU (DALI decodes
+    audio on the CPU only), the VAD on KIND_GPU, the segments on the CPU; `check` passes."""
+    from tritonstack.build import audio
+    from tritonstack.build.check import check_repository
+    from tritonstack.build.presets import BuildOptions
+    from tritonstack.rules.dali_proto import parse_pipeline
+
+    audio.write_speech_preset(tmp_path, audio.SILERO_VAD, BuildOptions(device="gpu"))
+    assert check_repository(tmp_path) == []
+    spec = parse_pipeline((tmp_path / PREPROCESS / "1" / "model.dali").read_bytes())
+    assert [port.device for port in spec.outputs] == ["gpu"]
+    kinds = {name: (tmp_path / name / "config.pbtxt").read_text() for name in audio.SILERO_VAD.model_names[:3]}
+    assert "KIND_GPU" in kinds[PREPROCESS] and "KIND_GPU" in kinds["silero_vad"]
+    assert "KIND_CPU" in kinds["segments_silero_vad"]
 
 
 def test_audio_benchmark_writes_its_declared_figures(server):
