@@ -28,7 +28,7 @@ class LoadOptions:
     audio: bool = cli.option(
         False,
         "--audio",
-        help=f"send the sample speech clip (15 s of FLAC, tritonstack.samples.speech) to an audio model (default "
+        help=f"send the sample speech clip (15 s, as a WAV; tritonstack.samples.speech) to an audio model (default "
         f"then: {DEFAULT_AUDIO_MODEL}); each answer must hold its speech segments",
     )
     top_k: int = cli.option(1, "--top-k", type=cli.positive_int, help="classes asked back per image")

@@ -170,11 +170,16 @@ def tone_wav(seconds: float = 1.0, rate: int = 16000) -> bytes:
     """A 440 Hz tone as a 16-bit mono WAV, the same bytes every time, written with the
     standard library: the audio models' warmup (a real clip: random bytes do not decode)."""
     t = np.arange(round(rate * seconds)) / rate
-    samples = (np.sin(2 * np.pi * 440 * t) * 0.3 * 32767).astype("<i2")
+    return wav_bytes((np.sin(2 * np.pi * 440 * t) * 0.3 * 32767).astype(np.int16), rate)
+
+
+def wav_bytes(samples: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
+    """int16 mono samples as a WAV, with the standard library alone (no ffmpeg: the
+    Locust users, which run under gevent, use it)."""
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as clip:
         clip.setnchannels(1)
         clip.setsampwidth(2)
         clip.setframerate(rate)
-        clip.writeframes(samples.tobytes())
+        clip.writeframes(np.ascontiguousarray(samples, "<i2").tobytes())
     return buffer.getvalue()
