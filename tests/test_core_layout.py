@@ -6,12 +6,13 @@ real server pinned to one CPU serving the layout of one core with its files unch
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import MODEL_REPOSITORY, TEST_STOP_GRACE_S
+from tests.conftest import FUNCTIONAL_BUILD, MODEL_REPOSITORY, TEST_STOP_GRACE_S
 from tritonstack import cli
 from tritonstack.build.model_config import config_dict, read_config
 from tritonstack.client.classifier import ClassifierClient
@@ -36,7 +37,7 @@ from tritonstack.serve.server_config import ServerConfig
 
 # cores -> (DALI instances x threads, classifier instances x threads, Pillow step instances)
 EXPECTED = {
-    1: ((1, 1), (1, 1), 1),
+    1: ((1, 2), (2, 1), 1),
     2: ((1, 2), (2, 1), 1),
     4: ((1, 4), (4, 1), 2),
     8: ((1, 8), (8, 1), 4),
@@ -52,9 +53,9 @@ def test_the_rule_sizes_each_step_from_the_cores(cores):
     assert layouts["dali"] == StepLayout(*dali)
     assert layouts["onnxruntime"] == StepLayout(*classifier)
     assert layouts["python"] == StepLayout(python, None)
-    # Never more threads a step than cores, and every core a classifier thread.
-    assert layouts["onnxruntime"].instances * layouts["onnxruntime"].threads == cores
-    assert all(layout.instances * (layout.threads or 1) <= cores for layout in layouts.values())
+    # Every core a classifier thread, and never more threads a step than cores (two at least).
+    assert layouts["onnxruntime"].instances * layouts["onnxruntime"].threads == max(cores, 2)
+    assert all(layout.instances * (layout.threads or 1) <= max(cores, 2) for layout in layouts.values())
 
 
 def test_no_layout_for_no_core():
@@ -66,11 +67,11 @@ def committed_configs() -> list[dict]:
     return [config_dict(read_config(folder)) for folder in sorted(MODEL_REPOSITORY.iterdir()) if folder.is_dir()]
 
 
-def test_on_2_cores_the_committed_repository_is_the_layout_and_nothing_is_reloaded():
+def test_on_1_and_2_cores_the_committed_repository_is_the_layout_and_nothing_is_reloaded():
     configs = committed_configs()
-    assert overridden(configs, step_layouts(2)) == []
+    assert overridden(configs, step_layouts(1)) == overridden(configs, step_layouts(2)) == []
     # Not vacuous: every preprocessing step and classifier of the repository is sized.
-    sized = {config["name"] for config in overridden(configs, step_layouts(1)) + overridden(configs, step_layouts(4))}
+    sized = {config["name"] for config in overridden(configs, step_layouts(4))}
     steps = {config["name"] for config in configs if config.get("backend") in ("dali", "onnxruntime", "python")}
     assert sized == steps
 
@@ -174,12 +175,28 @@ def one_cpu():
         os.sched_setaffinity(0, before)
 
 
-def test_a_server_on_one_cpu_serves_the_layout_of_one_core_and_leaves_the_files(lite0_repository):
+@pytest.fixture(scope="module")
+def one_thread_repository(tmp_path_factory):
+    """dali_efficientnet_lite0 built with one classifier instance and one DALI thread:
+    a layout the rule changes on any number of cores."""
+    from tests import repo_factory as rf
+    from tritonstack.build.presets import preset_named
+    from tritonstack.build.repository import write_repository
+
+    out = tmp_path_factory.mktemp("one_thread")
+    rf.seed_lite0_export(out)
+    options = dataclasses.replace(FUNCTIONAL_BUILD, classifier_instances=1, num_threads=1)
+    write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),), options=options)
+    return out
+
+
+def test_a_server_on_one_cpu_serves_the_layout_of_one_core_and_leaves_the_files(one_thread_repository):
     """With an objective applied at load too: a step both change is loaded again once, with both."""
-    files = {path: path.read_bytes() for path in lite0_repository.glob(f"*/{CONFIG_FILENAME}")}
+    repository = one_thread_repository
+    files = {path: path.read_bytes() for path in repository.glob(f"*/{CONFIG_FILENAME}")}
     objective_ms = 20_000  # not the repository's
     config = ServerConfig(
-        lite0_repository, stop_grace_s=TEST_STOP_GRACE_S, layout=CORES_LAYOUT, latency_objective_ms=objective_ms
+        repository, stop_grace_s=TEST_STOP_GRACE_S, layout=CORES_LAYOUT, latency_objective_ms=objective_ms
     )
     with one_cpu():
         server = TritonServer(config).start()
@@ -197,9 +214,9 @@ def test_a_server_on_one_cpu_serves_the_layout_of_one_core_and_leaves_the_files(
     policy = classifier["dynamic_batching"]["default_queue_policy"]
     assert int(policy["default_timeout_microseconds"]) == queue_ceiling_us(objective_ms, first_step=False)
     layouts = step_layouts(1)
-    assert classifier["instance_group"][0]["count"] == layouts["onnxruntime"].instances == 1
+    assert classifier["instance_group"][0]["count"] == layouts["onnxruntime"].instances == 2
     assert classifier["parameters"]["intra_op_thread_count"]["string_value"] == "1"
     assert dali["instance_group"][0]["count"] == 1
-    assert dali["parameters"]["num_threads"]["string_value"] == str(layouts["dali"].threads) == "1"
-    assert {path: path.read_bytes() for path in lite0_repository.glob(f"*/{CONFIG_FILENAME}")} == files
-    assert read_config(lite0_repository / "efficientnet_lite0").instance_group[0].count == 2  # never written
+    assert dali["parameters"]["num_threads"]["string_value"] == str(layouts["dali"].threads) == "2"
+    assert {path: path.read_bytes() for path in repository.glob(f"*/{CONFIG_FILENAME}")} == files
+    assert read_config(repository / "efficientnet_lite0").instance_group[0].count == 1  # never written

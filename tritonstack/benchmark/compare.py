@@ -48,6 +48,7 @@ from tritonstack.benchmark.phases import (
     weighted_images,
 )
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.layout import REPOSITORY_LAYOUT
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.supervision import RecyclePolicy, Supervision
 
@@ -136,6 +137,7 @@ def _server_configs(args: argparse.Namespace, repositories: dict[str, Path]) -> 
             repositories[side],
             extra_args=tuple(getattr(args, f"{side}_server_arg", ())),
             response_cache_bytes=getattr(args, f"{side}_response_cache_mb", 0) * 2**20,
+            layout=getattr(args, f"{side}_layout", REPOSITORY_LAYOUT),
         )
         for side in SIDES
     }

@@ -13,6 +13,7 @@ from tritonstack.benchmark import compare as comparison
 from tritonstack.benchmark.compare import SIDES, compare, environment_assignment, table
 from tritonstack.benchmark.settings import DALI_ENSEMBLE, INT8_ENSEMBLE
 from tritonstack.rules.unbuilt import unservable_reason
+from tritonstack.serve.layout import LAYOUTS, REPOSITORY_LAYOUT
 from tritonstack.serve.supervision import RecyclePolicy, Supervision
 
 
@@ -46,6 +47,13 @@ def parser() -> argparse.ArgumentParser:
             f"--{side}-server-arg=--metrics-config=summary_latencies=false",
         )
         parser.add_argument(
+            f"--{side}-layout",
+            choices=LAYOUTS,
+            default=REPOSITORY_LAYOUT,
+            help=f"{side.upper()}'s layout: the repository's own, or sized from the CPUs this process may use "
+            "(`tritonstack serve --layout`)",
+        )
+        parser.add_argument(
             f"--{side}-response-cache-mb",
             type=cli.non_negative_int,
             default=0,
@@ -72,10 +80,12 @@ def run(args: argparse.Namespace) -> int:
         and args.a_front_nice == args.b_front_nice
         and args.a_server_arg == args.b_server_arg
         and args.a_response_cache_mb == args.b_response_cache_mb
+        and args.a_layout == args.b_layout
     ):
         raise cli.UsageError(
             "A and B would be the same: give --b-repository, an --a-env/--b-env or different "
-            "--a/--b-recycle-above-mib, --a/--b-front-nice, --a/--b-server-arg or --a/--b-response-cache-mb"
+            "--a/--b-recycle-above-mib, --a/--b-front-nice, --a/--b-server-arg, --a/--b-response-cache-mb or "
+            "--a/--b-layout"
         )
     for repository in filter(None, (args.a_repository, args.b_repository)):
         reason = unservable_reason(repository)
