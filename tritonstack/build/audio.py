@@ -40,9 +40,6 @@ from tritonstack.contract import (
 )
 from tritonstack.objective import OBJECTIVE_PARAMETER
 from tritonstack.repository_files import (
-    DALI_MODEL_FILENAME,
-    DALI_SCRIPT_FILENAME,
-    DALI_VERSION_FILENAME,
     ONNX_MODEL_FILENAME,
     PYTHON_MODEL_FILENAME,
     WARMUP_DIR,
@@ -88,19 +85,23 @@ def segment_settings(options: BuildOptions) -> SegmentSettings:
     )
 
 
-def preprocessing_config(preset: SpeechPreset, options: BuildOptions, clip_bytes: int) -> ModelConfig:
+def decoding_config(
+    name: str, options: BuildOptions, output: Tensor, parameters: dict[str, str], clip_bytes: int
+) -> ModelConfig:
+    """An audio preset's DALI step: a clip per sample in, `output` out."""
     return ModelConfig(
-        name=preset.preprocessing_name,
+        name=name,
         backend="dali",
         max_batch_size=options.max_batch_size,
         inputs=(Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),),
-        outputs=(Tensor(PREPROCESS_OUTPUT, "FP32", (-1,)),),
+        outputs=(output,),
         dynamic_batching=step_batching(options, first_step=True),
         instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
         # max_audio_seconds: our dali backend's, read from each clip's header (the C++ backend ignores it).
         parameters={
             "num_threads": str(options.num_threads),
             MAX_AUDIO_SECONDS_PARAMETER: str(options.max_audio_seconds),
+            **parameters,
         },
         warmup=(
             Warmup(
@@ -110,6 +111,17 @@ def preprocessing_config(preset: SpeechPreset, options: BuildOptions, clip_bytes
             ),
         ),
     )
+
+
+def write_decoding_step(repository: Path, config: ModelConfig, options: BuildOptions, serialize, script, clip: bytes):
+    """The DALI step's folder: its warmup clip, its pipeline in the build's format
+    (pipelines.model_files), its config; the files that changed."""
+    model_dir = Path(repository) / config.name
+    changed = write_if_changed(model_dir / WARMUP_DIR / WARMUP_CLIP, clip)
+    files, stale = pipelines.model_files(options.format, serialize, script)
+    for name in stale:  # the other format's files, from an earlier build
+        (model_dir / VERSION / name).unlink(missing_ok=True)
+    return changed + write_model_folder(repository, config, files)
 
 
 def vad_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
@@ -191,23 +203,20 @@ def ensemble_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
 
 def write_speech_preset(repository: Path, preset: SpeechPreset, options: BuildOptions) -> list[Path]:
     """Every model of the preset; the files that changed."""
-    repository = Path(repository)
     clip = tone_wav(WARMUP_SECONDS, vad_graph.SAMPLE_RATE)
-    dali_dir = repository / preset.preprocessing_name
-    changed = write_if_changed(dali_dir / WARMUP_DIR / WARMUP_CLIP, clip)
     arguments = (vad_graph.SAMPLE_RATE, options.max_batch_size, options.num_threads, options.device)
-    if options.format == DALI_SCRIPT_FILENAME:
-        dali_files, stale = pipelines.speech_dali_py_files(*arguments), (DALI_MODEL_FILENAME, DALI_VERSION_FILENAME)
-    else:
-        dali_files = {
-            DALI_MODEL_FILENAME: pipelines.serialize_speech_pipeline(*arguments),
-            DALI_VERSION_FILENAME: f"{pipelines.DALI_VERSION}\n".encode(),
-        }
-        stale = tuple(pipelines.speech_dali_py_files(*arguments))
-    for name in stale:  # the other format's files, from an earlier build
-        (dali_dir / VERSION / name).unlink(missing_ok=True)
+    decoding = decoding_config(
+        preset.preprocessing_name, options, Tensor(PREPROCESS_OUTPUT, "FP32", (-1,)), {}, len(clip)
+    )
+    changed = write_decoding_step(
+        repository,
+        decoding,
+        options,
+        lambda: pipelines.serialize_speech_pipeline(*arguments),
+        lambda: pipelines.speech_dali_py_files(*arguments),
+        clip,
+    )
     models = (
-        (preprocessing_config(preset, options, len(clip)), dali_files),
         (vad_config(preset, options), {ONNX_MODEL_FILENAME: vad_graph.served_vad_onnx()}),
         (segments_config(preset, options), {PYTHON_MODEL_FILENAME: Path(segments_model.__file__).read_bytes()}),
         (ensemble_config(preset, options), {}),

@@ -28,6 +28,7 @@ import numpy as np
 
 from tritonstack import cli
 from tritonstack.build import pipelines
+from tritonstack.build.audio import decoding_config, write_decoding_step
 from tritonstack.build.audio_classifier_graph import (
     CLIP_OUTPUT,
     FEATURES_INPUT,
@@ -47,7 +48,6 @@ from tritonstack.contract import (
     ENSEMBLE_INPUT,
     ENSEMBLE_OUTPUT,
     ENSEMBLE_PATCH_PROBABILITIES,
-    MAX_AUDIO_SECONDS_PARAMETER,
     PREPROCESS_INPUT,
     PREPROCESS_OUTPUT,
     ensemble_name,
@@ -56,11 +56,8 @@ from tritonstack.contract import (
 from tritonstack.objective import OBJECTIVE_PARAMETER
 from tritonstack.repository_files import (
     DALI_MODEL_FILENAME,
-    DALI_SCRIPT_FILENAME,
-    DALI_VERSION_FILENAME,
     LABELS_FILENAME,
     ONNX_MODEL_FILENAME,
-    WARMUP_DIR,
 )
 from tritonstack.samples.speech import FORMATS, sample_speech, tone_wav
 
@@ -180,30 +177,6 @@ def _run(serialized: bytes, clips: list[bytes]) -> list[np.ndarray]:
 # --- the models -------------------------------------------------------------------------
 
 
-def features_config(preset: AudioClassifierPreset, options: BuildOptions, clip_bytes: int) -> ModelConfig:
-    return ModelConfig(
-        name=preset.preprocessing_name,
-        backend="dali",
-        max_batch_size=options.max_batch_size,
-        inputs=(Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),),
-        outputs=(Tensor(PREPROCESS_OUTPUT, "FP32", (-1, preset.features.mel_bins)),),
-        dynamic_batching=step_batching(options, first_step=True),
-        instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
-        parameters={
-            "num_threads": str(options.num_threads),
-            MAX_AUDIO_SECONDS_PARAMETER: str(options.max_audio_seconds),
-            LOG_MEL_PARAMETER: json.dumps(asdict(preset.features), sort_keys=True),
-        },
-        warmup=(
-            Warmup(
-                name="sample_tone",
-                batch_size=1,
-                inputs=(WarmupInput(PREPROCESS_INPUT, "UINT8", (clip_bytes,), data_file=WARMUP_CLIP),),
-            ),
-        ),
-    )
-
-
 def classifier_config(preset: AudioClassifierPreset, options: BuildOptions) -> ModelConfig:
     classes, graph = len(preset.labels), preset.graph
     return ModelConfig(
@@ -257,29 +230,30 @@ def ensemble_config(preset: AudioClassifierPreset, options: BuildOptions) -> Mod
 
 def write_audio_classifier(repository: Path, preset: AudioClassifierPreset, options: BuildOptions) -> list[Path]:
     """Every model of the preset; the files that changed."""
-    repository, clip = Path(repository), tone_wav(1.0, preset.features.sample_rate)
-    features_dir = repository / preset.preprocessing_name
-    changed = write_if_changed(features_dir / WARMUP_DIR / WARMUP_CLIP, clip)
-    features = asdict(preset.features)
+    clip, features = tone_wav(1.0, preset.features.sample_rate), asdict(preset.features)
     arguments = (features, options.max_batch_size, options.num_threads, options.device)
-    if options.format == DALI_SCRIPT_FILENAME:
-        dali_files, stale = pipelines.log_mel_dali_py_files(*arguments), (DALI_MODEL_FILENAME, DALI_VERSION_FILENAME)
-    else:
-        dali_files = {
-            DALI_MODEL_FILENAME: pipelines.serialize_log_mel_pipeline(*arguments),
-            DALI_VERSION_FILENAME: f"{pipelines.DALI_VERSION}\n".encode(),
-        }
-        stale = tuple(pipelines.log_mel_dali_py_files(*arguments))
-    for name in stale:  # the other format's files, from an earlier build
-        (features_dir / VERSION / name).unlink(missing_ok=True)
-    labels = ("\n".join(preset.labels) + "\n").encode()
-    changed += write_model_folder(repository, features_config(preset, options, len(clip)), dali_files)
+    decoding = decoding_config(
+        preset.preprocessing_name,
+        options,
+        Tensor(PREPROCESS_OUTPUT, "FP32", (-1, preset.features.mel_bins)),
+        {LOG_MEL_PARAMETER: json.dumps(features, sort_keys=True)},
+        len(clip),
+    )
+    changed = write_decoding_step(
+        repository,
+        decoding,
+        options,
+        lambda: pipelines.serialize_log_mel_pipeline(*arguments),
+        lambda: pipelines.log_mel_dali_py_files(*arguments),
+        clip,
+    )
     changed += write_model_folder(
         repository, classifier_config(preset, options), {ONNX_MODEL_FILENAME: preset.served_onnx()}
     )
     changed += write_model_folder(repository, ensemble_config(preset, options), {})
+    labels = ("\n".join(preset.labels) + "\n").encode()
     for model in (preset.name, preset.ensemble_name):
-        changed += write_if_changed(repository / model / LABELS_FILENAME, labels)
+        changed += write_if_changed(Path(repository) / model / LABELS_FILENAME, labels)
     return changed
 
 

@@ -25,6 +25,7 @@ from tritonstack.build.dali_model import (
 )
 from tritonstack.build.presets import FrameSampling
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
+from tritonstack.repository_files import DALI_MODEL_FILENAME, DALI_SCRIPT_FILENAME, DALI_VERSION_FILENAME
 
 DALI_VERSION = nvidia.dali.__version__
 
@@ -134,6 +135,14 @@ def _dali_py(parameters: dict) -> dict[str, bytes]:
         "dali.py": open(dali_model.__file__, "rb").read(),
         dali_model.PARAMETERS_FILENAME: (json.dumps(parameters, indent=2) + "\n").encode(),
     }
+
+
+def model_files(fmt: str, serialize, script) -> tuple[dict[str, bytes], tuple[str, ...]]:
+    """A DALI model's files in `fmt` (serialize() for model.dali, script() for dali.py's
+    files), and the other format's file names, to remove after an earlier build."""
+    if fmt == DALI_SCRIPT_FILENAME:
+        return script(), (DALI_MODEL_FILENAME, DALI_VERSION_FILENAME)
+    return {DALI_MODEL_FILENAME: serialize(), DALI_VERSION_FILENAME: f"{DALI_VERSION}\n".encode()}, tuple(script())
 
 
 def run_pipeline(serialized: bytes, encoded: list[bytes]) -> np.ndarray:

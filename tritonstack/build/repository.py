@@ -52,9 +52,6 @@ from tritonstack.contract import (
 from tritonstack.media import decode_budget
 from tritonstack.objective import OBJECTIVE_PARAMETER
 from tritonstack.repository_files import (
-    DALI_MODEL_FILENAME,
-    DALI_SCRIPT_FILENAME,
-    DALI_VERSION_FILENAME,
     LABELS_FILENAME,
     ONNX_MODEL_FILENAME,
     PYTHON_MODEL_FILENAME,
@@ -283,13 +280,9 @@ def _write_preprocessing(model_dir: Path, preset: Preset, options: BuildOptions,
         config = dali_config(preset, options, sample)
     changed += write_config(model_dir, config)
     pipeline = (preprocessing, config.max_batch_size, options.num_threads, options.device, clips, max_boxes)
-    if options.format == DALI_SCRIPT_FILENAME:
-        files = pipelines.dali_py_files(*pipeline)
-        stale = (DALI_MODEL_FILENAME, DALI_VERSION_FILENAME)
-    else:
-        serialized = pipelines.serialize_pipeline(*pipeline)
-        files = {DALI_MODEL_FILENAME: serialized, DALI_VERSION_FILENAME: f"{pipelines.DALI_VERSION}\n".encode()}
-        stale = tuple(pipelines.dali_py_files(preprocessing, 1, 1))
+    files, stale = pipelines.model_files(
+        options.format, lambda: pipelines.serialize_pipeline(*pipeline), lambda: pipelines.dali_py_files(*pipeline)
+    )
     for name in stale:  # the other format's files, from an earlier build
         (version_dir / name).unlink(missing_ok=True)
     for name, content in files.items():
