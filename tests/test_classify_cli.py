@@ -81,6 +81,7 @@ def test_jsonl_has_one_line_per_file_and_error_lines(server, photo_folder, capsy
         if labels is None:
             assert set(by_name[name]) == {"path", "error"} and by_name[name]["error"], by_name[name]
         else:
+            assert "top" in by_name[name], by_name[name]
             top = by_name[name]["top"]
             assert top[0]["label"] in labels and len(top) == 3, top
             assert set(top[0]) == {"label", "index", "score"}
