@@ -108,7 +108,6 @@ ENSEMBLE_FRAME_PROBABILITIES = "FRAME_PROBABILITIES"
 # with its labels, as an image classifier does, and each patch's when asked.
 ENSEMBLE_PATCH_PROBABILITIES = "PATCH_PROBABILITIES"
 SEGMENT_WIDTH = 3  # start_s, end_s, probability
-FRAME_SECONDS = 0.032  # one VAD frame: 512 samples at 16 kHz
 # Our dali backend's model config parameter: the longest clip, read from its header
 # (tritonstack.media.audio_header). NVIDIA's C++ backend ignores it.
 MAX_AUDIO_SECONDS_PARAMETER = "max_audio_seconds"

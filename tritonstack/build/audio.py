@@ -24,7 +24,7 @@ from tritonstack.build import pipelines, segments_model, vad_graph
 from tritonstack.build.model_config import EnsembleStep, InstanceGroup, ModelConfig, Tensor, Warmup, WarmupInput
 from tritonstack.build.model_files import VERSION, write_if_changed, write_model_folder
 from tritonstack.build.presets import BuildOptions
-from tritonstack.build.scheduling import step_batching
+from tritonstack.build.scheduling import ensemble_parameters, step_batching
 from tritonstack.build.segments_model import SegmentSettings
 from tritonstack.contract import (
     AUDIO_PREPROCESSOR,
@@ -38,7 +38,6 @@ from tritonstack.contract import (
     ensemble_name,
     preprocessing_name,
 )
-from tritonstack.objective import OBJECTIVE_PARAMETER
 from tritonstack.repository_files import (
     ONNX_MODEL_FILENAME,
     PYTHON_MODEL_FILENAME,
@@ -163,42 +162,54 @@ def segments_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
     )
 
 
-def ensemble_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
-    samples, count = "samples", "sample_count"
+def clip_ensemble_config(
+    name: str, decoding: str, decoded: str, outputs: tuple[Tensor, ...], steps: tuple[EnsembleStep, ...], options
+) -> ModelConfig:
+    """An audio preset's ensemble: one encoded clip a request into the DALI step
+    `decoding`, whose output the later `steps` take as `decoded`."""
     return ModelConfig(
-        name=preset.ensemble_name,
+        name=name,
         platform="ensemble",
         max_batch_size=1,
         inputs=(Tensor(ENSEMBLE_INPUT, "UINT8", (-1,)),),
-        outputs=(
-            Tensor(ENSEMBLE_SEGMENTS, "FP32", (-1, SEGMENT_WIDTH)),
-            Tensor(ENSEMBLE_FRAME_PROBABILITIES, "FP32", (-1,)),
-        ),
-        parameters={OBJECTIVE_PARAMETER: str(options.latency_objective_ms)} if options.latency_objective_ms else {},
+        outputs=outputs,
+        parameters=ensemble_parameters(options),
         steps=(
             EnsembleStep(
-                model_name=preset.preprocessing_name,
+                model_name=decoding,
                 input_map={PREPROCESS_INPUT: ENSEMBLE_INPUT},
-                output_map={PREPROCESS_OUTPUT: samples},
+                output_map={PREPROCESS_OUTPUT: decoded},
             ),
-            EnsembleStep(
-                model_name=preset.vad_name,
-                input_map={vad_graph.SAMPLES_INPUT: samples},
-                output_map={
-                    vad_graph.PROBABILITIES_OUTPUT: ENSEMBLE_FRAME_PROBABILITIES,
-                    vad_graph.SAMPLE_COUNT_OUTPUT: count,
-                },
-            ),
-            EnsembleStep(
-                model_name=preset.segments_name,
-                input_map={
-                    segments_model.PROBABILITIES_INPUT: ENSEMBLE_FRAME_PROBABILITIES,
-                    segments_model.SAMPLE_COUNT_INPUT: count,
-                },
-                output_map={segments_model.SEGMENTS_OUTPUT: ENSEMBLE_SEGMENTS},
-            ),
+            *steps,
         ),
     )
+
+
+def ensemble_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
+    samples, count = "samples", "sample_count"
+    outputs = (
+        Tensor(ENSEMBLE_SEGMENTS, "FP32", (-1, SEGMENT_WIDTH)),
+        Tensor(ENSEMBLE_FRAME_PROBABILITIES, "FP32", (-1,)),
+    )
+    steps = (
+        EnsembleStep(
+            model_name=preset.vad_name,
+            input_map={vad_graph.SAMPLES_INPUT: samples},
+            output_map={
+                vad_graph.PROBABILITIES_OUTPUT: ENSEMBLE_FRAME_PROBABILITIES,
+                vad_graph.SAMPLE_COUNT_OUTPUT: count,
+            },
+        ),
+        EnsembleStep(
+            model_name=preset.segments_name,
+            input_map={
+                segments_model.PROBABILITIES_INPUT: ENSEMBLE_FRAME_PROBABILITIES,
+                segments_model.SAMPLE_COUNT_INPUT: count,
+            },
+            output_map={segments_model.SEGMENTS_OUTPUT: ENSEMBLE_SEGMENTS},
+        ),
+    )
+    return clip_ensemble_config(preset.ensemble_name, preset.preprocessing_name, samples, outputs, steps, options)
 
 
 def write_speech_preset(repository: Path, preset: SpeechPreset, options: BuildOptions) -> list[Path]:

@@ -28,7 +28,7 @@ import numpy as np
 
 from tritonstack import cli
 from tritonstack.build import pipelines
-from tritonstack.build.audio import decoding_config, write_decoding_step
+from tritonstack.build.audio import clip_ensemble_config, decoding_config, write_decoding_step
 from tritonstack.build.audio_classifier_graph import (
     CLIP_OUTPUT,
     FEATURES_INPUT,
@@ -45,7 +45,6 @@ from tritonstack.build.presets import BuildOptions
 from tritonstack.build.scheduling import step_batching
 from tritonstack.contract import (
     AUDIO_PREPROCESSOR,
-    ENSEMBLE_INPUT,
     ENSEMBLE_OUTPUT,
     ENSEMBLE_PATCH_PROBABILITIES,
     PREPROCESS_INPUT,
@@ -53,7 +52,6 @@ from tritonstack.contract import (
     ensemble_name,
     preprocessing_name,
 )
-from tritonstack.objective import OBJECTIVE_PARAMETER
 from tritonstack.repository_files import (
     DALI_MODEL_FILENAME,
     LABELS_FILENAME,
@@ -203,28 +201,17 @@ def classifier_config(preset: AudioClassifierPreset, options: BuildOptions) -> M
 
 def ensemble_config(preset: AudioClassifierPreset, options: BuildOptions) -> ModelConfig:
     classes, features = len(preset.labels), "log_mel_features"
-    return ModelConfig(
-        name=preset.ensemble_name,
-        platform="ensemble",
-        max_batch_size=1,
-        inputs=(Tensor(ENSEMBLE_INPUT, "UINT8", (-1,)),),
-        outputs=(
-            Tensor(ENSEMBLE_OUTPUT, "FP32", (classes,), label_filename=LABELS_FILENAME),
-            Tensor(ENSEMBLE_PATCH_PROBABILITIES, "FP32", (-1, classes)),
-        ),
-        parameters={OBJECTIVE_PARAMETER: str(options.latency_objective_ms)} if options.latency_objective_ms else {},
-        steps=(
-            EnsembleStep(
-                model_name=preset.preprocessing_name,
-                input_map={PREPROCESS_INPUT: ENSEMBLE_INPUT},
-                output_map={PREPROCESS_OUTPUT: features},
-            ),
-            EnsembleStep(
-                model_name=preset.name,
-                input_map={FEATURES_INPUT: features},
-                output_map={CLIP_OUTPUT: ENSEMBLE_OUTPUT, PATCHES_OUTPUT: ENSEMBLE_PATCH_PROBABILITIES},
-            ),
-        ),
+    outputs = (
+        Tensor(ENSEMBLE_OUTPUT, "FP32", (classes,), label_filename=LABELS_FILENAME),
+        Tensor(ENSEMBLE_PATCH_PROBABILITIES, "FP32", (-1, classes)),
+    )
+    classify = EnsembleStep(
+        model_name=preset.name,
+        input_map={FEATURES_INPUT: features},
+        output_map={CLIP_OUTPUT: ENSEMBLE_OUTPUT, PATCHES_OUTPUT: ENSEMBLE_PATCH_PROBABILITIES},
+    )
+    return clip_ensemble_config(
+        preset.ensemble_name, preset.preprocessing_name, features, outputs, (classify,), options
     )
 
 

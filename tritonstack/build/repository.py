@@ -36,7 +36,7 @@ from tritonstack.build.model_config import (
 from tritonstack.build.model_files import VERSION, replace_atomically, write_config, write_if_changed
 from tritonstack.build.onnx_graph import servable_onnx
 from tritonstack.build.presets import PRESETS, BuildOptions, Preset
-from tritonstack.build.scheduling import step_batching
+from tritonstack.build.scheduling import ensemble_parameters, step_batching
 from tritonstack.contract import (
     BOX_WIDTH,
     BOXES_INPUT_PARAMETER,
@@ -50,7 +50,6 @@ from tritonstack.contract import (
     boxes_array,
 )
 from tritonstack.media import decode_budget
-from tritonstack.objective import OBJECTIVE_PARAMETER
 from tritonstack.repository_files import (
     LABELS_FILENAME,
     ONNX_MODEL_FILENAME,
@@ -210,7 +209,7 @@ def ensemble_config(preset: Preset, options: BuildOptions) -> ModelConfig:
         inputs=inputs,
         outputs=(Tensor(ENSEMBLE_OUTPUT, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),),
         response_cache=options.response_cache,
-        parameters={OBJECTIVE_PARAMETER: str(options.latency_objective_ms)} if options.latency_objective_ms else {},
+        parameters=ensemble_parameters(options),
         steps=(
             EnsembleStep(
                 model_name=preset.preprocessing_name,

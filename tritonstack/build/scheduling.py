@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from tritonstack.build.model_config import DynamicBatching, QueuePolicy
 from tritonstack.build.presets import BuildOptions
-from tritonstack.objective import step_queues
+from tritonstack.objective import OBJECTIVE_PARAMETER, step_queues
 
 
 def step_batching(
@@ -33,3 +33,8 @@ def step_batching(
         default_priority_level=queues.default_priority_level,
         level_policies=((queues.batch_priority, QueuePolicy(max_queue_size=size, timeout_us=queues.batch_ceiling_us)),),
     )
+
+
+def ensemble_parameters(options: BuildOptions) -> dict[str, str]:
+    """An ensemble's record of the objective its steps' ceilings come from (none without one)."""
+    return {OBJECTIVE_PARAMETER: str(options.latency_objective_ms)} if options.latency_objective_ms else {}
