@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from tritonstack.build.parity import CLEAR_MARGIN, compare_classifiers, crop_images
+from tritonstack.build.classifiers import CLEAR_MARGIN
+from tritonstack.build.parity import compare_classifiers, crop_images
 from tritonstack.build.presets import preset_named
 from tritonstack.build.quantization import PAIR_BOUND, neighbour_sums
 from tritonstack.client.classifier import ClassifierClient

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 CONFIG_FILENAME = "config.pbtxt"
+VERSION = "1"  # the one version folder each model has
 LABELS_FILENAME = "labels.txt"
 DALI_MODEL_FILENAME = "model.dali"  # a serialized DALI pipeline
 DALI_SCRIPT_FILENAME = "dali.py"  # a pipeline's source, serialized by the backend at load

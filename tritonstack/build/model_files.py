@@ -8,9 +8,7 @@ import os
 from pathlib import Path
 
 from tritonstack.build.model_config import ModelConfig
-from tritonstack.repository_files import CONFIG_FILENAME
-
-VERSION = "1"
+from tritonstack.repository_files import CONFIG_FILENAME, VERSION
 
 
 def write_model_folder(

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonstack.build.classifiers import CLEAR_MARGIN
 from tritonstack.build.model_files import VERSION
 from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.pipelines import run_pipeline
@@ -201,11 +202,6 @@ def classify(repository: Path, preset_name: str, batch: np.ndarray) -> np.ndarra
         str(Path(repository) / classifier.name / VERSION / ONNX_MODEL_FILENAME), providers=["CPUExecutionProvider"]
     )
     return session.run([classifier.output_name], {classifier.input_name: batch})[0]
-
-
-# A top-1 that leads its runner-up by this much probability is not a near-tie: a
-# quantized classifier, or a CPU with other instructions, should not flip it.
-CLEAR_MARGIN = 0.1
 
 
 @dataclass(frozen=True)
