@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
+import time
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from tests.conftest import MODEL_REPOSITORY
 from tests.reference import read_labels
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.classifier import ClassifierClient
+from tritonstack.client.protocol import build_request
 from tritonstack.client.retry import NO_RETRY, RetryPolicy, ServerUnavailableError, describe_error, is_retryable
 from tritonstack.client.shm import PREFIX
 from tritonstack.contract import BATCH_PRIORITY, DEFAULT_MODEL, ENSEMBLE_INPUT
@@ -146,11 +149,86 @@ def test_close_releases_a_region_whose_registration_state_was_lost(server, use_a
 
     async def forget_async(client):
         result = await client.classify([photo_bytes("coffee.png")], top_k=1)
-        client._forget_registrations()
+        for regions in client._all_regions:
+            regions.forget_registration()
         return result
 
     tops = run_mode(server, "grpc", use_async, "system", forget_async if use_async else forget_after_one_request)
     assert tops[0][0].label == "espresso"
+    assert our_registered_regions(server, "grpc") == []
+    assert our_dev_shm_files() == []
+
+
+def fail_next_inference(client) -> None:
+    """The asyncio client's next inference fails once as if its connection dropped
+    before the request reached the server (UNAVAILABLE: retried); the server is real."""
+    infer = client._client.infer
+
+    async def fail_once(*args, **kwargs):
+        client._client.infer = infer
+        raise InferenceServerException("connection reset (injected by the test)", status="StatusCode.UNAVAILABLE")
+
+    client._client.infer = fail_once
+
+
+def test_a_retried_request_leaves_the_other_requests_regions_registered(server):
+    """Many requests in flight in shared memory, each with its own regions; one is
+    retried after a transient failure. That says nothing of the other regions: they
+    stay registered as the server has them, and when a bigger image comes, each is
+    unregistered before it is registered again at its new size (registering a name
+    the server still has fails: ALREADY_EXISTS)."""
+    small, big = photo_bytes("rocket.jpg"), photo_bytes("coffee.png")  # 110 KB, 460 KB: regions grow
+    concurrent = 8
+
+    async def work(client):
+        first = await asyncio.gather(*(client.probabilities([small]) for _ in range(concurrent)))
+        assert len(our_registered_regions(server, "grpc")) == 2 * concurrent
+        fail_next_inference(client)
+        retried = await client.probabilities([small])
+        grown = await asyncio.gather(*(client.probabilities([big]) for _ in range(concurrent)))
+        assert len(our_registered_regions(server, "grpc")) == 2 * concurrent  # grown, none added
+        return first + [retried], grown
+
+    async def run():
+        options = {"shm": "system", "headers": server.admin_headers("grpc"), "retry": RetryPolicy(base_delay_s=0.01)}
+        async with AsyncClassifierClient(server.grpc_url, "grpc", **options) as client:
+            return await work(client)
+
+    smalls, bigs = asyncio.run(run())
+    assert {int(p.argmax()) for p in smalls} == {int(smalls[0].argmax())} and len(smalls) == concurrent + 1
+    assert [int(p.argmax()) for p in bigs] == [967] * concurrent  # espresso
+    assert our_registered_regions(server, "grpc") == []
+    assert our_dev_shm_files() == []
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_close_waits_until_the_server_lets_go_of_a_region_in_use(server, use_async):
+    """Triton refuses to unregister a region that a request still holds: one a task
+    gave up on, or one answered a moment ago (the server lets go of its regions a
+    little after the answer). Close asks again until the server lets go, instead of
+    leaving the region registered for good."""
+    images = [photo_bytes("coffee.png")] * 4
+    answered: queue.SimpleQueue = queue.SimpleQueue()
+    other = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def hold_the_regions(client) -> None:
+        """A request of our own on the client's regions, still in the server when close begins."""
+        regions = client._all_regions[0] if use_async else client._regions
+        inputs, outputs = build_request("grpc", client.info, client.info.encode(images), 0, regions)
+        other.async_infer(client.info.name, inputs, lambda result, error: answered.put(error), outputs=outputs)
+        time.sleep(0.02)  # in the server by now; its 4 images take it ~0.1 s on an idle machine
+
+    def work(client):
+        client.probabilities(images)  # the regions, at the size of these images
+        hold_the_regions(client)
+
+    async def work_async(client):
+        await client.probabilities(images)
+        hold_the_regions(client)
+
+    run_mode(server, "grpc", use_async, "system", work_async if use_async else work)
+    assert answered.get(timeout=60) is None  # its regions were there until it ended
+    other.close()
     assert our_registered_regions(server, "grpc") == []
     assert our_dev_shm_files() == []
 

@@ -7,7 +7,8 @@ event loop.
 
 Same request format, retries, timeout and readiness check as the sync client. In
 shared-memory mode every in-flight request takes its own pair of regions from a
-pool, all unregistered and destroyed on close.
+pool, all unregistered and destroyed on close. A request learns only about its own
+regions: another request's failure leaves them as they are.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from tritonstack.client.protocol import (
     top_predictions,
     worth_splitting,
 )
-from tritonstack.client.retry import is_lost_region
-from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
+from tritonstack.client.retry import RELEASE_RETRY, is_lost_region, is_region_in_use, is_worth_releasing_again
+from tritonstack.client.shm import RequestRegions, SharedMemoryRegion, check_released
 
 
 class AsyncClassifierClient(ClientBase):
@@ -188,10 +189,10 @@ class AsyncClassifierClient(ClientBase):
             return batch_rows(self.info, result.as_numpy(self.info.output_name))
         regions = self._free_regions.pop() if self._free_regions else self._new_regions()
         try:
-            return await self._aretrying(
-                lambda: self._shared_memory_attempt(tensor, regions),
-                on_retry=lambda error: self._forget_registrations(),
-            )
+            # No registration is forgotten on a retry: a failed call says nothing of what
+            # the server knows, and other requests' regions are registered and in use.
+            # A restarted server says so itself (_shared_memory_attempt).
+            return await self._aretrying(lambda: self._shared_memory_attempt(tensor, regions))
         finally:
             self._free_regions.append(regions)
 
@@ -201,13 +202,10 @@ class AsyncClassifierClient(ClientBase):
         except InferenceServerException as error:
             if not is_lost_region(error):
                 raise
-        self._forget_registrations()  # a restarted server: register once more
+        # A restarted server: register this request's regions once more. Other
+        # requests find out about theirs the same way.
+        regions.forget_registration()
         return await self._infer_in_shared_memory(tensor, regions)
-
-    def _forget_registrations(self) -> None:
-        """The server may be a new one that knows none of the regions."""
-        for regions in self._all_regions:
-            regions.forget_registration()
 
     def _new_regions(self) -> RequestRegions:
         regions = RequestRegions()
@@ -240,26 +238,52 @@ class AsyncClassifierClient(ClientBase):
             )
             region.registered = True
 
-    async def _unregister(self, region: SharedMemoryRegion) -> None:
-        try:
-            await self._client.unregister_system_shared_memory(region.name, headers=self._headers())
-        except Exception:  # the server is gone or never knew it: nothing left to release there
-            pass
+    async def _unregister(self, region: SharedMemoryRegion, retry_if=is_region_in_use) -> None:
+        """See ClassifierClient._unregister."""
+        await RELEASE_RETRY.acall(
+            lambda: self._client.unregister_system_shared_memory(region.name, headers=self._headers()),
+            retry_if=retry_if,
+        )
         region.registered = False
 
+    async def _release(self, region: SharedMemoryRegion) -> Exception | None:
+        """See ClassifierClient._release."""
+        try:
+            await self._unregister(region, retry_if=is_worth_releasing_again)
+        except Exception as error:
+            return error
+        return None
+
+    async def _release_all(self) -> dict[str, Exception]:
+        """Every allocated region unregistered; the failures by name."""
+        # Also when `registered` is False: a registration cut short (a timeout, a
+        # cancelled task) may have reached the server.
+        regions = [region for pair in self._all_regions for region in pair if region.allocated]
+        # All at once: a server that holds them or cannot answer is waited for once.
+        errors = await asyncio.gather(*(self._release(region) for region in regions))
+        return {region.name: error for region, error in zip(regions, errors) if error is not None}
+
+    async def _status_or_error(self):
+        """See ClassifierClient._status_or_error."""
+        try:
+            return await self._client.get_system_shared_memory_status(**self._metadata_options())
+        except Exception as error:
+            return error
+
     async def close(self) -> None:
-        """Unregister and destroy every shared-memory region (always), then disconnect."""
-        for regions in self._all_regions:
-            for region in regions:
-                # Also when `registered` is False: a registration cut short (a
-                # timeout, a cancelled task) may have reached the server.
-                if region.allocated:
-                    await self._unregister(region)
-            regions.destroy()
-        self._all_regions.clear()
-        self._free_regions.clear()
-        if self._client is not None:
-            await self._client.close()
+        """Unregister and destroy every shared-memory region (always), then disconnect.
+        RegionsLeftRegistered when the server keeps one it would not unregister."""
+        try:
+            failures = await self._release_all()
+            if failures:
+                check_released(failures, await self._status_or_error())
+        finally:
+            for regions in self._all_regions:
+                regions.destroy()
+            self._all_regions.clear()
+            self._free_regions.clear()
+            if self._client is not None:
+                await self._client.close()
 
     async def __aenter__(self) -> "AsyncClassifierClient":
         return await self.connect()

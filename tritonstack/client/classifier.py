@@ -45,8 +45,8 @@ from tritonstack.client.protocol import (
     top_predictions,
     worth_splitting,
 )
-from tritonstack.client.retry import is_lost_region
-from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
+from tritonstack.client.retry import RELEASE_RETRY, is_lost_region, is_region_in_use, is_worth_releasing_again
+from tritonstack.client.shm import RequestRegions, SharedMemoryRegion, check_released
 
 
 def outcome_per_image(classify_chunk, images: list[bytes]) -> list:
@@ -193,7 +193,9 @@ class ClassifierClient(ClientBase):
             inputs, outputs = build_request(self.protocol, self.info, tensor, class_count=0)
             result = self._retrying(lambda: self._infer(inputs, outputs))
             return batch_rows(self.info, result.as_numpy(self.info.output_name))
-        return self._retrying(lambda: self._shared_memory_attempt(tensor), on_retry=self._lost_server)
+        # No registration is forgotten on a retry: a failed call says nothing of what the
+        # server knows. A restarted server says so itself (_shared_memory_attempt).
+        return self._retrying(lambda: self._shared_memory_attempt(tensor))
 
     def _shared_memory_attempt(self, tensor: np.ndarray) -> np.ndarray:
         try:
@@ -229,26 +231,52 @@ class ClassifierClient(ClientBase):
             )
             region.registered = True
 
-    def _unregister(self, region: SharedMemoryRegion) -> None:
-        try:
-            self._client.unregister_system_shared_memory(region.name, headers=self._headers())
-        except Exception:  # the server is gone or never knew it: nothing left to release there
-            pass
+    def _unregister(self, region: SharedMemoryRegion, retry_if=is_region_in_use) -> None:
+        """Raises while the server keeps the region: registering its name again would
+        fail, and it would stay mapped there. (A name it does not know is no error.)"""
+        RELEASE_RETRY.call(
+            lambda: self._client.unregister_system_shared_memory(region.name, headers=self._headers()),
+            retry_if=retry_if,
+        )
         region.registered = False
 
-    def _lost_server(self, error: BaseException) -> None:
-        self._regions.forget_registration()
+    def _release(self, region: SharedMemoryRegion) -> Exception | None:
+        """Unregister on close, also again when the server cannot answer right now; the
+        error if it still failed."""
+        try:
+            self._unregister(region, retry_if=is_worth_releasing_again)
+        except Exception as error:
+            return error
+        return None
+
+    def _release_all(self) -> dict[str, Exception]:
+        """Every allocated region unregistered; the failures by name."""
+        failures = {}
+        for region in self._regions or ():
+            # Also when `registered` is False: a registration cut short (a
+            # timeout, a cancelled task) may have reached the server.
+            if region.allocated and (error := self._release(region)) is not None:
+                failures[region.name] = error
+        return failures
+
+    def _status_or_error(self):
+        """The server's list of system shared-memory regions, or why it could not be had."""
+        try:
+            return self._client.get_system_shared_memory_status(**self._metadata_options())
+        except Exception as error:
+            return error
 
     def close(self) -> None:
-        """Unregister and destroy the shared-memory regions (always), then disconnect."""
-        if self._regions is not None:
-            for region in self._regions:
-                # Also when `registered` is False: a registration cut short (a
-                # timeout, a cancelled task) may have reached the server.
-                if region.allocated:
-                    self._unregister(region)
-            self._regions.destroy()
-        self._client.close()
+        """Unregister and destroy the shared-memory regions (always), then disconnect.
+        RegionsLeftRegistered when the server keeps one it would not unregister."""
+        try:
+            failures = self._release_all()
+            if failures:
+                check_released(failures, self._status_or_error())
+        finally:
+            if self._regions is not None:
+                self._regions.destroy()
+            self._client.close()
 
     def __enter__(self) -> "ClassifierClient":
         return self

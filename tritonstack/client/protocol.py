@@ -393,6 +393,9 @@ def region_steps(region: SharedMemoryRegion, byte_size: int) -> tuple[bool, bool
     registered with the server, for a request of `byte_size` bytes."""
     if region.fits(byte_size) and region.registered:
         return False, False, False
-    # Too small, or maybe stale on a restarted server: unregister first.
-    unregister = region.registered or region.fits(byte_size)
+    # Too small, or allocated but not known to be registered (a registration cut
+    # short, a restarted server): unregister first, so that registering the name again
+    # cannot meet an old registration of it. Triton accepts unregistering a name it
+    # does not know.
+    unregister = region.registered or region.allocated
     return unregister, not region.fits(byte_size), True

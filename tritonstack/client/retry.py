@@ -57,6 +57,11 @@ _RESTRICTED = "This protocol is restricted"
 # What gRPC says when the port answers HTTP/1 (Triton's HTTP port): a wrong port
 # does not heal, so it is not retried.
 _GRPC_ON_HTTP_PORT = "Failed parsing HTTP/2"
+# Triton 2.51 refuses (an INTERNAL error) to unregister a shared-memory region
+# that a request still holds, and a request lets go of its regions only a moment
+# after its answer reached the client: on a busy server 1 unregister in 20 to 100 sent
+# right after an answer was refused, and accepted again a few ms later.
+_REGION_IN_USE = "it is currently in use"
 
 
 class ServerUnavailableError(ConnectionError):
@@ -92,6 +97,18 @@ def is_lost_region(error: BaseException) -> bool:
     """The server does not know a shared-memory region the client registered: a
     new server after a restart. Registering again fixes it."""
     return isinstance(error, InferenceServerException) and "Unable to find shared memory region" in str(error.message())
+
+
+def is_region_in_use(error: BaseException) -> bool:
+    """The server refused to unregister a region that a request still holds: soon
+    released (a request just answered), or when a request given up on ends."""
+    return isinstance(error, InferenceServerException) and _REGION_IN_USE in str(error.message())
+
+
+def is_worth_releasing_again(error: BaseException) -> bool:
+    """An unregister on close: worth another try while the server holds the region or
+    cannot answer right now."""
+    return is_region_in_use(error) or is_retryable(error)
 
 
 def is_timeout(error: BaseException) -> bool:
@@ -157,7 +174,8 @@ class RetryPolicy:
 
     `call` and `acall` take a RetryThrottle (refusals by a full queue are retried
     only within its budget) and a deadline (time.monotonic()): no retry starts whose
-    wait would end past it."""
+    wait would end past it. `retry_if` says which errors are worth another try
+    (by default those of a server that cannot answer right now)."""
 
     retries: int = 3
     base_delay_s: float = 0.25
@@ -174,12 +192,13 @@ class RetryPolicy:
         on_retry: Callable[[BaseException], None] | None = None,
         throttle: RetryThrottle | None = None,
         deadline: float | None = None,
+        retry_if: Callable[[BaseException], bool] = is_retryable,
     ) -> T:
         for delay in self.delays():
             try:
                 return _succeeded(attempt(), throttle)
             except Exception as error:
-                if not _worth_retrying(error, delay, throttle, deadline):
+                if not _worth_retrying(error, delay, throttle, deadline, retry_if):
                     raise
                 if on_retry:
                     on_retry(error)
@@ -192,12 +211,13 @@ class RetryPolicy:
         on_retry: Callable[[BaseException], None] | None = None,
         throttle: RetryThrottle | None = None,
         deadline: float | None = None,
+        retry_if: Callable[[BaseException], bool] = is_retryable,
     ) -> T:
         for delay in self.delays():
             try:
                 return _succeeded(await attempt(), throttle)
             except Exception as error:
-                if not _worth_retrying(error, delay, throttle, deadline):
+                if not _worth_retrying(error, delay, throttle, deadline, retry_if):
                     raise
                 if on_retry:
                     on_retry(error)
@@ -211,8 +231,14 @@ def _succeeded(result: T, throttle: RetryThrottle | None) -> T:
     return result
 
 
-def _worth_retrying(error: BaseException, delay: float, throttle: RetryThrottle | None, deadline: float | None) -> bool:
-    if not is_retryable(error):
+def _worth_retrying(
+    error: BaseException,
+    delay: float,
+    throttle: RetryThrottle | None,
+    deadline: float | None,
+    retry_if: Callable[[BaseException], bool],
+) -> bool:
+    if not retry_if(error):
         return False
     if deadline is not None and time.monotonic() + delay >= deadline:
         return False  # the answer would come after the caller stopped waiting
@@ -220,6 +246,12 @@ def _worth_retrying(error: BaseException, delay: float, throttle: RetryThrottle 
 
 
 NO_RETRY = RetryPolicy(retries=0)
+
+# Unregistering a shared-memory region: soon again while a request still holds it (a
+# few ms after its answer), for 3 to 6 s in all, about what a request given up on
+# just before needs to end. Whatever the client's own policy: a region left
+# registered keeps its memory mapped in the server.
+RELEASE_RETRY = RetryPolicy(retries=12, base_delay_s=0.01, max_delay_s=1.0)
 
 
 def unavailable_message(url: str, protocol: str, reason: BaseException | str) -> str:

@@ -6,11 +6,13 @@ A region lives in /dev/shm (created and destroyed here) and is known to the
 server only while registered; the clients in tritonstack.client.classifier and
 tritonstack.client.aio register it before use, register it again after a server
 restart (a new server knows no region), and always unregister and destroy it on
-close.
+close. Each region keeps its own registration state: what one request learns about
+its regions says nothing about another's.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 
@@ -19,6 +21,12 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import triton_to_np_dtype
 
 PREFIX = "tritonstack"
+LOGGER = logging.getLogger("tritonstack.client")
+
+
+class RegionsLeftRegistered(RuntimeError):
+    """A client's close could not unregister regions that the server still has: their
+    memory stays mapped in the server until it restarts."""
 
 
 class SharedMemoryRegion:
@@ -70,10 +78,35 @@ class RequestRegions:
         return iter((self.input, self.output))
 
     def forget_registration(self) -> None:
-        """After a connection failure: the server may be a new one that knows no region."""
+        """The server said it does not know one of them (a new server after a restart):
+        register both again, unregistering first in case it still has the other."""
         for region in self:
             region.registered = False
 
     def destroy(self) -> None:
         for region in self:
             region.destroy()
+
+
+def registered_names(status) -> set[str]:
+    """The region names in get_system_shared_memory_status's answer: a list over HTTP,
+    {"regions": {name: region}} over gRPC (as_json)."""
+    regions = status.get("regions", {}).values() if isinstance(status, dict) else status
+    return {region["name"] for region in regions}
+
+
+def check_released(failures: dict[str, BaseException], status) -> None:
+    """After a close whose unregister of some regions failed (`failures`, by name):
+    raise RegionsLeftRegistered for those the server still lists (`status`, its answer
+    to get_system_shared_memory_status), or log them all when it could not be asked
+    (`status`, the error): never leave a region behind silently."""
+    if isinstance(status, BaseException):
+        for name, error in failures.items():
+            LOGGER.error("shared-memory region %s may still be registered on the server (%s; %s)", name, error, status)
+        return
+    left = {name: error for name, error in failures.items() if name in registered_names(status)}
+    if left:
+        raise RegionsLeftRegistered(
+            "the server still has shared-memory regions this client could not unregister: "
+            + "; ".join(f"{name} ({error})" for name, error in left.items())
+        )
