@@ -201,6 +201,52 @@ def test_a_retried_request_leaves_the_other_requests_regions_registered(server):
     assert our_dev_shm_files() == []
 
 
+def test_a_request_given_up_on_keeps_its_regions_out_of_the_next_ones_way(server):
+    """A cancelled request may still be running in the server, reading its input region
+    and about to write its output region. The next request must not use them: it gets
+    its own, and the given-up pair comes back to the pool only once the server let go."""
+    big, small = [photo_bytes("coffee.png")] * 8, photo_bytes("rocket.jpg")
+
+    async def work(client):
+        await client.probabilities([small])  # one pair, registered, in the pool
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(client.probabilities(big), 0.02)  # the server is still on it
+        assert client._free_regions == []  # not handed to the next request
+        answer = await client.probabilities([small])
+        for _ in range(600):  # the server lets go within its ~0.2 s of work
+            if len(client._free_regions) == 2:
+                break
+            await asyncio.sleep(0.01)
+        return answer, len(client._free_regions), len(client._all_regions)
+
+    async def run():
+        options = {"shm": "system", "headers": server.admin_headers("grpc")}
+        async with AsyncClassifierClient(server.grpc_url, "grpc", **options) as client:
+            return await work(client)
+
+    answer, free, allocated = asyncio.run(run())
+    assert (
+        read_labels(MODEL_REPOSITORY / "efficientnet_lite0" / "labels.txt")[int(answer[0].argmax())]
+        in PHOTOS["rocket.jpg"]
+    )
+    assert (free, allocated) == (2, 2)  # the given-up pair came back
+    assert our_registered_regions(server, "grpc") == []
+    assert our_dev_shm_files() == []
+
+
+def test_a_sync_request_that_timed_out_waits_for_the_server_to_let_go(server):
+    """The sync client's one pair of regions: after a request it gave up on (its
+    timeout), the next one uses them only once the server let go of them."""
+    big = [photo_bytes("coffee.png")] * 8
+    options = {"shm": "system", "headers": server.admin_headers("grpc"), "timeout_s": 0.05, "retry": NO_RETRY}
+    with ClassifierClient(server.grpc_url, "grpc", **options) as client:
+        with pytest.raises(InferenceServerException):
+            client.probabilities(big)
+        assert not any(region.registered for region in client._regions)
+        assert our_registered_regions(server, "grpc") == []  # unregistered: the server let go
+    assert our_dev_shm_files() == []
+
+
 @pytest.mark.parametrize("use_async", [False, True])
 def test_close_waits_until_the_server_lets_go_of_a_region_in_use(server, use_async):
     """Triton refuses to unregister a region that a request still holds: one a task

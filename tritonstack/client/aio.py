@@ -59,6 +59,7 @@ class AsyncClassifierClient(ClientBase):
         self._labels_lock = asyncio.Lock()
         self._free_regions: list[RequestRegions] = []
         self._all_regions: list[RequestRegions] = []
+        self._reclaiming: set[asyncio.Task] = set()  # _reclaim_later's tasks
         self._client = None
 
     async def connect(self) -> "AsyncClassifierClient":
@@ -192,9 +193,29 @@ class AsyncClassifierClient(ClientBase):
             # No registration is forgotten on a retry: a failed call says nothing of what
             # the server knows, and other requests' regions are registered and in use.
             # A restarted server says so itself (_shared_memory_attempt).
-            return await self._aretrying(lambda: self._shared_memory_attempt(tensor, regions))
-        finally:
-            self._free_regions.append(regions)
+            probabilities = await self._aretrying(lambda: self._shared_memory_attempt(tensor, regions))
+        except BaseException:
+            self._reclaim_later(regions)
+            raise
+        self._free_regions.append(regions)
+        return probabilities
+
+    def _reclaim_later(self, regions: RequestRegions) -> None:
+        """After a failed or cancelled request, which the server may still be running:
+        the regions go back to the pool only once the server let go of them (it refuses
+        to unregister a region in use); if it never does, close releases them."""
+        task = asyncio.get_running_loop().create_task(self._reclaim(regions))
+        self._reclaiming.add(task)
+        task.add_done_callback(self._reclaiming.discard)
+
+    async def _reclaim(self, regions: RequestRegions) -> None:
+        try:
+            for region in regions:
+                if region.allocated:
+                    await self._unregister(region)
+        except Exception:
+            return  # still held, or no server to ask: left out of the pool
+        self._free_regions.append(regions)
 
     async def _shared_memory_attempt(self, tensor: np.ndarray, regions: RequestRegions) -> np.ndarray:
         try:
@@ -273,6 +294,9 @@ class AsyncClassifierClient(ClientBase):
     async def close(self) -> None:
         """Unregister and destroy every shared-memory region (always), then disconnect.
         RegionsLeftRegistered when the server keeps one it would not unregister."""
+        for task in list(self._reclaiming):  # close releases every region itself
+            task.cancel()
+        await asyncio.gather(*self._reclaiming, return_exceptions=True)
         try:
             failures = await self._release_all()
             if failures:

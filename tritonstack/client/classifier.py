@@ -73,6 +73,7 @@ class ClassifierClient(ClientBase):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._regions = RequestRegions() if self.shm == "system" else None
+        self._retired: list[RequestRegions] = []  # regions a failed request may still hold
         if self.protocol == "http":
             limit = self.wait_s or DEFAULT_TIMEOUT_S
             self._client = httpclient.InferenceServerClient(self.url, connection_timeout=limit, network_timeout=limit)
@@ -195,7 +196,23 @@ class ClassifierClient(ClientBase):
             return batch_rows(self.info, result.as_numpy(self.info.output_name))
         # No registration is forgotten on a retry: a failed call says nothing of what the
         # server knows. A restarted server says so itself (_shared_memory_attempt).
-        return self._retrying(lambda: self._shared_memory_attempt(tensor))
+        try:
+            return self._retrying(lambda: self._shared_memory_attempt(tensor))
+        except BaseException:
+            self._reclaim_regions()
+            raise
+
+    def _reclaim_regions(self) -> None:
+        """After a failed request, which the server may still be running (a timeout
+        given up on): the regions serve the next request only once the server let go of
+        them (it refuses to unregister a region in use), else a fresh pair does."""
+        try:
+            for region in self._regions:
+                if region.allocated:
+                    self._unregister(region)
+        except Exception:
+            self._retired.append(self._regions)  # released on close
+            self._regions = RequestRegions()
 
     def _shared_memory_attempt(self, tensor: np.ndarray) -> np.ndarray:
         try:
@@ -252,7 +269,7 @@ class ClassifierClient(ClientBase):
     def _release_all(self) -> dict[str, Exception]:
         """Every allocated region unregistered; the failures by name."""
         failures = {}
-        for region in self._regions or ():
+        for region in [region for regions in [self._regions or (), *self._retired] for region in regions]:
             # Also when `registered` is False: a registration cut short (a
             # timeout, a cancelled task) may have reached the server.
             if region.allocated and (error := self._release(region)) is not None:
@@ -274,8 +291,9 @@ class ClassifierClient(ClientBase):
             if failures:
                 check_released(failures, self._status_or_error())
         finally:
-            if self._regions is not None:
-                self._regions.destroy()
+            for regions in [self._regions, *self._retired]:
+                if regions is not None:
+                    regions.destroy()
             self._client.close()
 
     def __enter__(self) -> "ClassifierClient":
