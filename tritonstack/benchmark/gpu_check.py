@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +33,15 @@ from pathlib import Path
 import numpy as np
 
 from tritonstack.build.classifiers import CLEAR_MARGIN
-from tritonstack.contract import PREPROCESS_BOXES, PREPROCESS_INPUT, pad_batch
+from tritonstack.contract import (
+    AUDIO_PREPROCESSOR,
+    PREPROCESS_BOXES,
+    PREPROCESS_INPUT,
+    REGIONS_PREPROCESSOR,
+    VIDEO_PREPROCESSOR,
+    pad_batch,
+    preprocessing_name,
+)
 from tritonstack.repository_files import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME, VERSION
 
 # What a GPU decoder may change (docs/performance.md, "On a GPU"): nvJPEG and NVDEC
@@ -47,6 +54,7 @@ LARGE_BATCH = 128  # a GPU gains from large batches: its figure there too
 CLIP_NAME = "clip.mp4"
 TONE_NAME = "tone.wav"
 REGIONS_NAME = "regions.json"  # {"image": file name, "boxes": [[x0, y0, x1, y1], ...]}
+KINDS = {REGIONS_PREPROCESSOR: "regions", VIDEO_PREPROCESSOR: "video", AUDIO_PREPROCESSOR: "audio"}  # else image
 UNITS = {"image": "images", "regions": "boxes", "video": "frames", "audio": "clips"}
 STD_NAME = "std.json"  # {preprocessing step: its classifier's std per channel}
 
@@ -112,30 +120,24 @@ def write_inputs(out: Path) -> list[Path]:
 
 
 def dali_steps(repository: Path) -> dict[str, str]:
-    """Each serialized DALI step of a repository and its kind, read from its config."""
+    """Each serialized DALI step of a repository and its kind, from its name."""
     steps = {}
     for model_file in sorted(repository.glob(f"*/{VERSION}/{DALI_MODEL_FILENAME}")):
-        folder = model_file.parent.parent
-        config = (folder / "config.pbtxt").read_text()
-        steps[folder.name] = _kind(folder.name, config)
+        preprocessor, _ = _preset_parts(model_file.parent.parent.name)
+        steps[model_file.parent.parent.name] = KINDS.get(preprocessor, "image")
     return steps
 
 
-def _kind(name: str, config: str) -> str:
-    if PREPROCESS_BOXES in config:
-        return "regions"
-    if re.search(r"output \{[^}]*dims: -?\d+\s+dims: 3\s+dims: \d+\s+dims: \d+", config) or "video" in name:
-        return "video"
-    if "audio" in name:
-        return "audio"
-    return "image"
-
-
 def classifier_of(step: str) -> str | None:
-    """The classifier a preprocessing step feeds: preprocess_<preprocessor>_<classifier>
-    (contract.preprocessing_name); an audio step feeds a detector, not a classifier."""
-    preprocessor, _, classifier = step.removeprefix("preprocess_").partition("_")
-    return None if preprocessor == "audio" else classifier
+    """The classifier a preprocessing step feeds; an audio step feeds a detector."""
+    preprocessor, classifier = _preset_parts(step)
+    return None if preprocessor == AUDIO_PREPROCESSOR else classifier
+
+
+def _preset_parts(step: str) -> tuple[str, str]:
+    """preprocess_<preprocessor>_<classifier> (contract.preprocessing_name) split in two."""
+    preprocessor, _, classifier = step.removeprefix(preprocessing_name("")).partition("_")
+    return preprocessor, classifier
 
 
 def _pipeline(model_file: Path, batch_size: int, num_threads: int, device_id: int | None):
@@ -323,8 +325,6 @@ def _machine(gpu: bool) -> dict:
     machine = {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0))}
     machine["dali"] = nvidia.dali.__version__
     if gpu:
-        from nvidia.dali.backend import GetCUDADeviceCount  # noqa: F401  (CUDA is there)
-
         machine["gpu"] = _gpu_name()
     return machine
 
