@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import lzma
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -83,7 +84,7 @@ def drop_other_pythons(site: Path, python_version: str) -> int:
 
 
 def pack(site: Path, out: Path, piece_mib: int = PIECE_MIB) -> list[Path]:
-    """The folder as one tar.xz stream (xz with every core), cut into `piece_mib` pieces."""
+    """The folder as one tar.xz stream, cut into `piece_mib` pieces."""
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob(f"{STREAM_NAME}.*"):
         old.unlink()
@@ -92,11 +93,19 @@ def pack(site: Path, out: Path, piece_mib: int = PIECE_MIB) -> list[Path]:
         ["split", "-b", f"{piece_mib}M", "-d", "-a", "2", "-", str(out / f"{STREAM_NAME}.")],
         stdin=subprocess.PIPE,
     )
-    subprocess.run(["xz", "-6", "-T0", "-c"], stdin=tar.stdout, stdout=split.stdin, check=True)
+    subprocess.run(_xz(), stdin=tar.stdout, stdout=split.stdin, check=True)
     split.stdin.close()
     if tar.wait() or split.wait():
         raise SystemExit("packing failed")
     return sorted(out.glob(f"{STREAM_NAME}.*"))
+
+
+def _xz() -> list[str]:
+    """xz with every core; where xz is not installed, Python's lzma (one core, the same format)."""
+    if shutil.which("xz"):
+        return ["xz", "-6", "-T0", "-c"]
+    script = "import lzma, shutil, sys\nwith lzma.open(sys.stdout.buffer, 'w', preset=6) as out:\n"
+    return [sys.executable, "-c", script + "    shutil.copyfileobj(sys.stdin.buffer, out)"]
 
 
 class _Joined:
