@@ -5,7 +5,10 @@
 - The project's EfficientNet-Lite0 rewritten into the shapes other exporters give, so
   that each choice is checked with ImageNet labels on real photos:
   `keras_like`: NHWC, inputs in [-1, 1], batch fixed at 1 (folded into a Reshape, as
-  tf2onnx does), logits; `opencv_like`: NCHW, BGR, UINT8 pixels normalized inside.
+  tf2onnx does), logits; `opencv_like`: NCHW, BGR, UINT8 pixels normalized inside;
+  `tflite_like`: what tf2onnx gives for a fully quantized TFLite classifier (Google's
+  quantized EfficientNet-Lite0, docs/building.md): NHWC UINT8 pixels, batch fixed at 1,
+  the softmax quantized to UINT8 through QuantizeLinear, DequantizeLinear, QuantizeLinear.
 """
 
 from __future__ import annotations
@@ -58,6 +61,28 @@ def opencv_like(lite0: Path, out: Path) -> Path:
     output = next(value for value in graph.output)
     _rewire(graph, nodes, helper.make_tensor_value_info("pixels", TensorProto.UINT8, ["batch", 3, 224, 224]))
     graph.output.append(output)
+    return _saved(model, out)
+
+
+def tflite_like(lite0: Path, out: Path) -> Path:
+    """[1, 224, 224, 3] UINT8 RGB -> [1, 1000] UINT8 probabilities (scale 1/256)."""
+    model = onnx.load(str(lite0))
+    graph = model.graph
+    for name, value, dtype in (("q_scale", 1 / 256, np.float32), ("q_zero", 0, np.uint8)):
+        graph.initializer.append(numpy_helper.from_array(np.array(value, dtype), name))
+    nodes = [
+        helper.make_node("Transpose", ["pixels"], ["nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Cast", ["nchw"], ["as_float"], to=TensorProto.FLOAT),
+        *_affine("as_float", LITE0_INPUT, scale=1 / LITE_STD, shift=-LITE_MEAN / LITE_STD),
+    ]
+    quantized = [
+        helper.make_node("QuantizeLinear", [LITE0_OUTPUT, "q_scale", "q_zero"], ["softmax_int8"]),
+        helper.make_node("DequantizeLinear", ["softmax_int8", "q_scale", "q_zero"], ["softmax_dequant"]),
+        helper.make_node("QuantizeLinear", ["softmax_dequant", "q_scale", "q_zero"], ["Softmax"]),
+    ]
+    pixels = helper.make_tensor_value_info("pixels", TensorProto.UINT8, [1, 224, 224, 3])
+    _rewire(graph, nodes, pixels, quantized)
+    graph.output.append(helper.make_tensor_value_info("Softmax", TensorProto.UINT8, [1, 1000]))
     return _saved(model, out)
 
 

@@ -44,6 +44,7 @@ def graphs(tmp_path_factory, model_repository):
     return {
         "keras_like": foreign.keras_like(lite0, folder / "keras_like.onnx"),
         "opencv_like": foreign.opencv_like(lite0, folder / "opencv_like.onnx"),
+        "tflite_like": foreign.tflite_like(lite0, folder / "tflite_like.onnx"),
         "open_nsfw": foreign.open_nsfw(),
     }
 
@@ -57,6 +58,7 @@ def own_repository(tmp_path_factory, graphs, imagenet_txt):
     builds = {
         "keras_like": ["--labels", str(imagenet_txt), "--scale=-1,1"],
         "opencv_like": ["--labels", str(imagenet_txt), "--channel-order", "bgr"],
+        "tflite_like": ["--labels", str(imagenet_txt)],
         "open_nsfw": [
             "--labels",
             str(nsfw_labels),
@@ -83,10 +85,15 @@ def own_server(own_repository):
 
 
 def test_the_graph_tells_layout_side_type_and_batch(graphs):
-    keras, opencv, nsfw = (read_graph(graphs[name]) for name in ("keras_like", "opencv_like", "open_nsfw"))
+    keras, opencv, nsfw, tflite = (
+        read_graph(graphs[name]) for name in ("keras_like", "opencv_like", "open_nsfw", "tflite_like")
+    )
     assert (keras.layout, keras.size, keras.input_type, keras.fixed_batch) == ("NHWC", 224, "fp32", True)
     assert (opencv.layout, opencv.size, opencv.input_type, opencv.fixed_batch) == ("NCHW", 224, "uint8", False)
     assert (nsfw.layout, nsfw.size, nsfw.input_type, nsfw.classes) == ("NHWC", 224, "fp32", 2)
+    assert (tflite.layout, tflite.input_type, tflite.fixed_batch) == ("NHWC", "uint8", True)
+    assert tflite.quantized_output and tflite.ends_in_softmax
+    assert not keras.quantized_output and not keras.ends_in_softmax
 
 
 def test_the_build_says_what_it_read_and_changed(own_repository):
@@ -97,9 +104,12 @@ def test_the_build_says_what_it_read_and_changed(own_repository):
     assert "uint8, BGR" in outputs["opencv_like"]
     assert "ranked right" in outputs["opencv_like"]
     assert "labels are not ImageNet's" in outputs["open_nsfw"]
+    assert "uint8, RGB" in outputs["tflite_like"] and "made dynamic" in outputs["tflite_like"]
+    assert "output: quantized -> scaled back to FP32" in outputs["tflite_like"]
+    assert "output: probabilities" in outputs["tflite_like"]  # a softmax's, though its rows sum to < 1
 
 
-@pytest.mark.parametrize("name", ["keras_like", "opencv_like"])
+@pytest.mark.parametrize("name", ["keras_like", "opencv_like", "tflite_like"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_imagenet_classifiers_serve_the_right_labels_in_one_batch(own_server, name, protocol):
     url = own_server.http_url if protocol == "http" else own_server.grpc_url

@@ -10,6 +10,7 @@ import time
 
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import (
+    BATCH_PRIORITY,
     DEFAULT_MODEL,
     DEFAULT_REGIONS_MODEL,
     DEFAULT_VIDEO_MODEL,
@@ -69,6 +70,7 @@ def test_the_standalone_request_speaks_the_contract_and_warms_a_regions_ensemble
     assert (warmup_request.INPUT_NAME, warmup_request.BOXES_NAME) == (ENSEMBLE_INPUT, ENSEMBLE_BOXES)
     assert is_regions_model(warmup_request.REGIONS_PREFIX + "efficientnet_lite0")
     assert is_audio_model(warmup_request.AUDIO_PREFIX + "silero_vad")
+    assert warmup_request.WARMUP_PRIORITY == BATCH_PRIORITY
     assert warmup_request.SEGMENTS_NAME == ENSEMBLE_SEGMENTS
     sample = tmp_path / "sample.jpg"
     sample.write_bytes(sample_jpeg())

@@ -99,10 +99,11 @@ class Classifier:
     # The classifier this one derives from (INT8 from FP32): same input, so their
     # presets share one preprocessing model (one DALI instance, not two).
     derived_from: str = ""
-    # A user's graph as served (build/onnx_graph.py): a softmax head added, a batch axis
-    # the exporter fixed at 1 made dynamic.
+    # A user's graph as served (build/onnx_graph.py): a quantized output scaled back to
+    # FP32, a softmax head added, a batch axis the exporter fixed at 1 made dynamic.
     softmax: bool = False
     dynamic_batch: bool = False
+    dequantize: bool = False
 
     def weights_path(self) -> Path:
         module = __import__(self.weights_package)
@@ -122,6 +123,7 @@ class Classifier:
         if self.onnx_file is not None:
             digest.update(Path(self.onnx_file).read_bytes())
             digest.update(f"softmax={self.softmax} dynamic_batch={self.dynamic_batch}".encode())
+            digest.update(f" dequantize={self.dequantize}".encode() if self.dequantize else b"")
             return digest.hexdigest()
         import torch
 

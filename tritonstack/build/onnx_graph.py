@@ -10,9 +10,10 @@ input's layout (where its 3 channels are), side, element type and batch axis, an
 output's class count. What a graph cannot say (channel order, scale, resize) is the
 build's options; a check on real photos (build/photo_check.py) catches a wrong guess.
 
-The edits: a softmax head when the graph ends in logits (the ensemble answers
-probabilities), and a batch axis made dynamic when the exporter fixed it at 1 (Triton
-batches requests through the classifier). Both are checked by running the result.
+The edits: a quantized (UINT8 or INT8) output scaled back to FP32 with its own scale, a
+softmax head when the graph ends in logits (the ensemble answers probabilities), and a
+batch axis made dynamic when the exporter fixed it at 1 (Triton batches requests through
+the classifier). Each is checked by running the result.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ONNX_TYPES = {1: "fp32", 2: "uint8"}  # onnx.TensorProto.FLOAT, UINT8
+QUANTIZED_TYPES = (2, 3)  # UINT8, INT8: an integer output, from a QuantizeLinear
 SERVED_OUTPUT = "probabilities"
 BATCH_AXIS = "batch"
 
@@ -34,6 +36,8 @@ class ClassifierGraph:
     fixed_batch: bool  # the exporter fixed the batch axis at 1
     output_name: str
     classes: int | None  # None: dynamic
+    quantized_output: bool = False  # integer scores from a QuantizeLinear (a quantized TFLite's)
+    ends_in_softmax: bool = False  # the scores are a Softmax's (quantized or not): probabilities
 
 
 def read_graph(path: Path) -> ClassifierGraph:
@@ -62,6 +66,9 @@ def read_graph(path: Path) -> ClassifierGraph:
     if len(output_dims) != 2:
         raise ValueError(f"{path}: output {scores.name!r} has shape {output_dims}; a classifier gives [batch, classes]")
     layout, size = _layout_and_size(path, image.name, dims[1:])
+    quantized = scores.type.tensor_type.elem_type in QUANTIZED_TYPES
+    if quantized and _quantizer_of(graph, scores.name) is None:
+        raise ValueError(f"{path}: output {scores.name!r} is an integer with no QuantizeLinear to scale it back")
     return ClassifierGraph(
         input_name=image.name,
         layout=layout,
@@ -70,7 +77,24 @@ def read_graph(path: Path) -> ClassifierGraph:
         fixed_batch=dims[0] == 1,
         output_name=scores.name,
         classes=output_dims[1] if output_dims[1] > 0 else None,
+        quantized_output=quantized,
+        ends_in_softmax=_ends_in_softmax(graph, scores.name),
     )
+
+
+def _ends_in_softmax(graph, name: str) -> bool:
+    """Whether the output is a Softmax's, through any (de)quantizing (tf2onnx writes a
+    quantized TFLite's softmax as Softmax, QuantizeLinear, DequantizeLinear, QuantizeLinear)."""
+    producers = {output: node for node in graph.node for output in node.output}
+    node = producers.get(name)
+    while node is not None and node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+        node = producers.get(node.input[0])
+    return node is not None and node.op_type == "Softmax"
+
+
+def _quantizer_of(graph, name: str):
+    """The QuantizeLinear node whose output is `name`, if one is."""
+    return next((node for node in graph.node if node.op_type == "QuantizeLinear" and name in node.output), None)
 
 
 def _dims(value_info) -> list[int]:
@@ -88,13 +112,13 @@ def _layout_and_size(path: Path, name: str, axes: list[int]) -> tuple[str | None
     return ("NCHW" if channels_first else "NHWC"), (spatial[0] if spatial[0] > 0 else None)
 
 
-def servable_onnx(path: Path, softmax: bool, dynamic_batch: bool) -> bytes:
-    """The graph with a softmax head (its output then named SERVED_OUTPUT) and/or its
-    batch axis made dynamic; the file's own bytes when neither is asked."""
-    if not (softmax or dynamic_batch):
+def servable_onnx(path: Path, softmax: bool, dynamic_batch: bool, dequantize: bool = False) -> bytes:
+    """The graph with its quantized output scaled back to FP32 and/or a softmax head (its
+    output then named SERVED_OUTPUT) and/or its batch axis made dynamic; the file's own
+    bytes when none is asked."""
+    if not (softmax or dynamic_batch or dequantize):
         return Path(path).read_bytes()
     import onnx
-    from onnx import helper
 
     model = onnx.load(str(path))
     graph = model.graph
@@ -104,15 +128,40 @@ def servable_onnx(path: Path, softmax: bool, dynamic_batch: bool) -> bytes:
             value.type.tensor_type.shape.dim[0].dim_param = BATCH_AXIS
         del graph.value_info[:]  # shapes inferred for batch 1: ONNX Runtime infers them again
         _reshapes_keep_the_batch(graph)
+    if dequantize:  # with the output's own scale and zero point
+        quantizer = _quantizer_of(graph, graph.output[0].name)
+        _append_head(graph, "DequantizeLinear", quantizer.input[1:], "dequantized" if softmax else SERVED_OUTPUT)
     if softmax:
-        scores = graph.output[0]
-        graph.node.append(helper.make_node("Softmax", [scores.name], [SERVED_OUTPUT], axis=-1))
-        served = onnx.ValueInfoProto()
-        served.CopyFrom(scores)
-        served.name = SERVED_OUTPUT
-        graph.output.pop()
-        graph.output.append(served)
+        _append_head(graph, "Softmax", [], SERVED_OUTPUT, axis=-1)
     return model.SerializeToString()
+
+
+def _append_head(graph, op: str, other_inputs, output: str, **attributes) -> None:
+    """A node after the graph's output, whose FP32 result becomes the output."""
+    import onnx
+    from onnx import helper
+
+    _free_name(graph, output)
+    scores = graph.output[0]
+    graph.node.append(helper.make_node(op, [scores.name, *other_inputs], [output], **attributes))
+    served = onnx.ValueInfoProto()
+    served.CopyFrom(scores)
+    served.name = output
+    served.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    graph.output.pop()
+    graph.output.append(served)
+
+
+def _free_name(graph, name: str) -> None:
+    """A tensor of the graph already called `name` (a softmax's output named like the
+    served one) renamed, so that the head's output can take the name."""
+    renamed = f"{name}_in_graph"
+    for node in graph.node:
+        node.input[:] = [renamed if tensor == name else tensor for tensor in node.input]
+        node.output[:] = [renamed if tensor == name else tensor for tensor in node.output]
+    for value in graph.output:
+        if value.name == name:
+            value.name = renamed
 
 
 def _reshapes_keep_the_batch(graph) -> None:

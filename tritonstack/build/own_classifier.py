@@ -23,7 +23,7 @@ from pathlib import Path
 from tritonstack import cli
 from tritonstack.build.classifiers import CHANNEL_ORDERS, INPUT_TYPES, RESIZES, Classifier, Preprocessing
 from tritonstack.build.labels import read_labels
-from tritonstack.build.onnx_graph import read_graph
+from tritonstack.build.onnx_graph import SERVED_OUTPUT, read_graph
 from tritonstack.build.photo_check import check_on_photos
 
 OWN = cli.Group(
@@ -136,15 +136,18 @@ def own_classifier(options: OwnClassifierOptions) -> tuple[Classifier, list[str]
         onnx_file=options.onnx.resolve(),
         labels_file=options.labels.resolve(),
         input_name=graph.input_name,
-        output_name=graph.output_name,
+        output_name=SERVED_OUTPUT if graph.quantized_output else graph.output_name,
         num_classes=len(labels),
         dynamic_batch=graph.fixed_batch,
+        dequantize=graph.quantized_output,
     )
     notes = [
         f"input {graph.input_name!r}: {preprocessing.layout}, {preprocessing.crop} x {preprocessing.crop}, "
         f"{preprocessing.input_type}, {preprocessing.channel_order.upper()}, resize {preprocessing.resize}"
     ]
-    return check_on_photos(classifier, labels, options.softmax, notes)
+    if graph.quantized_output:
+        notes.append("output: quantized -> scaled back to FP32 with its own scale and zero point")
+    return check_on_photos(classifier, labels, options.softmax, notes, probabilities=graph.ends_in_softmax)
 
 
 def _preprocessing(options: OwnClassifierOptions, graph) -> Preprocessing:

@@ -24,12 +24,14 @@ PREPROCESSING_FLAGS = "--layout, --channel-order, --scale (or --mean/--std), --r
 BATCH_TOLERANCE = 1e-3
 
 
-def check_on_photos(classifier: Classifier, labels: list[str], softmax: str, notes: list[str]):
-    """(the classifier with a softmax head if it needs one, notes); ValueError if wrong."""
+def check_on_photos(classifier: Classifier, labels: list[str], softmax: str, notes: list[str], probabilities=False):
+    """(the classifier with a softmax head if it needs one, notes); ValueError if wrong.
+    `probabilities`: the graph ends in a Softmax, whose quantized rows need not sum to 1
+    (small classes round to 0)."""
     photos = _photos()
     tensors = _preprocessed(classifier.preprocessing, [data for data, _ in photos.values()])
     scores = _scores(classifier, tensors, notes)
-    summing_to_one = bool(np.all(scores >= 0) and np.allclose(scores.sum(axis=1), 1, atol=1e-3))
+    summing_to_one = probabilities or bool(np.all(scores >= 0) and np.allclose(scores.sum(axis=1), 1, atol=1e-3))
     if softmax == "yes" or (softmax == "auto" and not summing_to_one):
         classifier, scores = with_softmax(classifier), softmax_rows(scores)
         notes.append("output: logits -> a softmax head added (the ensemble answers probabilities)")
@@ -73,7 +75,7 @@ def _scores(classifier: Classifier, tensors: np.ndarray, notes: list[str]) -> np
     """One row a photo, each run alone; with a batch axis made dynamic, a batch must agree."""
     import onnxruntime as ort
 
-    graph = servable_onnx(classifier.onnx_file, softmax=False, dynamic_batch=classifier.dynamic_batch)
+    graph = servable_onnx(classifier.onnx_file, False, classifier.dynamic_batch, classifier.dequantize)
     session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
 
     def run(batch: np.ndarray) -> np.ndarray:

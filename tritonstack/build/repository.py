@@ -300,7 +300,9 @@ def _write_labels(model_dir: Path, classifier: Classifier) -> list[Path]:
 
 
 def _write_servable(classifier: Classifier, path: Path) -> None:
-    path.write_bytes(servable_onnx(classifier.onnx_file, classifier.softmax, classifier.dynamic_batch))
+    path.write_bytes(
+        servable_onnx(classifier.onnx_file, classifier.softmax, classifier.dynamic_batch, classifier.dequantize)
+    )
 
 
 def _export_if_stale(classifier: Classifier, onnx_path: Path) -> list[Path]:

@@ -31,6 +31,10 @@ REGIONS_PREFIX = "ensemble_regions_"
 # An audio ensemble answers SEGMENTS; the others a classification OUTPUT.
 AUDIO_PREFIX = "ensemble_audio_"
 SEGMENTS_NAME = "SEGMENTS"
+# Sent at batch priority (tritonstack.contract.BATCH_PRIORITY): a warmup waits its turn
+# behind traffic and is never refused by the latency objective's queue ceilings, which
+# bind interactive requests only (a busy node refused a warmup sent without it).
+WARMUP_PRIORITY = 2
 # One box of one pixel at the corner: inside any image, so one crop goes through the chain.
 WARMUP_BOX = [0.0, 0.0, 1.0, 1.0]
 
@@ -59,6 +63,7 @@ def send_sample(url: str, model: str, sample: bytes, timeout_s: float, input_nam
     body = {
         "inputs": [{"name": input_name, "shape": [1, len(sample)], "datatype": "UINT8", "data": list(sample)}],
         "outputs": [{"name": "OUTPUT", "parameters": {"classification": 1}}],
+        "parameters": {"priority": WARMUP_PRIORITY},
     }
     if model.startswith(AUDIO_PREFIX):
         body["outputs"] = [{"name": SEGMENTS_NAME}]
