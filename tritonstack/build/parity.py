@@ -22,11 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonstack.build.classifiers import CLEAR_MARGIN
+from tritonstack.build.classifiers import CLEAR_MARGIN, Classifier, Preprocessing
 from tritonstack.build.model_files import VERSION
 from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.pipelines import run_pipeline
 from tritonstack.build.presets import preset_named
+from tritonstack.contract import preprocessing_name
 from tritonstack.repository_files import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME
 from tritonstack.samples.photos import PHOTOS, photo_bytes
 
@@ -152,20 +153,28 @@ def crop_images() -> dict[str, bytes]:
 
 
 def compare(
-    repository: Path, preset_name: str = "dali_efficientnet_lite0", images: dict[str, bytes] | None = None
+    repository: Path,
+    preset_name: str = "dali_efficientnet_lite0",
+    images: dict[str, bytes] | None = None,
+    classifier: Classifier | None = None,
 ) -> ParityReport:
+    """DALI against Pillow for a preset, or for `classifier` (a user's, built with the
+    same options: tritonstack.build.own_classifier) served as `dali_<name>`."""
     from PIL import Image
 
-    preset = preset_named(preset_name)
-    classifier = preset.classifier
+    if classifier is None:
+        classifier = preset_named(preset_name).classifier
+    else:
+        preset_name = f"dali_{classifier.name}"
     repository = Path(repository)
     images = images or parity_images()
     encoded = list(images.values())
-    dali = dali_tensors(repository, preset_name, encoded)
+    serialized = (repository / preprocessing_name(preset_name) / VERSION / DALI_MODEL_FILENAME).read_bytes()
+    dali = run_pipeline(serialized, encoded)
     p = classifier.preprocessing
-    pillow = np.stack([preprocess(data, p.resize_shorter, p.crop, p.mean, p.std) for data in encoded])
-    scores_dali, scores_pillow = (classify(repository, preset_name, batch) for batch in (dali, pillow))
-    levels = np.abs(dali - pillow) * np.asarray(p.std, np.float32)[:, None, None]  # back to 0..255 units
+    pillow = np.stack([preprocess(data, **asdict(p)) for data in encoded])
+    scores_dali, scores_pillow = (classify(repository, classifier, batch) for batch in (dali, pillow))
+    levels = _levels(dali, pillow, p)
     results = []
     for index, (name, data) in enumerate(images.items()):
         with Image.open(io.BytesIO(data)) as image:
@@ -183,7 +192,16 @@ def compare(
                 top5_overlap=len(set(top5_dali) & set(top5_pillow)),
             )
         )
-    return ParityReport(preset=preset.name, images=tuple(results))
+    return ParityReport(preset=preset_name, images=tuple(results))
+
+
+def _levels(dali: np.ndarray, pillow: np.ndarray, p: Preprocessing) -> np.ndarray:
+    """|DALI - Pillow| back in 0..255 units: a UINT8 input is in them already."""
+    difference = np.abs(dali.astype(np.float32) - pillow.astype(np.float32))
+    if p.input_type == "uint8":
+        return difference
+    std = np.asarray(p.std, np.float32)
+    return difference * (std[:, None, None] if p.layout == "NCHW" else std)
 
 
 def dali_tensors(repository: Path, preset_name: str, encoded: list[bytes]) -> np.ndarray:
@@ -193,11 +211,12 @@ def dali_tensors(repository: Path, preset_name: str, encoded: list[bytes]) -> np
     return run_pipeline(serialized, encoded)
 
 
-def classify(repository: Path, preset_name: str, batch: np.ndarray) -> np.ndarray:
-    """The preset's classifier (its model.onnx) on preprocessed images: scores."""
+def classify(repository: Path, classifier: Classifier | str, batch: np.ndarray) -> np.ndarray:
+    """The classifier (or a preset's) as served (its model.onnx) on preprocessed images: scores."""
     import onnxruntime as ort
 
-    classifier = preset_named(preset_name).classifier
+    if isinstance(classifier, str):
+        classifier = preset_named(classifier).classifier
     session = ort.InferenceSession(
         str(Path(repository) / classifier.name / VERSION / ONNX_MODEL_FILENAME), providers=["CPUExecutionProvider"]
     )

@@ -14,6 +14,7 @@ ONNX classifier; `ensemble_audio_silero_vad` answers a clip's speech segments.
     tritonstack parity                     # DALI vs Pillow on real photos
     tritonstack build --audio-classifier-onnx tagger.onnx --labels labels.csv --out /tmp/audio
     tritonstack parity /tmp/audio --preset audio_tagger   # DALI's log-mel vs NumPy's
+    tritonstack parity /tmp/mine --classifier-onnx m.onnx --labels l.txt --scale=-1,1   # a user's, as built
 
 Only files whose content changes are rewritten; the ONNX export is skipped while
 its inputs (weights, export code, torch version) are unchanged.
@@ -129,7 +130,13 @@ def parity(args: argparse.Namespace) -> int:
         if args.json:
             args.json.write_text(json.dumps(asdict(features), indent=2) + "\n")
         return 0 if features.within_tolerance else 1
-    report = compare(args.repository, args.preset)
+    own = cli.from_args(OwnClassifierOptions, args)
+    classifier = None
+    if own.onnx:  # a user's classifier: the options it was built with describe its preprocessing
+        if not own.labels:
+            raise cli.OptionError("--classifier-onnx and --labels go together")
+        classifier, _ = own_classifier(own)
+    report = compare(args.repository, args.preset, classifier=classifier)
     print(format_report(report))
     if args.json:
         args.json.write_text(report.to_json())
@@ -210,6 +217,7 @@ def parser() -> argparse.ArgumentParser:
         help="the DALI preset to compare; audio_<name>: an audio classifier's log-mel features against NumPy's",
     )
     parity_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    cli.add_options(parity_parser, OwnClassifierOptions)
     parity_parser.set_defaults(run=parity)
     return made
 
