@@ -159,7 +159,7 @@ def _free_name(graph, name: str) -> None:
     for node in graph.node:
         node.input[:] = [renamed if tensor == name else tensor for tensor in node.input]
         node.output[:] = [renamed if tensor == name else tensor for tensor in node.output]
-    for value in graph.output:
+    for value in [*graph.output, *graph.value_info]:
         if value.name == name:
             value.name = renamed
 
