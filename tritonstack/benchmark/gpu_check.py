@@ -170,10 +170,7 @@ def _feed(kind: str, inputs: Path, repeat: int = 1) -> dict[str, list[np.ndarray
         encoded = [(inputs / regions["image"]).read_bytes()] * repeat
         boxes = [np.asarray(regions["boxes"], dtype=np.float32)] * repeat
         return {PREPROCESS_INPUT: list(pad_batch(encoded)), PREPROCESS_BOXES: boxes}
-    if kind in ("video", "audio"):
-        encoded = [(inputs / (CLIP_NAME if kind == "video" else TONE_NAME)).read_bytes()] * repeat
-    else:
-        encoded = [path.read_bytes() for path in sorted(inputs.glob("*.jpg")) if path.name != "collage.jpg"] * repeat
+    encoded = [(inputs / name).read_bytes() for name in _input_names(kind, inputs)] * repeat
     return {PREPROCESS_INPUT: list(pad_batch(encoded))}
 
 
@@ -214,8 +211,7 @@ def _ranked(session, batch: np.ndarray) -> tuple[list[int], list[float]]:
 
 def _images_per_s(model_file, kind, inputs, threads, device_id, seconds, batch=None):
     """Images per second of one batch after another (TIMING_BATCH inputs, or `batch`)."""
-    feed = _feed(kind, inputs, repeat=1)
-    repeat = max(1, (batch or TIMING_BATCH) // len(feed[PREPROCESS_INPUT]))
+    repeat = max(1, (batch or TIMING_BATCH) // len(_input_names(kind, inputs)))
     feed = _feed(kind, inputs, repeat=repeat)
     pipeline = _pipeline(model_file, len(feed[PREPROCESS_INPUT]), threads, device_id)
     images = _images(kind, _run(pipeline, feed))  # warm-up: allocations, decoder setup

@@ -26,8 +26,7 @@ from tritonstack.build.classifiers import CLEAR_MARGIN, Classifier, Preprocessin
 from tritonstack.build.model_files import VERSION
 from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.pipelines import run_pipeline
-from tritonstack.build.presets import preset_named
-from tritonstack.contract import preprocessing_name
+from tritonstack.build.presets import Preset, preset_named
 from tritonstack.repository_files import DALI_MODEL_FILENAME, ONNX_MODEL_FILENAME
 from tritonstack.samples.photos import PHOTOS, photo_bytes
 
@@ -162,15 +161,11 @@ def compare(
     same options: tritonstack.build.own_classifier) served as `dali_<name>`."""
     from PIL import Image
 
-    if classifier is None:
-        classifier = preset_named(preset_name).classifier
-    else:
-        preset_name = f"dali_{classifier.name}"
-    repository = Path(repository)
+    preset = preset_named(preset_name) if classifier is None else Preset(classifier, "dali")
+    classifier = preset.classifier
     images = images or parity_images()
     encoded = list(images.values())
-    serialized = (repository / preprocessing_name(preset_name) / VERSION / DALI_MODEL_FILENAME).read_bytes()
-    dali = run_pipeline(serialized, encoded)
+    dali = dali_tensors(repository, preset, encoded)
     p = classifier.preprocessing
     pillow = np.stack([preprocess(data, **asdict(p)) for data in encoded])
     scores_dali, scores_pillow = (classify(repository, classifier, batch) for batch in (dali, pillow))
@@ -192,7 +187,7 @@ def compare(
                 top5_overlap=len(set(top5_dali) & set(top5_pillow)),
             )
         )
-    return ParityReport(preset=preset_name, images=tuple(results))
+    return ParityReport(preset=preset.name, images=tuple(results))
 
 
 def _levels(dali: np.ndarray, pillow: np.ndarray, p: Preprocessing) -> np.ndarray:
@@ -204,9 +199,9 @@ def _levels(dali: np.ndarray, pillow: np.ndarray, p: Preprocessing) -> np.ndarra
     return difference * (std[:, None, None] if p.layout == "NCHW" else std)
 
 
-def dali_tensors(repository: Path, preset_name: str, encoded: list[bytes]) -> np.ndarray:
+def dali_tensors(repository: Path, preset: Preset | str, encoded: list[bytes]) -> np.ndarray:
     """The preset's served DALI pipeline (its model.dali) run here on `encoded`."""
-    preset = preset_named(preset_name)
+    preset = preset_named(preset) if isinstance(preset, str) else preset
     serialized = (Path(repository) / preset.preprocessing_name / VERSION / DALI_MODEL_FILENAME).read_bytes()
     return run_pipeline(serialized, encoded)
 
