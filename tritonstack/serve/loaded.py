@@ -6,9 +6,13 @@ tritonstack.serve.queue_ceilings; the layout, tritonstack.serve.layout)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 
 import tritonclient.http as httpclient
+
+# Triton's own default for --model-load-thread-count.
+CONCURRENT_LOADS = 4
 
 
 def loaded_configs(http_url: str, headers: dict[str, str]) -> list[dict]:
@@ -36,9 +40,21 @@ def _normalized(config: dict) -> str:
 
 
 def load_overrides(http_url: str, headers: dict[str, str], configs: list[dict]) -> list[str]:
-    """Load each model of `configs` again with that config, in order (a step before
-    the ensembles that use it); their names."""
-    with httpclient.InferenceServerClient(http_url, network_timeout=300) as client:
-        for config in configs:
-            client.load_model(config["name"], headers=headers, config=json.dumps(config))
+    """Load each model of `configs` again with that config, the steps before the
+    ensembles (an ensemble loads against its steps); their names. The steps load side by
+    side, as Triton loads a repository at start-up (one at a time, the default
+    repository's objective took 37 s to start where 11 s loaded it; side by side 20 s).
+    The ensembles load one at a time: two loaded at once that share a step were refused
+    by Triton 2.51 ("Newer operation has been applied to the model lifecycle")."""
+    steps = [config for config in configs if config.get("platform") != "ensemble"]
+    ensembles = [config for config in configs if config.get("platform") == "ensemble"]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=CONCURRENT_LOADS) as pool:
+        list(pool.map(lambda config: _load(http_url, headers, config), steps))
+    for config in ensembles:
+        _load(http_url, headers, config)
     return [config["name"] for config in configs]
+
+
+def _load(http_url: str, headers: dict[str, str], config: dict) -> None:
+    with httpclient.InferenceServerClient(http_url, network_timeout=300) as client:
+        client.load_model(config["name"], headers=headers, config=json.dumps(config))
