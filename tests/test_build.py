@@ -117,8 +117,8 @@ def test_classifier_batch_is_a_cpu_preference_below_max_batch_size(tmp_path, mod
 
 def test_classifier_instances_split_the_cores_between_classifier_processes(tmp_path, model_repository):
     for args, classifier_count, preprocess_count in (
-        ((), 2, 1),
-        (("--classifier-instances", "1", "--intra-op-threads", "2"), 1, 1),
+        ((), 2, 2),
+        (("--classifier-instances", "1", "--intra-op-threads", "2"), 1, 2),
         (("--instances", "3"), 2, 3),
         (("--instances", "3", "--classifier-instances", "0"), 3, 3),
     ):

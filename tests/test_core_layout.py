@@ -37,12 +37,12 @@ from tritonstack.serve.server_config import ServerConfig
 
 # cores -> (DALI instances x threads, classifier instances x threads, Pillow step instances)
 EXPECTED = {
-    1: ((1, 2), (2, 1), 1),
-    2: ((1, 2), (2, 1), 1),
-    4: ((1, 4), (4, 1), 2),
-    8: ((1, 8), (8, 1), 4),
-    16: ((1, 16), (8, 2), 8),
-    64: ((1, 16), (8, 8), 8),
+    1: ((2, 1), (2, 1), 2),
+    2: ((2, 1), (2, 1), 2),
+    4: ((2, 2), (4, 1), 2),
+    8: ((2, 4), (8, 1), 4),
+    16: ((2, 8), (8, 2), 8),
+    64: ((2, 8), (8, 8), 8),
 }
 
 
@@ -71,7 +71,7 @@ def test_on_1_and_2_cores_the_committed_repository_is_the_layout_and_nothing_is_
     configs = committed_configs()
     assert overridden(configs, step_layouts(1)) == overridden(configs, step_layouts(2)) == []
     # Not vacuous: every preprocessing step and classifier of the repository is sized.
-    sized = {config["name"] for config in overridden(configs, step_layouts(4))}
+    sized = {config["name"] for config in overridden(configs, step_layouts(8))}
     steps = {config["name"] for config in configs if config.get("backend") in ("dali", "onnxruntime", "python")}
     assert sized == steps
 
@@ -80,8 +80,8 @@ def test_a_layout_changes_instances_and_the_threads_parameter_only():
     configs = {config["name"]: config for config in committed_configs()}
     changed = {config["name"]: config for config in overridden(list(configs.values()), step_layouts(16))}
     dali, classifier = changed["preprocess_dali_efficientnet_lite0"], changed["efficientnet_lite0"]
-    assert dali["parameters"]["num_threads"] == {"string_value": "16"}
-    assert dali["instance_group"] == [{"count": 1, "kind": "KIND_CPU"}]
+    assert dali["parameters"]["num_threads"] == {"string_value": "8"}
+    assert dali["instance_group"] == [{"count": 2, "kind": "KIND_CPU"}]
     assert classifier["parameters"]["intra_op_thread_count"] == {"string_value": "2"}
     assert classifier["instance_group"] == [{"count": 8, "kind": "KIND_CPU"}]
     python = changed["preprocess_python_efficientnet_lite0"]
@@ -177,15 +177,15 @@ def one_cpu():
 
 @pytest.fixture(scope="module")
 def one_thread_repository(tmp_path_factory):
-    """dali_efficientnet_lite0 built with one classifier instance and one DALI thread:
-    a layout the rule changes on any number of cores."""
+    """dali_efficientnet_lite0 built with one classifier instance and one DALI instance
+    of one thread: a layout the rule changes on any number of cores."""
     from tests import repo_factory as rf
     from tritonstack.build.presets import preset_named
     from tritonstack.build.repository import write_repository
 
     out = tmp_path_factory.mktemp("one_thread")
     rf.seed_lite0_export(out)
-    options = dataclasses.replace(FUNCTIONAL_BUILD, classifier_instances=1, num_threads=1)
+    options = dataclasses.replace(FUNCTIONAL_BUILD, classifier_instances=1, instances=1, num_threads=1)
     write_repository(out, presets=(preset_named("dali_efficientnet_lite0"),), options=options)
     return out
 
@@ -216,7 +216,7 @@ def test_a_server_on_one_cpu_serves_the_layout_of_one_core_and_leaves_the_files(
     layouts = step_layouts(1)
     assert classifier["instance_group"][0]["count"] == layouts["onnxruntime"].instances == 2
     assert classifier["parameters"]["intra_op_thread_count"]["string_value"] == "1"
-    assert dali["instance_group"][0]["count"] == 1
-    assert dali["parameters"]["num_threads"]["string_value"] == str(layouts["dali"].threads) == "2"
+    assert dali["instance_group"][0]["count"] == layouts["dali"].instances == 2
+    assert dali["parameters"]["num_threads"]["string_value"] == str(layouts["dali"].threads) == "1"
     assert {path: path.read_bytes() for path in repository.glob(f"*/{CONFIG_FILENAME}")} == files
     assert read_config(repository / "efficientnet_lite0").instance_group[0].count == 1  # never written

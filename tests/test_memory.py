@@ -35,6 +35,7 @@ from tritonstack.diagnostics.memory_probe import (
     rss_parts_mib,
     sized_photos,
     stub_pid,
+    study_repository,
 )
 from tritonstack.serve.stub_environment import STUB_ENVIRONMENT
 
@@ -54,10 +55,16 @@ FRESH_ROUNDS, FRESH_REQUESTS_PER_ROUND = 3, 1500  # the measure docs/memory.md r
 ENVIRONMENTS = {"default": {}, "compact-memory": STUB_ENVIRONMENT}
 
 
+@pytest.fixture(scope="module")
+def one_stub_repository(model_repository, tmp_path_factory):
+    """The DALI model alone, as one instance: one stub's memory, round after round."""
+    return study_repository(model_repository, tmp_path_factory.mktemp("memory"))
+
+
 @pytest.fixture(scope="module", params=sorted(ENVIRONMENTS))
-def dali_server(request, model_repository):
+def dali_server(request, one_stub_repository):
     """The launcher's default, and its --compact-memory, with only the DALI model."""
-    with dali_only_server(model_repository, ENVIRONMENTS[request.param]) as server:
+    with dali_only_server(one_stub_repository, ENVIRONMENTS[request.param]) as server:
         yield request.param, server
 
 
@@ -101,9 +108,9 @@ def test_dali_stub_rss_stays_flat_over_identical_rounds(dali_server):
     assert judged[-1] - judged[0] < MAX_JUDGED_GROWTH_MIB[name], (rss, parts)
 
 
-def test_round_3_adds_under_2_mib_on_a_fresh_default_server(model_repository):
+def test_round_3_adds_under_2_mib_on_a_fresh_default_server(one_stub_repository):
     images, bad = round_images()
-    with dali_only_server(model_repository, {}) as server:
+    with dali_only_server(one_stub_repository, {}) as server:
         pid = stub_pid(server.pid, MODEL)
         sender = RoundSender(server.http_url, workers=4, bad_images=bad)
         rss, parts = [], []

@@ -147,7 +147,8 @@ def vad_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
 
 
 def segments_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
-    # A few microseconds a clip, on the CPU whatever the device of the rest.
+    # A few microseconds a clip, on the CPU whatever the device of the rest; as many
+    # instances as a preprocessing step (the launcher's layout sizes both python steps alike).
     return ModelConfig(
         name=preset.segments_name,
         backend="python",
@@ -157,7 +158,7 @@ def segments_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
             Tensor(segments_model.SAMPLE_COUNT_INPUT, "INT64", (1,)),
         ),
         outputs=(Tensor(segments_model.SEGMENTS_OUTPUT, "FP32", (-1, SEGMENT_WIDTH)),),
-        instance_groups=(InstanceGroup(count=1, kind="KIND_CPU"),),
+        instance_groups=(InstanceGroup(count=options.instances, kind="KIND_CPU"),),
         parameters=segment_settings(options).parameters(),
     )
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tritonstack import cli, contract
 from tritonstack.build import classifiers
 from tritonstack.build.classifiers import Classifier
-from tritonstack.objective import DEFAULT_OBJECTIVE_MS, check_objective
+from tritonstack.objective import DEFAULT_OBJECTIVE_MS, MIN_QUEUED_STEP_INSTANCES, check_objective
 from tritonstack.repository_files import DALI_MODEL_FILENAME, DALI_SCRIPT_FILENAME
 
 DEVICES = ("cpu", "gpu")
@@ -71,12 +71,15 @@ class BuildOptions:
         type=cli.positive_int,
         help="every model's max_batch_size, and the DALI pipeline's batch",
     )
+    # Two, of one DALI thread each on a CPU (tritonstack.objective says why one is not
+    # enough under a latency objective); each is a process of its own, a stub's memory.
     instances: int = cli.option(
-        1,
+        MIN_QUEUED_STEP_INSTANCES,
         "--instances",
         type=cli.positive_int,
-        help="instances of each preprocessing model, and of each classifier with "
-        "--classifier-instances 0 (each one is a process on CPU machines)",
+        help="instances of each preprocessing model (and of the audio segments step), and of "
+        "each classifier with --classifier-instances 0 (each one is a process on CPU machines; "
+        "default %(default)s: docs/performance.md#thread-layout)",
     )
     # Two instances of one thread each spend less CPU per image than one of two threads
     # (no synchronization between the threads of one run), for a stub's memory more.
@@ -89,7 +92,7 @@ class BuildOptions:
         "thread each: a CPU's cores split between instances, docs/performance.md#thread-layout)",
     )
     num_threads: int = cli.option(
-        2,
+        1,
         "--num-threads",
         type=cli.positive_int,
         help="DALI CPU worker threads per instance (default fixed, not this machine's cores, "

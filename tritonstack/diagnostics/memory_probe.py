@@ -200,8 +200,8 @@ class VariantRun:
 
 
 def dali_only_server(repository: Path, environment: dict[str, str]) -> TritonServer:
-    """A server (not yet started) with only the model under study loaded: one stub,
-    a quicker start, no other process's noise."""
+    """A server (not yet started) with only the model under study loaded (of a
+    study_repository: one stub), a quicker start, no other process's noise."""
     config = ServerConfig(repository, extra_args=("--model-control-mode=explicit", f"--load-model={MODEL}"))
     return TritonServer(config, environment=environment)
 
@@ -211,13 +211,15 @@ def bad_inputs() -> list[bytes]:
     return [sample.data for sample in bad_samples()]
 
 
-def with_parameters(repository: Path, parameters: dict[str, str], workdir: Path) -> Path:
+def study_repository(repository: Path, workdir: Path, parameters: dict[str, str] | None = None) -> Path:
     """A repository in workdir (made here) holding a copy of the model under study
-    whose config has `parameters` added."""
+    alone, as one instance (one stub to watch; the build gives it two), with
+    `parameters` added to its config."""
     copy = workdir / "repository"
     shutil.copytree(repository / MODEL, copy / MODEL)
     config = read_config(copy / MODEL)
-    for key, value in parameters.items():
+    config.instance_group[0].count = 1
+    for key, value in (parameters or {}).items():
         config.parameters[key].string_value = value
     write_config(copy / MODEL, config)
     return copy
@@ -232,8 +234,7 @@ def start_variant(
     bad_images: frozenset[bytes] = frozenset(),
 ) -> VariantRun:
     environment = dict(VARIANTS[name])
-    if name in VARIANT_PARAMETERS:
-        repository = with_parameters(repository, VARIANT_PARAMETERS[name], workdir / name)
+    repository = study_repository(repository, workdir / name, VARIANT_PARAMETERS.get(name))
     trace_path = None
     if name.startswith("traced"):
         trace_path = workdir / f"{name}.json"
