@@ -37,12 +37,12 @@ from tritonstack.serve.server_config import ServerConfig
 
 # cores -> (DALI instances x threads, classifier instances x threads, Pillow step instances)
 EXPECTED = {
-    1: ((2, 1), (2, 1), 2),
-    2: ((2, 1), (2, 1), 2),
-    4: ((2, 2), (4, 1), 2),
-    8: ((2, 4), (8, 1), 4),
-    16: ((2, 8), (8, 2), 8),
-    64: ((2, 8), (8, 8), 8),
+    1: ((2, 2), (2, 1), 2),
+    2: ((2, 2), (2, 1), 2),
+    4: ((2, 4), (4, 1), 2),
+    8: ((2, 8), (8, 1), 4),
+    16: ((2, 16), (8, 2), 8),
+    64: ((2, 16), (8, 8), 8),
 }
 
 
@@ -53,9 +53,10 @@ def test_the_rule_sizes_each_step_from_the_cores(cores):
     assert layouts["dali"] == StepLayout(*dali)
     assert layouts["onnxruntime"] == StepLayout(*classifier)
     assert layouts["python"] == StepLayout(python, None)
-    # Every core a classifier thread, and never more threads a step than cores (two at least).
+    # Every core a classifier thread, and never more threads an instance than cores (two at least).
     assert layouts["onnxruntime"].instances * layouts["onnxruntime"].threads == max(cores, 2)
-    assert all(layout.instances * (layout.threads or 1) <= max(cores, 2) for layout in layouts.values())
+    assert all((layout.threads or 1) <= max(cores, 2) for layout in layouts.values())
+    assert all(layout.instances >= 2 for layout in layouts.values())
 
 
 def test_no_layout_for_no_core():
@@ -80,7 +81,7 @@ def test_a_layout_changes_instances_and_the_threads_parameter_only():
     configs = {config["name"]: config for config in committed_configs()}
     changed = {config["name"]: config for config in overridden(list(configs.values()), step_layouts(16))}
     dali, classifier = changed["preprocess_dali_efficientnet_lite0"], changed["efficientnet_lite0"]
-    assert dali["parameters"]["num_threads"] == {"string_value": "8"}
+    assert dali["parameters"]["num_threads"] == {"string_value": "16"}
     assert dali["instance_group"] == [{"count": 2, "kind": "KIND_CPU"}]
     assert classifier["parameters"]["intra_op_thread_count"] == {"string_value": "2"}
     assert classifier["instance_group"] == [{"count": 8, "kind": "KIND_CPU"}]
@@ -217,6 +218,6 @@ def test_a_server_on_one_cpu_serves_the_layout_of_one_core_and_leaves_the_files(
     assert classifier["instance_group"][0]["count"] == layouts["onnxruntime"].instances == 2
     assert classifier["parameters"]["intra_op_thread_count"]["string_value"] == "1"
     assert dali["instance_group"][0]["count"] == layouts["dali"].instances == 2
-    assert dali["parameters"]["num_threads"]["string_value"] == str(layouts["dali"].threads) == "1"
+    assert dali["parameters"]["num_threads"]["string_value"] == str(layouts["dali"].threads) == "2"
     assert {path: path.read_bytes() for path in repository.glob(f"*/{CONFIG_FILENAME}")} == files
     assert read_config(repository / "efficientnet_lite0").instance_group[0].count == 1  # never written

@@ -48,7 +48,7 @@ OBJECTIVE_PARAMETER = "latency_objective_ms"
 # work again). With one instance, a backlog with no new arrivals is served one batch
 # per tick: 64 requests at once took 1.5-2.8 s on 2 cores against 0.7-0.9 s with no
 # policy, and the last refusals of an overload came up to 500 ms after their ceiling.
-# A second instance's taking of a batch wakes the batcher for the first (0.7-1.1 s).
+# A second instance's taking of a batch wakes the batcher for the first (0.6-0.8 s).
 MIN_QUEUED_STEP_INSTANCES = 2
 # Batch requests (contract.BATCH_PRIORITY) wait this long at most, at every step.
 BATCH_CEILING_US = 30_000_000

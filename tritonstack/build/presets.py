@@ -71,8 +71,8 @@ class BuildOptions:
         type=cli.positive_int,
         help="every model's max_batch_size, and the DALI pipeline's batch",
     )
-    # Two, of one DALI thread each on a CPU (tritonstack.objective says why one is not
-    # enough under a latency objective); each is a process of its own, a stub's memory.
+    # Two (tritonstack.objective says why one is not enough under a latency objective);
+    # each is a process of its own, a stub's memory.
     instances: int = cli.option(
         MIN_QUEUED_STEP_INSTANCES,
         "--instances",
@@ -92,7 +92,7 @@ class BuildOptions:
         "thread each: a CPU's cores split between instances, docs/performance.md#thread-layout)",
     )
     num_threads: int = cli.option(
-        1,
+        2,
         "--num-threads",
         type=cli.positive_int,
         help="DALI CPU worker threads per instance (default fixed, not this machine's cores, "

@@ -38,8 +38,7 @@ THREAD_PARAMETERS = {"dali": "num_threads", "onnxruntime": "intra_op_thread_coun
 # each): past this, further cores become ONNX Runtime threads within an instance.
 MAX_CLASSIFIER_INSTANCES = 8
 # DALI's CPU threads work on a batch's samples side by side, and the batches the
-# dynamic batcher forms hold about the requests in flight: more threads (all instances
-# together) would idle.
+# dynamic batcher forms hold about the requests in flight: more threads would idle.
 MAX_DALI_THREADS = 16
 # Two classifier instances and two DALI threads at least, whatever the cores (step_layouts says why).
 MIN_WORKERS = 2
@@ -61,20 +60,21 @@ def step_layouts(cores: int) -> dict[str, StepLayout]:
     """The rule: each of our backends' ensemble steps on `cores` cores, by backend.
     The steps of an ensemble take turns on an image, so each is sized to use every
     core by itself: the classifier as one single-threaded instance a core (one thread
-    spends less CPU per image than two), DALI as two instances sharing the cores'
-    threads, the Pillow step, whose instances hold the GIL, on half the cores. Never
-    fewer than two instances of a step (objective.MIN_QUEUED_STEP_INSTANCES: with one,
-    Triton's batcher serves a backlog one batch per 500 ms tick when no request
-    arrives), nor fewer than two classifier instances: on one core, one of each served
+    spends less CPU per image than two), DALI as instances of a thread a core (a
+    pipeline's threads work on one batch's samples side by side), the Pillow step,
+    whose instances hold the GIL, on half the cores. Never fewer than two instances of
+    a step (objective.MIN_QUEUED_STEP_INSTANCES: with one, Triton's batcher serves a
+    backlog one batch per 500 ms tick when no request arrives; two of one thread each
+    were slower per batch under overload than two of two on 2 cores: refusals' p99
+    642 against 491 ms), nor fewer than two classifier instances: on one core, one of each served
     0.98x [0.89, 1.01] the images/s of two, at 1.19x the p99 (a stub waiting on the
     server's copies leaves the core idle; docs/performance.md#thread-layout)."""
     if cores < 1:
         raise ValueError(f"a layout needs at least 1 core, not {cores}")
     workers = max(cores, MIN_WORKERS)
     classifiers = min(workers, MAX_CLASSIFIER_INSTANCES)
-    dali = MIN_QUEUED_STEP_INSTANCES
     return {
-        "dali": StepLayout(dali, max(min(workers, MAX_DALI_THREADS) // dali, 1)),
+        "dali": StepLayout(MIN_QUEUED_STEP_INSTANCES, min(workers, MAX_DALI_THREADS)),
         "onnxruntime": StepLayout(classifiers, max(cores // classifiers, 1)),
         "python": StepLayout(min(max(cores // 2, MIN_QUEUED_STEP_INSTANCES), MAX_PYTHON_INSTANCES), None),
     }
