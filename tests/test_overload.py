@@ -128,6 +128,12 @@ def blocker() -> np.ndarray:
     return pad_batch([buffer.getvalue()] * BLOCKER_IMAGES)
 
 
+def instances(server, model: str = FIRST_STEP) -> int:
+    """A blocker for each instance of the step: every instance busy, what follows waits."""
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        return int(client.get_model_config(model)["instance_group"][0]["count"])
+
+
 def step_stats(server, model: str) -> dict:
     with httpclient.InferenceServerClient(server.http_url) as client:
         stats = client.get_inference_statistics(model)["model_stats"][0]
@@ -154,7 +160,7 @@ def test_a_request_past_its_deadline_is_refused_with_a_clear_status(admission_se
         assert "retry later" in describe_error(error) and "batch request" in describe_error(error)
     after = step_stats(admission_server, FIRST_STEP)
     assert after["failed"] - before["failed"] >= LATE_REQUESTS
-    assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES  # none of the late ones
+    assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES * instances(admission_server)  # none late
     # In /metrics, what the dashboard's refusals panel and the refusal alert count.
     assert after["refused"] - before["refused"] >= LATE_REQUESTS
 
@@ -166,12 +172,14 @@ async def behind_the_blocker(server, protocol: str, blocker: np.ndarray) -> list
     url = server.grpc_url if protocol == "grpc" else server.http_url
     client = module.InferenceServerClient(url)
     try:
-        running = asyncio.create_task(client.infer(FIRST_STEP, tensors(module, blocker)))
-        await asyncio.sleep(0.2)  # the blocker runs: what follows waits behind it
+        running = [
+            asyncio.create_task(client.infer(FIRST_STEP, tensors(module, blocker))) for _ in range(instances(server))
+        ]
+        await asyncio.sleep(0.2)  # the blockers run: what follows waits behind them
         image = pad_batch([photo_bytes("coffee.png")])
         late = [client.infer(FIRST_STEP, tensors(module, image), timeout=1) for _ in range(LATE_REQUESTS)]
         outcomes = await asyncio.gather(*late, return_exceptions=True)
-        await running
+        await asyncio.gather(*running)
     finally:
         await client.close()
     return [outcome for outcome in outcomes if isinstance(outcome, Exception)]
@@ -188,11 +196,11 @@ def test_our_client_sends_its_deadline_to_the_server(admission_server, blocker):
     it as the request's timeout, drops the request instead of computing it for nobody."""
     assert request_deadline_options("http", 0.5) == {"timeout": 250_000}  # two queues share it
     assert request_deadline_options("grpc", 0.5) == {"timeout": 250_000, "client_timeout": 0.5}
-    before = step_stats(admission_server, FIRST_STEP)
+    before, blockers = step_stats(admission_server, FIRST_STEP), instances(admission_server)
 
     async def given_up() -> list:
         async with grpc_aio.InferenceServerClient(admission_server.grpc_url) as raw:
-            running = asyncio.create_task(raw.infer(FIRST_STEP, tensors(grpc_aio, blocker)))
+            running = [asyncio.create_task(raw.infer(FIRST_STEP, tensors(grpc_aio, blocker))) for _ in range(blockers)]
             await asyncio.sleep(0.2)
             async with AsyncClassifierClient(
                 admission_server.http_url, "http", FIRST_STEP_ENSEMBLE, retry=NO_RETRY, timeout_s=0.1
@@ -201,7 +209,7 @@ def test_our_client_sends_its_deadline_to_the_server(admission_server, blocker):
                     *(client.probabilities([photo_bytes("coffee.png")]) for _ in range(LATE_REQUESTS)),
                     return_exceptions=True,
                 )
-            await running
+            await asyncio.gather(*running)
         return outcomes
 
     outcomes = asyncio.run(given_up())
@@ -209,7 +217,7 @@ def test_our_client_sends_its_deadline_to_the_server(admission_server, blocker):
     time.sleep(1.0)  # the server has answered the requests nobody waits for by now
     after = step_stats(admission_server, FIRST_STEP)
     assert after["failed"] - before["failed"] >= LATE_REQUESTS  # refused as expired
-    assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES
+    assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES * blockers
 
 
 def http_input(batch: np.ndarray) -> httpclient.InferInput:
@@ -229,21 +237,24 @@ def test_a_cancelled_request_is_not_computed(admission_server, blocker):
 
     async def cancelled_calls() -> list:
         async with grpc_aio.InferenceServerClient(admission_server.grpc_url) as client:
-            running = asyncio.create_task(client.infer(FIRST_STEP, grpc_input(blocker), client_timeout=60))
-            await asyncio.sleep(0.2)  # the blocker runs: what follows waits behind it
+            running = [
+                asyncio.create_task(client.infer(FIRST_STEP, grpc_input(blocker), client_timeout=60))
+                for _ in range(blockers)
+            ]
+            await asyncio.sleep(0.2)  # the blockers run: what follows waits behind them
             image = pad_batch([photo_bytes("coffee.png")])
             calls = [client.infer(FIRST_STEP, grpc_input(image), client_timeout=0.05) for _ in range(LATE_REQUESTS)]
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
-            await running
+            await asyncio.gather(*running)
         return outcomes
 
-    before = step_stats(admission_server, FIRST_STEP)
+    before, blockers = step_stats(admission_server, FIRST_STEP), instances(admission_server)
     outcomes = asyncio.run(cancelled_calls())
     assert all(isinstance(outcome, InferenceServerException) for outcome in outcomes), outcomes
     assert {outcome.status() for outcome in outcomes} == {"StatusCode.DEADLINE_EXCEEDED"}
     time.sleep(1.0)  # whatever was still queued has been dropped or skipped by now
     after = step_stats(admission_server, FIRST_STEP)
-    assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES  # none of the cancelled ones
+    assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES * blockers  # none of the cancelled ones
 
 
 def test_refusals_are_retried_within_the_budget():
