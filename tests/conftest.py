@@ -3,6 +3,7 @@ session, on free loopback ports, always stopped at the end."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,17 @@ FUNCTIONAL_BUILD = BuildOptions(latency_objective_ms=SESSION_OBJECTIVE_MS)
 
 
 @pytest.fixture(scope="session")
-def server(model_repository):
-    config = ServerConfig(model_repository, stop_grace_s=TEST_STOP_GRACE_S, latency_objective_ms=SESSION_OBJECTIVE_MS)
-    with TritonServer(config) as running:
+def session_repository(model_repository, tmp_path_factory) -> Path:
+    """The committed repository built again with the session's objective, in this
+    worker's folder: its server loads each step once (the same objective applied at
+    load, `latency_objective_ms`, loads every step twice: ~10 s more a server)."""
+    out = tmp_path_factory.mktemp("session") / MODEL_REPOSITORY.name
+    shutil.copytree(model_repository, out)
+    write_repository(out, audio_presets=AUDIO_PRESETS, options=FUNCTIONAL_BUILD)
+    return out
+
+
+@pytest.fixture(scope="session")
+def server(session_repository):
+    with TritonServer(ServerConfig(session_repository, stop_grace_s=TEST_STOP_GRACE_S)) as running:
         yield running
