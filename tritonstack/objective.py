@@ -46,7 +46,7 @@ OBJECTIVE_PARAMETER = "latency_objective_ms"
 # instance has finished only from a new arrival or its 500 ms tick (core's
 # WaitForPayloadSlotAvailable: the finish is signalled before the instance waits for
 # work again). With one instance, a backlog with no new arrivals is served one batch
-# per tick: 64 requests at once took 1.5-2.8 s on 2 cores against 0.7-0.9 s with no
+# per tick: 64 requests at once took 1.1-2.8 s on 2 cores against 0.7-0.9 s with no
 # policy, and the last refusals of an overload came up to 500 ms after their ceiling.
 # A second instance's taking of a batch wakes the batcher for the first (0.6-0.8 s).
 MIN_QUEUED_STEP_INSTANCES = 2

@@ -66,9 +66,9 @@ def step_layouts(cores: int) -> dict[str, StepLayout]:
     a step (objective.MIN_QUEUED_STEP_INSTANCES: with one, Triton's batcher serves a
     backlog one batch per 500 ms tick when no request arrives; two of one thread each
     were slower per batch under overload than two of two on 2 cores: refusals' p99
-    642 against 491 ms), nor fewer than two classifier instances: on one core, one of each served
-    0.98x [0.89, 1.01] the images/s of two, at 1.19x the p99 (a stub waiting on the
-    server's copies leaves the core idle; docs/performance.md#thread-layout)."""
+    642 against 491 ms), nor fewer than two classifier instances: on one core, one of
+    each served 0.98x [0.89, 1.01] the images/s of two, at 1.19x the p99 (a stub
+    waiting on the server's copies leaves the core idle; docs/performance.md#thread-layout)."""
     if cores < 1:
         raise ValueError(f"a layout needs at least 1 core, not {cores}")
     workers = max(cores, MIN_WORKERS)
