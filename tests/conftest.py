@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import tritonclient.http as httpclient
 from filelock import FileLock
 
 from tritonstack.build.audio import AUDIO_PRESETS
@@ -70,3 +71,10 @@ def session_repository(model_repository, tmp_path_factory) -> Path:
 def server(session_repository):
     with TritonServer(ServerConfig(session_repository, stop_grace_s=TEST_STOP_GRACE_S)) as running:
         yield running
+
+
+def served_instances(server: TritonServer, model: str) -> int:
+    """How many instances of `model` the running server loaded (its layout may not be
+    the repository's)."""
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        return int(client.get_model_config(model)["instance_group"][0]["count"])

@@ -19,11 +19,10 @@ import urllib.request
 import numpy as np
 import psutil
 import pytest
-import tritonclient.http as httpclient
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import TEST_STOP_GRACE_S
+from tests.conftest import TEST_STOP_GRACE_S, served_instances
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
 from tritonstack.samples.photos import photo_bytes
@@ -50,11 +49,6 @@ def huge_png() -> bytes:
 def server(lite0_repository):
     with TritonServer(ServerConfig(lite0_repository, stop_grace_s=TEST_STOP_GRACE_S)) as running:
         yield running
-
-
-def instances(server: TritonServer) -> int:
-    with httpclient.InferenceServerClient(server.http_url) as client:
-        return int(client.get_model_config(PREPROCESS)["instance_group"][0]["count"])
 
 
 def decoded_mib() -> float:
@@ -125,7 +119,7 @@ def test_burst_of_huge_images_is_answered_and_its_memory_given_back(server, huge
     # The burst's images decoded at once, and a quarter more, in each of the step's stubs
     # (each decodes its own runs and keeps its own pool): a stub recycled meanwhile
     # overlaps its successor for a moment, and a slow machine decodes more at a time.
-    assert peak - warm < 1.25 * len(burst) * decoded_mib() * instances(server), (warm, peak)
+    assert peak - warm < 1.25 * len(burst) * decoded_mib() * served_instances(server, PREPROCESS), (warm, peak)
     assert after - warm < 300, (warm, after, server.supervisor.recycles)
     assert [model for _, model, _ in server.supervisor.recycles] == [PREPROCESS]
     assert traffic.failures == [] and traffic.answers > 0

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 from loadtests.metrics import REFUSED_REASON
 from loadtests.metrics import failures_by_reason as exported_failures
 from tests import repo_factory as rf
-from tests.conftest import TEST_STOP_GRACE_S
+from tests.conftest import TEST_STOP_GRACE_S, served_instances
 from tritonstack.benchmark import overload, overload_soak
 from tritonstack.benchmark.phases import weighted_images
 from tritonstack.build.model_config import read_config
@@ -128,10 +128,9 @@ def blocker() -> np.ndarray:
     return pad_batch([buffer.getvalue()] * BLOCKER_IMAGES)
 
 
-def instances(server, model: str = FIRST_STEP) -> int:
-    """A blocker for each instance of the step: every instance busy, what follows waits."""
-    with httpclient.InferenceServerClient(server.http_url) as client:
-        return int(client.get_model_config(model)["instance_group"][0]["count"])
+def instances(server) -> int:
+    """A blocker for each instance of the first step: every instance busy, what follows waits."""
+    return served_instances(server, FIRST_STEP)
 
 
 def step_stats(server, model: str) -> dict:
