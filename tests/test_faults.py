@@ -21,6 +21,8 @@ from tritonstack.client.retry import NO_RETRY
 from tritonstack.diagnostics.soak import MixedLoad
 from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.layout import StepLayout, with_layout
+from tritonstack.serve.loaded import load_overrides, loaded_configs
 from tritonstack.serve.process_tree import server_stubs
 from tritonstack.serve.server_config import ServerConfig
 
@@ -67,6 +69,27 @@ def wait_until_it_answers(server: TritonServer, deadline: float) -> float:
             except Exception:
                 time.sleep(0.2)
     raise AssertionError(f"no answer within {RECOVERY_S} s")
+
+
+def test_a_reload_to_fewer_instances_is_no_stub_death(triton):
+    """Loaded again with four instances, then with its own two (as `tritonstack tune`
+    and the launcher's overrides do): the old stubs the backend stops are no deaths.
+    It runs before the kill test, which then heals a model served with an override
+    config: Triton would update that one in place, keeping the dead stub's instance,
+    without reload_model's mark."""
+    headers = triton.admin_headers("http")
+    (config,) = [config for config in loaded_configs(triton.http_url, headers) if config["name"] == PREPROCESS]
+    before, stubs = reloaded(triton).count(PREPROCESS), stub_count(triton, PREPROCESS)
+    load_overrides(triton.http_url, headers, [with_layout(config, StepLayout(4, 1))])
+    load_overrides(triton.http_url, headers, [config])
+    wait_for(lambda: stub_count(triton, PREPROCESS) == stubs, timeout_s=30, what="the old stubs stopped")
+    time.sleep(3 * triton.supervisor.poll_s)  # polls enough to see any zombie
+    assert reloaded(triton).count(PREPROCESS) == before
+    wait_until_it_answers(triton, time.monotonic() + RECOVERY_S)
+
+
+def stub_count(server: TritonServer, model: str) -> int:
+    return sum(name == model for name in server_stubs(server.process.pid)[0].values())
 
 
 @pytest.mark.parametrize("model", [PREPROCESS, CLASSIFIER])

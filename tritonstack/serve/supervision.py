@@ -13,7 +13,11 @@ The supervisor watches the stubs of one server (children of tritonserver; their
 command line names the model's file: `<repository>/<model>/<version>/...`). A stub
 that the backend stops (unload, reload) is reaped at once; one that died on its
 own is left a zombie: the supervisor reloads that stub's model, if the model is
-still READY. Needs explicit model-control mode (the launcher's default).
+still READY and fewer of its stubs live than its config has instances. A reload of
+ours (a layout, an objective) starts the new instances' stubs before it stops the old
+ones, and reaps each old one only when it gets to it: going from four instances to two,
+old stubs sat zombies for a poll or more beside the two new ones, and were no death.
+Needs explicit model-control mode (the launcher's default).
 
 A stub can also outgrow itself without dying: DALI 2.4 keeps its host pool's largest
 run for good (docs/memory.md), so a burst of huge images leaves the DALI stub
@@ -43,24 +47,58 @@ from tritonstack.serve.limits import MemoryLimits
 from tritonstack.serve.process_tree import server_stubs
 
 LOGGER = logging.getLogger("tritonstack.serve")
+# The model parameter reload_model changes to make Triton load a model afresh.
+RELOAD_PARAMETER = "tritonstack_reloaded_at_ns"
 
 
-def reload_model(http_url: str, admin_headers: dict[str, str], model: str, reason: str = "its stub died") -> bool:
+def reload_model(
+    http_url: str,
+    admin_headers: dict[str, str],
+    model: str,
+    reason: str = "its stub died",
+    live_stubs: int | None = None,
+) -> bool:
     """Load a READY model again with its own config (with an override config the
-    load is never skipped as "unchanged"). False when it was not ours to reload."""
+    load is never skipped as "unchanged"). False when it was not ours to reload: with
+    `live_stubs` (the model's stubs still alive), also when they are as many as its
+    instances (the stub that ended was an earlier load's)."""
     client = httpclient.InferenceServerClient(http_url, network_timeout=120)
     try:
         if not client.is_model_ready(model):
             return False  # being unloaded on purpose, or already failed
         config = client.get_model_config(model)
+        instances = cpu_instances(config)
+        if live_stubs is not None and instances is not None and live_stubs >= instances:
+            LOGGER.info("model %s: a stub of an earlier load ended; its %d instance(s) run", model, instances)
+            return False
         LOGGER.warning("model %s: %s: reloading the model", model, reason)
-        client.load_model(model, config=json.dumps(config), headers=admin_headers)
+        client.load_model(model, config=json.dumps(with_reload_mark(config)), headers=admin_headers)
         return True
     except (InferenceServerException, OSError) as error:
         LOGGER.error("reloading model %s failed: %s", model, error)
         return False
     finally:
         client.close()
+
+
+def with_reload_mark(config: dict) -> dict:
+    """`config` with a parameter that differs from any load before. Given a config that
+    differs from the one it serves only in its instance groups (the same config, once
+    a layout or an objective was loaded as an override), Triton updates the model in
+    place and keeps the instances it has, a dead stub's among them (core's
+    ConfigChangeRequiresReload ignores instance_group): a changed parameter makes it a
+    full reload, with new stubs. Our backends read no such parameter."""
+    parameters = dict(config.get("parameters", {}))
+    parameters[RELOAD_PARAMETER] = {"string_value": str(time.time_ns())}
+    return config | {"parameters": parameters}
+
+
+def cpu_instances(config: dict) -> int | None:
+    """How many stubs the model's config runs; None where that depends on the GPUs."""
+    groups = config.get("instance_group", [])
+    if not groups or any(group.get("kind", "KIND_CPU") != "KIND_CPU" for group in groups):
+        return None
+    return sum(int(group.get("count", 1)) for group in groups)
 
 
 @dataclass(frozen=True)
@@ -158,14 +196,15 @@ class StubMemory:
 
 class StubSupervisor(threading.Thread):
     """Watches the stubs of the server process `server_pid`; calls `reload(model,
-    reason)` for a model whose stub died (None: explicit model control is off, so it
-    can only say so) or, under `recycle`, grew and stayed grown; and
+    reason, live_stubs)` for a model whose stub died (reload_model's signature; None:
+    explicit model control is off, so it can only say so), `reload(model, reason)` for
+    one that, under `recycle`, grew and stayed grown; and
     `on_new_stub(pid, model)` for each stub when first seen alive."""
 
     def __init__(
         self,
         server_pid: int,
-        reload: Callable[[str, str], bool] | None,
+        reload: Callable[..., bool] | None,
         poll_s: float = 0.5,
         on_new_stub: Callable[[int, str], object] | None = None,
         recycle: RecyclePolicy | None = None,
@@ -201,7 +240,8 @@ class StubSupervisor(threading.Thread):
                 handled.add(pid)
                 self._memory.pop(pid, None)
                 if pid in self._models and not self._stopping.is_set():
-                    self._stub_died(self._models.pop(pid))
+                    model = self._models.pop(pid)
+                    self._stub_died(model, live_stubs=sum(name == model for name in live.values()))
             if self.recycle is not None:
                 self._recycle_grown(live)
 
@@ -211,14 +251,14 @@ class StubSupervisor(threading.Thread):
                 self.on_new_stub(pid, live[pid])
         self._models.update(live)
 
-    def _stub_died(self, model: str) -> None:
+    def _stub_died(self, model: str, live_stubs: int) -> None:
         if self.reload is None:
             LOGGER.error(
                 "the stub of model %s died; without explicit model-control mode it "
                 "cannot be reloaded: restart the server",
                 model,
             )
-        elif self.reload(model, "its stub died"):
+        elif self.reload(model, "its stub died", live_stubs):
             self.reloads.append((time.monotonic(), model))
 
     def _recycle_grown(self, live: dict[int, str]) -> None:
