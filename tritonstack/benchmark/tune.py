@@ -13,8 +13,11 @@ image) and, with `--rate`, an open loop of Poisson arrivals at that rate (its p9
 
 The search is pruned in two passes: the thread layouts this machine's cores allow, at
 the repository's classifier batch; then the classifier batches around the best of
-them. It stops when the budget would be exceeded by one more candidate, and Ctrl-C
-stops it early: either way the best so far is written.
+them. What budget is left measures the leading candidates again (up to REPEATS times
+each; a candidate's figures are the medians of its measurements), so that one lucky
+or unlucky phase on a noisy machine does not choose. It stops when the budget would be
+exceeded by one more measurement, and Ctrl-C stops it early: either way the best so
+far is written.
 
 Objectives: `throughput`, the most images/s; `p99`, the most images/s among layouts
 whose p99 at `--rate` stays under `--p99-ms` (or, when none does, the lowest p99).
@@ -33,18 +36,31 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 from tritonstack import cli
-from tritonstack.benchmark.phases import closed_loop, open_loop
+from tritonstack.benchmark.phases import closed_loop, open_loop, url_for
 from tritonstack.build.presets import BuildOptions
+from tritonstack.objective import MIN_QUEUED_STEP_INSTANCES
 from tritonstack.serve.layout import StepLayout, with_layout
 from tritonstack.serve.loaded import load_overrides, loaded_configs
 
 OBJECTIVES = ("throughput", "p99")
+PROTOCOLS = ("grpc", "http")
 # The classifier batches the second pass tries around the first pass's winner.
 BATCHES = (1, 4, 8, 16)
 POISSON_SEED = 7
+# The open loop at --rate lasts long enough for this many requests: a p99 from the ~10
+# slowest, not from one or two (the benchmark's open_loop_min_requests).
+RATE_REQUESTS = 1000
+# The server's first warm-up, before the first candidate: at most this long, and this
+# share of the budget.
+FIRST_WARMUP_S = 15.0
+FIRST_WARMUP_SHARE = 0.05
+# Measurements of each leading candidate, budget allowing, and how many lead.
+REPEATS = 3
+LEADING = 3
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -77,6 +93,7 @@ class Measured:
     cpu_ms_per_image: float | None
     rate_p99_ms: float | None  # the open loop's at --rate
     errors: int
+    measurements: int = 1  # the figures are the medians of this many
 
     @property
     def latency_ms(self) -> float:
@@ -105,17 +122,30 @@ class TuneSettings:
     )
     seconds: float = cli.option(8.0, "--seconds", type=cli.positive_float, help="each measured phase")
     warmup_s: float = cli.option(2.0, "--warmup-s", type=cli.positive_float, help="before each phase")
+    protocol: str = cli.option(
+        "grpc",
+        "--protocol",
+        choices=PROTOCOLS,
+        help="what the phases' client speaks (http: as the benchmark measures the peer, for a bound taken from it)",
+    )
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, not {self.objective!r}")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, not {self.protocol!r}")
         if self.objective == "p99" and (self.p99_ms is None or self.rate is None):
             raise ValueError("the p99 objective needs --p99-ms and --rate (requests/s)")
 
     @property
+    def rate_seconds(self) -> float:
+        """The open loop's measured seconds: --seconds, or RATE_REQUESTS' worth at --rate."""
+        return max(self.seconds, RATE_REQUESTS / self.rate) if self.rate else 0.0
+
+    @property
     def seconds_per_candidate(self) -> float:
         """Load and warm-up included (about 5 s to load the steps again)."""
-        open_loop_s = self.seconds + self.warmup_s if self.rate else 0.0
+        open_loop_s = self.rate_seconds + self.warmup_s if self.rate else 0.0
         return 5.0 + self.seconds + self.warmup_s + open_loop_s
 
 
@@ -123,14 +153,17 @@ class TuneSettings:
 
 
 def thread_layouts(cores: int, batch: int) -> list[Layout]:
-    """Every split of the cores the first pass tries: the DALI step as one instance of
-    1, half or all the cores' threads, or two of half; the classifier as 1, 2, half or
-    all the cores' instances of one thread, or of the cores' share each."""
+    """Every split of the cores the first pass tries, each step at least
+    MIN_QUEUED_STEP_INSTANCES instances (every step has a queue policy: objective.py
+    says why one instance is not enough): the DALI step as two instances of 1, half or
+    all the cores' threads, or an instance of one thread a core; the classifier as 2,
+    half or all the cores' instances of the cores' share of threads each, or of one."""
+    least = MIN_QUEUED_STEP_INSTANCES
     half = max(cores // 2, 1)
-    dali = {(1, 1), (1, half), (1, cores)} | ({(2, half)} if cores > 1 else set())
-    classifier = {(instances, max(cores // instances, 1)) for instances in {1, 2, half, cores}}
-    classifier |= {(instances, 1) for instances in {1, 2, cores}}
-    layouts = [Layout(di, dt, ci, ct, batch) for di, dt in dali for ci, ct in classifier if ci * ct <= cores]
+    dali = {(least, 1), (least, half), (least, cores)} | ({(cores, 1)} if cores > least else set())
+    instances = {count for count in (least, half, cores) if count >= least}
+    classifier = {(count, max(cores // count, 1)) for count in instances} | {(count, 1) for count in instances}
+    layouts = [Layout(di, dt, ci, ct, batch) for di, dt in dali for ci, ct in classifier]
     return sorted(layouts, key=lambda layout: (idle_cores(layout, cores), layout))
 
 
@@ -219,15 +252,24 @@ def cpu_seconds_since(server, before: dict[int, float]) -> float:
 
 
 def measure(server, model: str, images: list[bytes], layout: Layout, settings: TuneSettings) -> Measured:
-    cpu = cpu_by_process(server)
+    cpu, url = cpu_by_process(server), url_for(server, settings.protocol)
     closed = asyncio.run(
-        closed_loop(server.grpc_url, "grpc", model, images, settings.concurrency, settings.seconds, settings.warmup_s)
+        closed_loop(url, settings.protocol, model, images, settings.concurrency, settings.seconds, settings.warmup_s)
     )
     closed.server_cpu_s, closed.warmup_s = cpu_seconds_since(server, cpu), settings.warmup_s
     rate_p99 = None
     if settings.rate:
         opened = asyncio.run(
-            open_loop(server.grpc_url, model, images, settings.rate, settings.seconds, settings.warmup_s, POISSON_SEED)
+            open_loop(
+                url,
+                model,
+                images,
+                settings.rate,
+                settings.rate_seconds,
+                settings.warmup_s,
+                POISSON_SEED,
+                settings.protocol,
+            )
         )
         rate_p99 = opened.percentile_ms(99) if not opened.errors else float("inf")
     return Measured(
@@ -240,16 +282,46 @@ def measure(server, model: str, images: list[bytes], layout: Layout, settings: T
     )
 
 
+def summarized(results: Iterable[Measured]) -> list[Measured]:
+    """One entry a layout, its figures the medians of its measurements (errors summed),
+    in the order the layouts were first measured."""
+    by_layout: dict[Layout, list[Measured]] = {}
+    for result in results:
+        by_layout.setdefault(result.layout, []).append(result)
+    return [_median(layout, measured) for layout, measured in by_layout.items()]
+
+
+def _median(layout: Layout, measured: list[Measured]) -> Measured:
+    def median(name: str) -> float | None:
+        values = [getattr(result, name) for result in measured if getattr(result, name) is not None]
+        return float(np.median(values)) if values else None
+
+    return Measured(
+        layout=layout,
+        images_per_s=median("images_per_s"),
+        p99_ms=median("p99_ms"),
+        cpu_ms_per_image=median("cpu_ms_per_image"),
+        rate_p99_ms=median("rate_p99_ms"),
+        errors=sum(result.errors for result in measured),
+        measurements=len(measured),
+    )
+
+
+def ranked(results: Iterable[Measured], settings: TuneSettings) -> list[Measured]:
+    """The candidates without errors, best first under the objective: the most images/s
+    (with `p99`, among those under the bound, then the others by their p99 at --rate)."""
+    results = [result for result in summarized(results) if not result.errors]
+    if settings.objective != "p99":
+        return sorted(results, key=lambda result: -result.images_per_s)
+    meeting = sorted((r for r in results if r.meets(settings.p99_ms)), key=lambda result: -result.images_per_s)
+    return meeting + sorted((r for r in results if not r.meets(settings.p99_ms)), key=lambda r: r.rate_p99_ms)
+
+
 def best(results: Iterable[Measured], settings: TuneSettings) -> Measured:
-    results = [result for result in results if not result.errors]
-    if not results:
+    leading = ranked(results, settings)
+    if not leading:
         raise RuntimeError("every candidate failed requests: see the server's log")
-    if settings.objective == "p99":
-        meeting = [result for result in results if result.meets(settings.p99_ms)]
-        if not meeting:
-            return min(results, key=lambda result: result.rate_p99_ms)
-        results = meeting
-    return max(results, key=lambda result: result.images_per_s)
+    return leading[0]
 
 
 def pareto_front(results: list[Measured]) -> list[Measured]:
@@ -275,24 +347,42 @@ def search(
     start = layout_of(dali, classifier)
     deadline = time.monotonic() + settings.budget_s
     results: list[Measured] = []
+    # A fresh server's first phase measured about 10 % below the same layout's repeats
+    # (2-core AMD EPYC): warm it once for a share of the budget, before anything counts.
+    asyncio.run(
+        closed_loop(
+            url_for(server, settings.protocol),
+            settings.protocol,
+            model,
+            images,
+            settings.concurrency,
+            min(FIRST_WARMUP_S, settings.budget_s * FIRST_WARMUP_SHARE),
+            0.0,
+        )
+    )
 
-    def run(layouts: list[Layout]) -> None:
+    def run(layouts: list[Layout], times: int = 1) -> bool:
+        """Measure each layout until it has `times` measurements; False once the budget is spent."""
         for layout in layouts:
-            if any(result.layout == layout for result in results):
+            if sum(result.layout == layout for result in results) >= times:
                 continue
             if time.monotonic() + settings.seconds_per_candidate > deadline:
-                progress(f"budget spent: {len(results)} layout(s) measured")
-                return
+                progress(f"budget spent: {len(results)} measurement(s)")
+                return False
             load_overrides(server.http_url, headers, with_candidate(dali, classifier, layout))
             results.append(measure(server, model, images, layout, settings))
             progress(_line(results[-1]))
+        return True
 
     try:
-        run([start, *thread_layouts(cores, start.classifier_batch)])
-        if results:
-            run(batch_layouts(best(results, settings).layout, int(classifier["max_batch_size"])))
+        if run([start, *thread_layouts(cores, start.classifier_batch)]) and results:
+            if run(batch_layouts(best(results, settings).layout, int(classifier["max_batch_size"]))):
+                for times in range(2, REPEATS + 1):
+                    leading = [result.layout for result in ranked(results, settings)[:LEADING]]
+                    if not run(leading, times):
+                        break
     except KeyboardInterrupt:
-        progress(f"interrupted: the best of {len(results)} layout(s) so far")
+        progress(f"interrupted: the best of {len(results)} measurement(s) so far")
     return start, results
 
 
@@ -306,25 +396,29 @@ def _line(result: Measured) -> str:
 
 
 def report(start: Layout, results: list[Measured], chosen: Measured, settings: TuneSettings, cores: int) -> dict:
-    front = pareto_front(results)
+    """`results`: every measurement; the candidates are their medians by layout."""
+    candidates = summarized(results)
+    front = pareto_front(candidates)
     return {
         "settings": dataclasses.asdict(settings),
         "cores": cores,
         "start": dataclasses.asdict(start),
         "chosen": dataclasses.asdict(chosen),
         "build_flags": " ".join(chosen.layout.build_flags()),
-        "candidates": [dataclasses.asdict(result) | {"pareto": result in front} for result in results],
+        "candidates": [dataclasses.asdict(result) | {"pareto": result in front} for result in candidates],
+        "measurements": [dataclasses.asdict(result) for result in results],
     }
 
 
 def markdown(results: list[Measured], chosen: Measured) -> str:
-    rows = ["| layout | images/s | p99 ms | CPU ms/image | p99 ms at rate |", "|---|---|---|---|---|"]
+    rows = ["| layout | images/s | p99 ms | CPU ms/image | p99 ms at rate | measured |", "|---|---|---|---|---|---|"]
     for result in sorted(results, key=lambda result: -result.images_per_s):
-        mark = " (chosen)" if result is chosen else ""
+        mark = " (chosen)" if result.layout == chosen.layout else ""
         cpu = f"{result.cpu_ms_per_image:.1f}" if result.cpu_ms_per_image else ""
         rate = f"{result.rate_p99_ms:.0f}" if result.rate_p99_ms is not None else ""
         rows.append(
-            f"| {result.layout.describe()}{mark} | {result.images_per_s:.1f} | {result.p99_ms:.0f} | {cpu} | {rate} |"
+            f"| {result.layout.describe()}{mark} | {result.images_per_s:.1f} | {result.p99_ms:.0f} | {cpu} | {rate} "
+            f"| {result.measurements} |"
         )
     return "\n".join(rows) + f"\n\n`tritonstack build {' '.join(chosen.layout.build_flags())}`\n"
 
@@ -383,6 +477,7 @@ def _step_names(ensemble) -> tuple[str, str]:
 
 
 def save(out: Path, results: list[Measured], chosen: Measured, summary: dict) -> None:
+    """`results`: every measurement; the table and the plot show their medians by layout."""
     (out / "tune.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (out / "tune.md").write_text(markdown(results, chosen))
-    plot(results, chosen, out / "pareto.png")
+    (out / "tune.md").write_text(markdown(summarized(results), chosen))
+    plot(summarized(results), chosen, out / "pareto.png")
