@@ -99,11 +99,11 @@ def test_options_reach_the_configs_and_the_pipeline(tmp_path, model_repository):
 
 def test_classifier_batch_is_a_cpu_preference_below_max_batch_size(tmp_path, model_repository):
     for args, preferred, first_step in (
-        (("--classifier-batch", "16"), [16], [16]),
-        # The first step never runs fewer than the default's: batches of one DALI run
-        # at its low priority fall behind where a classifier batch of one keeps up.
-        (("--classifier-batch", "4"), [4], [8]),
-        (("--classifier-batch", "1"), [1], [8]),
+        # The first step forms batches of 4 whatever the classifier's: smaller ones refuse
+        # sooner under overload, and fewer fall behind at its low priority.
+        (("--classifier-batch", "16"), [16], [4]),
+        (("--classifier-batch", "4"), [4], [4]),
+        (("--classifier-batch", "1"), [1], [4]),
         (("--classifier-batch", "0"), [], []),
         (("--max-batch-size", "8"), [], []),
         (("--device", "gpu"), [], []),
@@ -111,7 +111,6 @@ def test_classifier_batch_is_a_cpu_preference_below_max_batch_size(tmp_path, mod
         out = tmp_path / "-".join(args)
         build(out, "dali_efficientnet_lite0", *args)
         assert list(read_config(out / LITE0).dynamic_batching.preferred_batch_size) == preferred, args
-        # The first step hands on one classifier batch at a time (docs/reliability.md#overload).
         assert list(read_config(out / PREPROCESS).dynamic_batching.preferred_batch_size) == first_step, args
 
 
