@@ -105,7 +105,8 @@ def test_classifier_batch_is_a_cpu_preference_below_max_batch_size(tmp_path, mod
         (("--classifier-batch", "4"), [4], [4]),
         (("--classifier-batch", "1"), [1], [4]),
         (("--classifier-batch", "0"), [], []),
-        (("--max-batch-size", "8"), [], []),
+        # A classifier batch of max_batch_size is no preference; the first step's 4 still is.
+        (("--max-batch-size", "8"), [], [4]),
         (("--device", "gpu"), [], []),
     ):
         out = tmp_path / "-".join(args)

@@ -4,6 +4,7 @@ server a test starts here is stopped in a `finally`, whatever fails first."""
 import ipaddress
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -129,6 +130,30 @@ def test_stop_while_a_restart_loads_leaves_no_shared_memory(lite0_repository):
     finally:
         server.stop()
     assert left_behind(before) == set()
+    assert_nothing_left(server.process.pid, ports_of(server))
+
+
+def test_a_server_killed_while_it_starts_is_started_again(lite0_repository):
+    """A tritonserver killed by a signal before it is ready (as a native crash while
+    its stubs start would) is launched once more, and the start succeeds."""
+    server = TritonServer(lite0_repository)
+    killed = []
+
+    def kill_the_first_once_spawned() -> None:
+        wait_for(lambda: server.process is not None, timeout_s=60, interval_s=0.01, what="tritonserver spawned")
+        killed.append(server.process)
+        os.killpg(server.process.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_first_once_spawned)
+    killer.start()
+    try:
+        server.start()
+        killer.join()
+        assert killed and server.process is not killed[0] and killed[0].returncode == -signal.SIGKILL
+        assert server.is_ready()
+    finally:
+        killer.join()
+        server.stop()
     assert_nothing_left(server.process.pid, ports_of(server))
 
 

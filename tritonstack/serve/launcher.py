@@ -51,7 +51,7 @@ from tritonstack.serve.network import is_loopback
 from tritonstack.serve.priority import front_steps, lower_priority
 from tritonstack.serve.queue_ceilings import overridden as objective_overridden
 from tritonstack.serve.response_cache import cache_ensembles
-from tritonstack.serve.restart import ServerRestarter
+from tritonstack.serve.restart import ServerRestarter, describe_exit
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions, stub_regions
 from tritonstack.serve.supervision import StubSupervisor, Supervision, reload_model
@@ -167,7 +167,7 @@ class TritonServer:
         if self.supervision.stubs and _supervise_stubs not in self.on_ready:
             self.on_ready.append(_supervise_stubs)
         try:
-            self.launch()
+            self._first_launch()
         except BaseException:
             self.stop()
             raise
@@ -196,6 +196,21 @@ class TritonServer:
             dali_backend_config=backend_config(self.config.extra_args, "dali") or tuned.dali_backend_config,
             stub_memory_bytes=limits.stub_bytes if limits else tuned.stub_memory_bytes,
         )
+
+    def _first_launch(self) -> None:
+        """launch(), and once more when tritonserver was killed by a signal before it was
+        ready, as the restarter does once it runs: a crash in native code while dozens of
+        stubs start (seen once in this project's suite: Triton 2.51's Python backend
+        aborting on a boost::interprocess::lock_exception) is no reason to give up. A
+        server that exits with an error code (a bad config) is not started again."""
+        try:
+            self.launch()
+        except ServerStartError:
+            code = self.process.poll() if self.process is not None else None
+            if not self.supervision.restart or code is None or code >= 0 or self._stopping.is_set():
+                raise
+            LOGGER.error("tritonserver was %s during start-up: starting it again", describe_exit(code))
+            self.relaunch()
 
     def launch(self) -> None:
         """Spawn tritonserver (its log appended to), wait until it is ready, turn the
