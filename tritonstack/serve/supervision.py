@@ -5,19 +5,19 @@ backends): when a model instance's stub process dies (killed, out of memory, a
 crash in native code), the server stays up and ready, and every later request to
 that model fails with HTTP 500 "Stub process '<instance>' is not healthy." The
 backend never restarts the stub, and a plain `load_model` of an unchanged model is
-a no-op. Loading it again with its own config as an override does reload it: a new
-instance and stub replace the dead one (in seconds) and the ensembles using it
-are re-linked.
+a no-op. Loading it again with its own config as an override, plus a parameter that
+changes each time (with_reload_mark), does reload it: new instances and stubs replace
+the dead one (in seconds) and the ensembles using it are re-linked.
 
 The supervisor watches the stubs of one server (children of tritonserver; their
 command line names the model's file: `<repository>/<model>/<version>/...`). A stub
-that the backend stops (unload, reload) is reaped at once; one that died on its
-own is left a zombie: the supervisor reloads that stub's model, if the model is
-still READY and fewer of its stubs live than its config has instances. A reload of
-ours (a layout, an objective) starts the new instances' stubs before it stops the old
-ones, and reaps each old one only when it gets to it: going from four instances to two,
-old stubs sat zombies for a poll or more beside the two new ones, and were no death.
-Needs explicit model-control mode (the launcher's default).
+that the backend stops (unload, reload) is reaped by it; one that died on its own is
+left a zombie: the supervisor reloads that stub's model, if the model is still READY
+and a load since has not replaced it. A load starts the new instances' stubs before
+it stops the old ones, and reaps each old one only when it gets to it (going from four
+instances to two, old stubs sat zombies for a poll or more beside the two new ones):
+a zombie is no death when the model has, started after it, as many live stubs as its
+config has instances. Needs explicit model-control mode (the launcher's default).
 
 A stub can also outgrow itself without dying: DALI 2.4 keeps its host pool's largest
 run for good (docs/memory.md), so a burst of huge images leaves the DALI stub
@@ -56,19 +56,19 @@ def reload_model(
     admin_headers: dict[str, str],
     model: str,
     reason: str = "its stub died",
-    live_stubs: int | None = None,
+    newer_stubs: int | None = None,
 ) -> bool:
-    """Load a READY model again with its own config (with an override config the
-    load is never skipped as "unchanged"). False when it was not ours to reload: with
-    `live_stubs` (the model's stubs still alive), also when they are as many as its
-    instances (the stub that ended was an earlier load's)."""
+    """Load a READY model again with its own config and a reload mark (with_reload_mark),
+    which makes Triton load it afresh. False when it was not ours to reload: with
+    `newer_stubs` (the model's live stubs started after the one that ended), also when
+    they are as many as its instances (a load since replaced the one that ended)."""
     client = httpclient.InferenceServerClient(http_url, network_timeout=120)
     try:
         if not client.is_model_ready(model):
             return False  # being unloaded on purpose, or already failed
         config = client.get_model_config(model)
         instances = cpu_instances(config)
-        if live_stubs is not None and instances is not None and live_stubs >= instances:
+        if newer_stubs is not None and instances is not None and newer_stubs >= instances:
             LOGGER.info("model %s: a stub of an earlier load ended; its %d instance(s) run", model, instances)
             return False
         LOGGER.warning("model %s: %s: reloading the model", model, reason)
@@ -196,7 +196,7 @@ class StubMemory:
 
 class StubSupervisor(threading.Thread):
     """Watches the stubs of the server process `server_pid`; calls `reload(model,
-    reason, live_stubs)` for a model whose stub died (reload_model's signature; None:
+    reason, newer_stubs)` for a model whose stub died (reload_model's signature; None:
     explicit model control is off, so it can only say so), `reload(model, reason)` for
     one that, under `recycle`, grew and stayed grown; and
     `on_new_stub(pid, model)` for each stub when first seen alive."""
@@ -221,6 +221,7 @@ class StubSupervisor(threading.Thread):
         self._stopping = threading.Event()
         # Seen now, before start() returns: a stub killed right after is still caught.
         self._models: dict[int, str] = {}  # pid -> model, ever seen alive
+        self._start_times: dict[int, float] = {}  # pid -> its create_time
         self._seen(server_stubs(server_pid)[0])
 
     def stop(self) -> None:
@@ -240,25 +241,35 @@ class StubSupervisor(threading.Thread):
                 handled.add(pid)
                 self._memory.pop(pid, None)
                 if pid in self._models and not self._stopping.is_set():
-                    model = self._models.pop(pid)
-                    self._stub_died(model, live_stubs=sum(name == model for name in live.values()))
+                    self._stub_died(self._models[pid], self._newer_stubs(pid, live))
+                self._models.pop(pid, None)
+                self._start_times.pop(pid, None)
             if self.recycle is not None:
                 self._recycle_grown(live)
 
     def _seen(self, live: dict[int, str]) -> None:
         for pid in live.keys() - self._models.keys():
+            try:
+                self._start_times[pid] = psutil.Process(pid).create_time()
+            except psutil.Error:
+                pass  # unknown: never counted as newer, and as a death when it ends
             if self.on_new_stub is not None:
                 self.on_new_stub(pid, live[pid])
         self._models.update(live)
 
-    def _stub_died(self, model: str, live_stubs: int) -> None:
+    def _newer_stubs(self, dead_pid: int, live: dict[int, str]) -> int:
+        """The live stubs of the dead one's model that started after it."""
+        model, started = self._models[dead_pid], self._start_times.get(dead_pid, float("inf"))
+        return sum(name == model and self._start_times.get(pid, 0.0) > started for pid, name in live.items())
+
+    def _stub_died(self, model: str, newer_stubs: int) -> None:
         if self.reload is None:
             LOGGER.error(
                 "the stub of model %s died; without explicit model-control mode it "
                 "cannot be reloaded: restart the server",
                 model,
             )
-        elif self.reload(model, "its stub died", live_stubs):
+        elif self.reload(model, "its stub died", newer_stubs):
             self.reloads.append((time.monotonic(), model))
 
     def _recycle_grown(self, live: dict[int, str]) -> None:
