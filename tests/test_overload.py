@@ -25,6 +25,7 @@ from loadtests.metrics import REFUSED_REASON
 from loadtests.metrics import failures_by_reason as exported_failures
 from tests import repo_factory as rf
 from tests.conftest import TEST_STOP_GRACE_S, served_instances
+from tests.processes import wait_for
 from tritonstack.benchmark import overload, overload_soak
 from tritonstack.benchmark.phases import weighted_images
 from tritonstack.build.model_config import read_config
@@ -157,11 +158,24 @@ def test_a_request_past_its_deadline_is_refused_with_a_clear_status(admission_se
         assert error.status() == expected_status and DEADLINE_EXPIRED in error.message()
         assert "latency objective or its own timeout" in describe_error(error)
         assert "retry later" in describe_error(error) and "batch request" in describe_error(error)
-    after = step_stats(admission_server, FIRST_STEP)
+    blocked = BLOCKER_IMAGES * instances(admission_server)
+    after = counted_at_least(admission_server, FIRST_STEP, before, blocked)
     assert after["failed"] - before["failed"] >= LATE_REQUESTS
-    assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES * instances(admission_server)  # none late
+    assert after["inferences"] - before["inferences"] == blocked  # none late
     # In /metrics, what the dashboard's refusals panel and the refusal alert count.
     assert after["refused"] - before["refused"] >= LATE_REQUESTS
+
+
+def counted_at_least(server, model: str, before: dict, images: int) -> dict:
+    """The step's statistics once `images` more inferences are counted: Triton records a
+    batch's statistics after it has sent the batch's responses, so a client can hear its
+    answer first (seen: one blocker of two counted when both had been answered)."""
+
+    def counted() -> dict | None:
+        stats = step_stats(server, model)
+        return stats if stats["inferences"] - before["inferences"] >= images else None
+
+    return wait_for(counted, timeout_s=10, what=f"{images} inferences counted")
 
 
 async def behind_the_blocker(server, protocol: str, blocker: np.ndarray) -> list:
