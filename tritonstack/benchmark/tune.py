@@ -36,10 +36,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import numpy as np
 import psutil
 
 from tritonstack import cli
+from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.phases import closed_loop, open_loop, url_for
 from tritonstack.build.presets import BuildOptions
 from tritonstack.objective import MIN_QUEUED_STEP_INSTANCES
@@ -293,8 +293,7 @@ def summarized(results: Iterable[Measured]) -> list[Measured]:
 
 def _median(layout: Layout, measured: list[Measured]) -> Measured:
     def median(name: str) -> float | None:
-        values = [getattr(result, name) for result in measured if getattr(result, name) is not None]
-        return float(np.median(values)) if values else None
+        return Median.of([getattr(result, name) for result in measured if getattr(result, name) is not None]).value
 
     return Measured(
         layout=layout,
@@ -478,6 +477,7 @@ def _step_names(ensemble) -> tuple[str, str]:
 
 def save(out: Path, results: list[Measured], chosen: Measured, summary: dict) -> None:
     """`results`: every measurement; the table and the plot show their medians by layout."""
+    candidates = summarized(results)
     (out / "tune.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (out / "tune.md").write_text(markdown(summarized(results), chosen))
-    plot(summarized(results), chosen, out / "pareto.png")
+    (out / "tune.md").write_text(markdown(candidates, chosen))
+    plot(candidates, chosen, out / "pareto.png")
