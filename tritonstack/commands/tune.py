@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark import tune
+from tritonstack.benchmark import tune, tune_output
 from tritonstack.benchmark.phases import weighted_images
 from tritonstack.contract import DEFAULT_MODEL
 from tritonstack.rules.unbuilt import unservable_reason
@@ -34,9 +34,9 @@ def run(args: argparse.Namespace) -> int:
     with TritonServer(ServerConfig(args.model_repository)) as server:
         start, results = tune.search(server, args.model, weighted_images(200), cores.usable, settings, print)
     chosen = tune.best(results, settings)
-    tune.write_repository(args.model_repository, args.out, args.model, chosen.layout)
+    tune_output.write_repository(args.model_repository, args.out, args.model, chosen.layout)
     args.report.mkdir(parents=True, exist_ok=True)
-    tune.save(args.report, results, chosen, tune.report(start, results, chosen, settings, cores.usable))
+    tune_output.save(args.report, results, chosen, tune_output.report(start, results, chosen, settings, cores.usable))
     print(f"chosen: {chosen.layout.describe()} ({chosen.images_per_s:.1f} images/s)")
     print(f"wrote {args.out}; tritonstack build {' '.join(chosen.layout.build_flags())}")
     print(f"report: {args.report / 'tune.md'}, {args.report / 'pareto.png'}")
