@@ -35,14 +35,40 @@ def classification(
     `device="gpu"` decodes with nvJPEG ("mixed": hardware decoder where there is
     one), and resize and normalize then run on the GPU since their input is there.
     """
-    images = _decoded_images(device, channel_order)
+    encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
+    images = _decoded(encoded, device, channel_order)
+    if resize == "crop":
+        region = _center_crop_region(fn.peek_image_shape(encoded, dtype=types.FLOAT), resize_shorter, crop)
+        images = fn.resize(images, size=(crop, crop), **region, roi_relative=False, antialias=True)
+        return _normalized(images, mean, std, layout[1:], input_type)
     return _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout[1:], resize, input_type)
 
 
-def _decoded_images(device, channel_order="rgb"):
-    """The encoded images of the input, decoded to RGB (or BGR) with their EXIF
-    orientation applied (the decoder's default)."""
-    encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
+def _center_crop_region(shape, resize_shorter, crop):
+    """The region of the image (its decoded shape: height, width, channels) that the
+    center crop of the image resized to `resize_shorter` covers, as fn.resize's
+    roi_start and roi_end. Resizing that region alone to crop x crop gives the pixels of
+    the whole image resized and then cropped, within one level of 255 from rounding,
+    for a little over half the resampling (a 640 x 480 photo: 224 x 224 pixels made,
+    not 341 x 256). It follows DALI's own geometry: the resized size rounded, the scale
+    kept exact by centring the rounded size's region on the image (fn.resize's
+    subpixel_scale), and the crop's start rounded (crop_pos 0.5)."""
+    height, width = shape[0], shape[1]
+    scale = resize_shorter / dmath.min(height, width)
+    starts = []
+    for size in (height, width):
+        resized = dmath.floor(size * scale + 0.5)
+        crop_start = dmath.floor((resized - crop) * 0.5 + 0.5)
+        starts.append(size * 0.5 + (crop_start - resized * 0.5) / scale)
+    return {
+        "roi_start": fn.stack(*starts),
+        "roi_end": fn.stack(*(start + crop / scale for start in starts)),
+    }
+
+
+def _decoded(encoded, device, channel_order="rgb"):
+    """The encoded images decoded to RGB (or BGR) with their EXIF orientation applied
+    (the decoder's default)."""
     order = types.BGR if channel_order == "bgr" else types.RGB
     if device == "gpu":
         return fn.decoders.image(encoded, device="mixed", output_type=order, hw_decoder_load=HW_DECODER_LOAD)
@@ -59,10 +85,13 @@ def _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout, resi
         images = fn.crop(images, crop=(crop, crop), out_of_bounds_policy="pad", fill_values=list(mean))
     else:
         images = fn.resize(images, resize_shorter=resize_shorter, antialias=True)
+    return _normalized(images, mean, std, layout, input_type, crop=(crop, crop))
+
+
+def _normalized(images, mean, std, layout, input_type="fp32", **crop):
+    """Normalized (a UINT8 input left in pixel units) in `layout`; `crop`: a center crop first."""
     dtype = types.UINT8 if input_type == "uint8" else types.FLOAT
-    return fn.crop_mirror_normalize(
-        images, crop=(crop, crop), mean=list(mean), std=list(std), dtype=dtype, output_layout=layout
-    )
+    return fn.crop_mirror_normalize(images, mean=list(mean), std=list(std), dtype=dtype, output_layout=layout, **crop)
 
 
 classification_pipeline = pipeline_def(classification)
@@ -124,7 +153,7 @@ def regions_classification(
     pixel (padded like the others, so that all stack), and the stacked crops are sliced
     back to the first N before normalizing. The classifier's layout and channel order are
     kept; `resize` is always this letterbox, `input_type` FP32 (presets.Preset)."""
-    images = _decoded_images(device, channel_order)
+    images = _decoded(fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1), device, channel_order)
     boxes = fn.external_source(name=BOXES_NAME, dtype=types.FLOAT, ndim=2)
     slots = fn.pad(boxes, axes=(0,), shape=(max_boxes,), fill_value=0)
     count = boxes.shape(dtype=types.INT32)[0:1]
