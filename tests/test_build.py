@@ -141,7 +141,7 @@ def test_every_steps_queue_ceiling_derives_from_the_latency_objective(tmp_path, 
     assert first.max_queue_size == later.max_queue_size == 0
     assert first.allow_timeout_override and later.allow_timeout_override  # a client's shorter timeout wins
     assert first.timeout_action == later.timeout_action == first.REJECT
-    assert 0 < later.default_timeout_microseconds <= first.default_timeout_microseconds
+    assert 0 < later.default_timeout_microseconds < first.default_timeout_microseconds
     assert first.default_timeout_microseconds + later.default_timeout_microseconds <= 0.6 * objective_us
     ensemble = read_config(out / "ensemble_dali_efficientnet_lite0")
     assert ensemble.parameters[OBJECTIVE_PARAMETER].string_value == str(DEFAULT_OBJECTIVE_MS)

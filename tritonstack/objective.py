@@ -35,15 +35,17 @@ from dataclasses import dataclass
 from tritonstack.contract import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 
 # The first step's queue holds the backlog under overload (serve/priority.py runs the
-# first steps last); later steps are fed at its pace, and their share is no larger. A
+# first steps last), so it gets the larger share; later steps are fed at its pace. A
 # refusal at a later step comes after the first step's wait and work, and wastes that
 # work: at 0.15 they were about 2 % of the refusals at 3x capacity and set their p99
-# (stock gRPC clients: 599-612 ms, 4 % of the DALI step's images wasted). The cheaper
-# the first step, the faster it fills a later queue: once the DALI step resized only the
-# crop's region, 0.25 wasted 3 % again (refusals at p99 557-603 ms), 0.30 wasted 0-1 %
-# (480-508 ms, answers at p99 670-803 ms), 0.35 was no better (481, 627 ms; 2-core AMD EPYC).
+# (stock gRPC clients: 599-612 ms, 4 % of the DALI step's images wasted); at 0.25 none
+# wasted, refusals at p99 501-549 ms, answers at p99 742-886 ms (2-core AMD EPYC). Once
+# the DALI step got cheaper (it resizes only the crop's region) 0.3 refused sooner at 3x
+# (480-511 against 557-603 ms) but failed the overload soak twice, tritonserver's memory
+# after the 2x periods +8.4 and +5.2 % (0.25: +0.07 %): a longer later queue holds more
+# FP32 tensors in the server, whose allocator keeps the peak. docs/performance.md#overload.
 FIRST_STEP_SHARE = 0.3
-LATER_STEP_SHARE = 0.3
+LATER_STEP_SHARE = 0.25
 DEFAULT_OBJECTIVE_MS = 1000
 # The ensemble parameter that records the objective a repository was built for.
 OBJECTIVE_PARAMETER = "latency_objective_ms"
