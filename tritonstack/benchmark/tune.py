@@ -292,7 +292,7 @@ def measure(server, model: str, images: list[bytes], layout: Layout, settings: T
         closed_loop(url, settings.protocol, model, images, settings.concurrency, settings.seconds, settings.warmup_s)
     )
     closed.server_cpu_s, closed.warmup_s = cpu_seconds_since(server, cpu), settings.warmup_s
-    at_rate = {}
+    at_rate = {"rate_p99_ms": None}
     if settings.rate:
         opened = asyncio.run(
             open_loop(
@@ -313,7 +313,7 @@ def measure(server, model: str, images: list[bytes], layout: Layout, settings: T
         p99_ms=closed.percentile_ms(99),
         cpu_ms_per_image=1000 / closed.images_per_cpu_s if closed.images_per_cpu_s else None,
         errors=closed.errors,
-        **({"rate_p99_ms": None} | at_rate),
+        **at_rate,
     )
 
 

@@ -35,13 +35,15 @@ def classification(
     `device="gpu"` decodes with nvJPEG ("mixed": hardware decoder where there is
     one), and resize and normalize then run on the GPU since their input is there.
     """
-    encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
+    encoded = _encoded()
     images = _decoded(encoded, device, channel_order)
-    if resize == "crop":
-        region = _center_crop_region(fn.peek_image_shape(encoded, dtype=types.FLOAT), resize_shorter, crop)
-        images = fn.resize(images, size=(crop, crop), **region, roi_relative=False, antialias=True)
-        return _normalized(images, mean, std, layout[1:], input_type)
-    return _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout[1:], resize, input_type)
+    shape = fn.peek_image_shape(encoded, dtype=types.FLOAT)
+    return _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout[1:], resize, input_type, shape)
+
+
+def _encoded():
+    """The model's input: one encoded file (image, clip or audio) per sample."""
+    return fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
 
 
 def _center_crop_region(shape, resize_shorter, crop):
@@ -75,14 +77,23 @@ def _decoded(encoded, device, channel_order="rgb"):
     return fn.decoders.image(encoded, device="cpu", output_type=order)
 
 
-def _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout, resize="crop", input_type="fp32"):
+def _resize_crop_normalize(
+    images, resize_shorter, crop, mean, std, layout, resize="crop", input_type="fp32", shape=None
+):
     """Resize to crop x crop as the classifier was trained, normalize in `layout`
-    (frames too: FCHW); a UINT8 input is left in pixel units (mean 0, std 1)."""
+    (frames too: FCHW); a UINT8 input is left in pixel units (mean 0, std 1). `shape`:
+    the images' decoded shape (height, width, channels), where it is known before
+    decoding (fn.peek_image_shape): a center crop then resizes only its region. A
+    clip's frames have none (their shape is known only on the decoder's device)."""
     if resize == "squash":
         images = fn.resize(images, size=(crop, crop), antialias=True)
     elif resize == "letterbox":  # the padding is the mean: zero once normalized
         images = fn.resize(images, size=(crop, crop), mode="not_larger", antialias=True)
         images = fn.crop(images, crop=(crop, crop), out_of_bounds_policy="pad", fill_values=list(mean))
+    elif shape is not None:
+        region = _center_crop_region(shape, resize_shorter, crop)
+        images = fn.resize(images, size=(crop, crop), **region, roi_relative=False, antialias=True)
+        return _normalized(images, mean, std, layout, input_type)
     else:
         images = fn.resize(images, resize_shorter=resize_shorter, antialias=True)
     return _normalized(images, mean, std, layout, input_type, crop=(crop, crop))
@@ -117,7 +128,7 @@ def video_classification(
     and MJPEG; `device="gpu"` decodes with NVDEC (H.264, H.265, AV1 too).
     RGB and FP32 only (`channel_order`, `input_type`: the build refuses others, presets.Preset):
     DALI's video decoder gives RGB frames, and the pipeline declares FP32."""
-    encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
+    encoded = _encoded()
     sequence = fn.decoders.video(
         encoded, device="mixed" if device == "gpu" else "cpu", sequence_length=frames, stride=stride, pad_mode="edge"
     )
@@ -153,7 +164,7 @@ def regions_classification(
     pixel (padded like the others, so that all stack), and the stacked crops are sliced
     back to the first N before normalizing. The classifier's layout and channel order are
     kept; `resize` is always this letterbox, `input_type` FP32 (presets.Preset)."""
-    images = _decoded(fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1), device, channel_order)
+    images = _decoded(_encoded(), device, channel_order)
     boxes = fn.external_source(name=BOXES_NAME, dtype=types.FLOAT, ndim=2)
     slots = fn.pad(boxes, axes=(0,), shape=(max_boxes,), fill_value=0)
     count = boxes.shape(dtype=types.INT32)[0:1]
@@ -193,7 +204,7 @@ def speech_samples(sample_rate, device="cpu"):
     channels' mean) -> resampled to `sample_rate` -> FP32 samples in [-1, 1], one
     dimension. DALI decodes and resamples audio on the CPU only; `device="gpu"` hands
     the samples to the GPU for the model after it."""
-    encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
+    encoded = _encoded()
     samples, _ = fn.decoders.audio(encoded, sample_rate=sample_rate, downmix=True, dtype=types.FLOAT)
     return samples.gpu() if device == "gpu" else samples
 
@@ -210,7 +221,7 @@ def log_mel_features(
     [frames, mel_bins], YAMNet's definition by default (build/audio_features.py holds
     its NumPy reference). On the CPU only, as DALI's audio decoder; `device="gpu"`
     hands the features to the GPU."""
-    encoded = fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
+    encoded = _encoded()
     samples, _ = fn.decoders.audio(encoded, sample_rate=sample_rate, downmix=True, dtype=types.FLOAT)
     window = [0.5 - 0.5 * math.cos(2 * math.pi * n / window_length) for n in range(window_length)]  # periodic Hann
     spectrum = fn.spectrogram(
