@@ -201,6 +201,7 @@ class GrpcUser(TritonUser):
                 self.model,
                 retry=NO_RETRY,
                 timeout_s=self.deadline_s or REQUEST_TIMEOUT_S,
+                throttle_ratio=0,  # a load test offers the load it is told, refused or not
             )
         except (InferenceServerException, ConnectionError) as error:
             self.report(time.perf_counter(), 0, error, name="connect")

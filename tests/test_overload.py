@@ -2,8 +2,9 @@
 request still queued when its deadline passes is refused with a clear status over
 both protocols and never computed, our client sends its deadline to the server, a
 cancelled request is not computed, the client's retries of refusals stay within
-their budget, the load test counts refusals and missed deadlines apart, and the
-overload measurement and its soak account for every request."""
+their budget, a client the server keeps refusing refuses some requests itself, the
+load test counts refusals and missed deadlines apart, and the overload measurement
+and its soak account for every request."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from tritonstack.client.retry import (
     is_refusal,
     is_timeout,
 )
+from tritonstack.client.throttle import ClientThrottledError
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 from tritonstack.objective import DEFAULT_OBJECTIVE_MS, OBJECTIVE_PARAMETER
 from tritonstack.samples.photos import photo_bytes, photo_path, sample_jpeg
@@ -233,6 +235,38 @@ def test_our_client_sends_its_deadline_to_the_server(admission_server, blocker):
     assert after["inferences"] - before["inferences"] == BLOCKER_IMAGES * blockers
 
 
+def test_a_client_the_server_keeps_refusing_refuses_some_requests_itself(admission_server, blocker):
+    """Client-side throttling on a real server: a first wave of requests behind the
+    blockers all miss their deadline; of a second wave right after, most are refused by
+    the client itself, at once, with an error that says so and is counted as a refusal."""
+    wave = 16
+
+    async def two_waves() -> tuple[list, list]:
+        async with grpc_aio.InferenceServerClient(admission_server.grpc_url) as raw:
+            running = [asyncio.create_task(raw.infer(FIRST_STEP, tensors(grpc_aio, blocker))) for _ in range(blockers)]
+            await asyncio.sleep(0.2)  # the blockers run: what follows waits behind them
+            async with AsyncClassifierClient(
+                admission_server.grpc_url, "grpc", FIRST_STEP_ENSEMBLE, retry=NO_RETRY, timeout_s=0.02
+            ) as client:
+                image = photo_bytes("coffee.png")
+
+                async def one_wave() -> list:
+                    calls = (client.probabilities([image]) for _ in range(wave))
+                    return await asyncio.gather(*calls, return_exceptions=True)
+
+                first = await one_wave()
+                second = await one_wave()
+            await asyncio.gather(*running)
+        return first, second
+
+    blockers = instances(admission_server)
+    first, second = asyncio.run(two_waves())
+    assert all(isinstance(outcome, Exception) and is_timeout(outcome) for outcome in first), first
+    throttled = [outcome for outcome in second if isinstance(outcome, ClientThrottledError)]
+    assert len(throttled) >= wave // 2, second  # each refused with probability 16/17
+    assert all(is_refusal(error) and "refused by this client" in describe_error(error) for error in throttled)
+
+
 def http_input(batch: np.ndarray) -> httpclient.InferInput:
     tensor = httpclient.InferInput(PREPROCESS_INPUT, list(batch.shape), "UINT8")
     tensor.set_data_from_numpy(batch)
@@ -353,6 +387,8 @@ def test_the_overload_measurement_accounts_for_every_request(overload_target, cl
     assert 0.0 <= phase["wasted_share"] <= 1.0, phase  # how much depends on the machine's load
     assert phase["recovery_s"] < overload.RECOVERY_LIMIT_S, phase  # back to idle latency, not given up
     assert phase["server_rss_growth_mb"] is not None and phase["clients"] == clients
+    assert 0 <= phase["refused_by_client"] <= phase["refused"], phase  # our throttle's, none for stock clients
+    assert clients == "ours" or phase["refused_by_client"] == 0, phase
 
 
 def test_the_overload_soak_checks_every_answer_and_leaves_none_unresolved(admission_server, overload_target):

@@ -14,7 +14,9 @@ stock`) only stop waiting then, as most callers do. Every request ends one way:
 
 - in time: answered (200) before its deadline;
 - refused: the server said no (a full queue, or its timeout passed while queued:
-  HTTP 503 / gRPC UNAVAILABLE) before the deadline;
+  HTTP 503 / gRPC UNAVAILABLE) before the deadline, or our client's throttle did
+  before sending (tritonstack.client.throttle: a server refusing most requests is
+  spared some);
 - late: no answer before the deadline (the client gave up), or one after it;
 - failed: anything else (a wrong status, a broken connection).
 
@@ -47,6 +49,7 @@ from tritonstack.benchmark import figures
 from tritonstack.benchmark.phases import closed_loop
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY, is_expired, is_refusal, is_timeout
+from tritonstack.client.throttle import ClientThrottledError
 from tritonstack.contract import ENSEMBLE_INPUT, pad_batch
 from tritonstack.serve import process_tree
 
@@ -68,6 +71,7 @@ class Outcomes:
 
     in_time_s: list[float] = field(default_factory=list)
     refused_s: list[float] = field(default_factory=list)
+    refused_by_client: int = 0  # of refused_s: our client's throttle, never sent
     late: int = 0
     failed: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # a few kinds, for the report
@@ -84,6 +88,7 @@ class Outcomes:
             self.failures[kind] = self.failures.get(kind, 0) + 1
         elif (error is None or refused) and latency_s <= deadline_s:
             (self.refused_s if refused else self.in_time_s).append(latency_s)
+            self.refused_by_client += isinstance(error, ClientThrottledError)
         else:  # no answer before the deadline, or one after it
             self.late += 1
 
@@ -287,6 +292,7 @@ class PhaseResult:
     sent: int
     in_time: int
     refused: int
+    refused_by_client: int
     late: int
     failed: int
     failures: dict
@@ -341,6 +347,7 @@ def overload_phase(
         sent=outcomes.sent,
         in_time=answered,
         refused=len(outcomes.refused_s),
+        refused_by_client=outcomes.refused_by_client,
         late=outcomes.late,
         failed=outcomes.failed,
         failures=outcomes.failures,
@@ -425,11 +432,17 @@ def ms_text(value: float | None) -> str:
     return f"{value:.0f} ms" if value is not None else "-"
 
 
+def by_client_text(phase: dict) -> str:
+    """ ", 812 by our client": the refusals our client's throttle made, when it made any."""
+    return f", {phase['refused_by_client']} by our client" if phase.get("refused_by_client") else ""
+
+
 def phase_line(phase: dict) -> str:
     ms = ms_text
     return (
         f"goodput {phase['goodput_share']:.2f} of capacity, wasted {phase['wasted_share']:.2f}, "
-        f"in time {phase['in_time']}, refused {phase['refused']} ({phase['refused_share']:.1%}), "
+        f"in time {phase['in_time']}, refused {phase['refused']} ({phase['refused_share']:.1%}"
+        f"{by_client_text(phase)}), "
         f"late {phase['late']} ({phase['late_share']:.1%}), failed {phase['failed']}; "
         f"p99 answered {ms(phase['answered_ms_p99'])}, refused {ms(phase['refused_ms_p99'])}; "
         f"recovered in {phase['recovery_s']:.1f} s"

@@ -139,6 +139,7 @@ async def swinging_load(
             timeout_s=settings.deadline_s,
             wait_s=wait_s,
             max_connections=in_flight_bound(capacity * max(settings.multiples), wait_s),
+            throttle_ratio=0,  # the soak offers the swing it is told: the server refuses the surplus
         ) as client:
             loop = asyncio.get_running_loop()
             start = loop.time()

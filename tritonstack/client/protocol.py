@@ -27,12 +27,13 @@ from tritonstack.client.retry import (
     RetryPolicy,
     RetryThrottle,
     ServerUnavailableError,
+    is_overloaded,
     is_retryable,
-    is_timeout,
     unavailable_message,
     wrong_protocol_message,
 )
 from tritonstack.client.shm import RequestRegions, SharedMemoryRegion
+from tritonstack.client.throttle import DEFAULT_RATIO, AdaptiveThrottle
 from tritonstack.contract import (
     BATCH_PRIORITY,
     DEFAULT_MODEL,
@@ -273,8 +274,10 @@ def batch_rows(info: ModelInfo, output: np.ndarray) -> np.ndarray:
 
 
 def worth_splitting(error: BaseException, batch_size: int) -> bool:
-    """Whether a failed request of several images should be retried image by image."""
-    return batch_size > 1 and not (is_retryable(error) or is_timeout(error))
+    """Whether a failed request of several images should be retried image by image: not
+    when the server (or the client's throttle) could not take it, only when one image
+    may be what it refused."""
+    return batch_size > 1 and not (is_retryable(error) or is_overloaded(error))
 
 
 def request_deadline_options(protocol: str, timeout_s: float | None, wait_s: float | None = None) -> dict:
@@ -315,6 +318,7 @@ class ClientBase:
         shm: str = "none",
         headers: dict[str, str] | None = None,
         batch: bool = False,
+        throttle_ratio: float = DEFAULT_RATIO,
     ):
         check_transport(protocol, shm)
         # "http://host:port" and "grpc://host:port" too (tritonclient refuses a scheme);
@@ -333,7 +337,10 @@ class ClientBase:
         self._labels: list[str] | None = None
         # Refusals by a full queue are retried within this budget, shared by every
         # request of this client (tritonstack.client.retry).
-        self.throttle = RetryThrottle()
+        self.retry_budget = RetryThrottle()
+        # A server that refuses most requests is spared some of them: refused here,
+        # before the upload (tritonstack.client.throttle; 0: off).
+        self.throttle = AdaptiveThrottle(throttle_ratio)
         # Per-call keyword arguments of tritonclient's infer: the deadline goes to the
         # server as the request's `timeout` (microseconds), so that a request still
         # queued when it passes is refused there instead of computed for nobody;
@@ -349,11 +356,21 @@ class ClientBase:
         return time.monotonic() + self.timeout_s if self.timeout_s else None
 
     def _retrying(self, attempt, on_retry=None):
-        """An inference call under the retry policy, its budget and its deadline."""
-        return self.retry.call(attempt, on_retry, throttle=self.throttle, deadline=self._deadline())
+        """An inference call under the retry policy, its budget and its deadline, each
+        attempt admitted by the client-side throttle."""
+
+        def admitted():
+            with self.throttle.admitted(is_overloaded):
+                return attempt()
+
+        return self.retry.call(admitted, on_retry, throttle=self.retry_budget, deadline=self._deadline())
 
     async def _aretrying(self, attempt, on_retry=None):
-        return await self.retry.acall(attempt, on_retry, throttle=self.throttle, deadline=self._deadline())
+        async def admitted():
+            with self.throttle.admitted(is_overloaded):
+                return await attempt()
+
+        return await self.retry.acall(admitted, on_retry, throttle=self.retry_budget, deadline=self._deadline())
 
     def _headers(self) -> dict[str, str] | None:
         # A fresh copy per call: tritonclient's HTTP infer adds its

@@ -16,7 +16,9 @@ Clients do not amplify an overload (the SRE book's "Handling Overload"):
   the client's own deadline) is never retried, and no retry starts that could not
   finish before the caller's deadline;
 - waits grow exponentially with jitter, so that clients refused together do not
-  come back together.
+  come back together;
+- a client that the server keeps refusing refuses some requests itself, before
+  sending them (tritonstack.client.throttle).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import aiohttp
 from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from tritonclient.utils import InferenceServerException
 
+from tritonstack.client.throttle import ClientThrottledError
 from tritonstack.contract import BATCH_PRIORITY
 
 T = TypeVar("T")
@@ -69,7 +72,10 @@ class ServerUnavailableError(ConnectionError):
 
 
 def is_refusal(error: BaseException) -> bool:
-    """Refused at once by a full queue: the server is overloaded, try later (within a budget)."""
+    """Refused at once, by a full queue or by the client's own throttle: the server is
+    overloaded, try later (within a budget)."""
+    if isinstance(error, ClientThrottledError):
+        return True
     return isinstance(error, InferenceServerException) and QUEUE_FULL in str(error.message())
 
 
@@ -111,6 +117,12 @@ def is_worth_releasing_again(error: BaseException) -> bool:
     return is_region_in_use(error) or is_retryable(error)
 
 
+def is_overloaded(error: BaseException) -> bool:
+    """The server did not take the request in time: refused, expired in its queue, or
+    no answer by the deadline (what the client-side throttle counts against it)."""
+    return is_refusal(error) or is_timeout(error)
+
+
 def is_timeout(error: BaseException) -> bool:
     """The deadline passed: at the client, or in the server's queue."""
     if isinstance(error, InferenceServerException):
@@ -128,6 +140,8 @@ def describe_error(error: BaseException, timeout_s: float | None = None) -> str:
         )
     if is_timeout(error):
         return f"timed out after {timeout_s:g} s" if timeout_s else "timed out"
+    if isinstance(error, ClientThrottledError):
+        return str(error)
     if is_refusal(error):
         return (
             "refused at once: the server's queue is full (overloaded); retry later with backoff, "
