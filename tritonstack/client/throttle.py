@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 
 # The SRE book's multiplier: the server gets up to twice what it accepts. Lower is
-# more aggressive (docs/reliability.md#client-side-throttling has the figures).
+# more aggressive (docs/performance.md#client-side-throttling has the figures).
 DEFAULT_RATIO = 2.0
 WINDOW_S = 10.0
 _BUCKET_S = 1.0
