@@ -259,8 +259,11 @@ def test_a_client_the_server_keeps_refusing_refuses_some_requests_itself(admissi
             await asyncio.gather(*running)
         return first, second
 
-    blockers = instances(admission_server)
+    before, blockers = step_stats(admission_server, FIRST_STEP), instances(admission_server)
     first, second = asyncio.run(two_waves())
+    # The blockers' statistics before the next test reads its own (Triton counts a batch
+    # after answering it).
+    counted_at_least(admission_server, FIRST_STEP, before, BLOCKER_IMAGES * blockers)
     assert all(isinstance(outcome, Exception) and is_timeout(outcome) for outcome in first), first
     throttled = [outcome for outcome in second if isinstance(outcome, ClientThrottledError)]
     assert len(throttled) >= wave // 2, second  # each refused with probability 16/17
