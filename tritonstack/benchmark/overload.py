@@ -433,7 +433,7 @@ def ms_text(value: float | None) -> str:
 
 
 def by_client_text(phase: dict) -> str:
-    """ ", 812 by our client": the refusals our client's throttle made, when it made any."""
+    """The refusals our client's throttle made, for the log line (", 812 by our client")."""
     return f", {phase['refused_by_client']} by our client" if phase.get("refused_by_client") else ""
 
 
