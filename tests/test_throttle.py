@@ -55,6 +55,23 @@ def test_nothing_is_refused_here_while_the_server_accepts():
     assert throttle.refused == 0
 
 
+def test_a_sparse_refusal_does_not_throttle_a_slow_client():
+    """A request a second, every third refused (a stall, a recycled stub): the window
+    holds one refusal at a time, no overload. Ten a second, all refused, is one."""
+    clock = Clock()
+    throttle = AdaptiveThrottle(clock=clock)
+    outcomes = []
+    for second in range(60):
+        clock.now += 1.0
+        outcomes.append(send(throttle, server_accepts=second % 3 != 0))
+    assert "throttled" not in outcomes
+    outcomes = []
+    for _ in range(600):
+        clock.now += 0.1
+        outcomes.append(send(throttle, server_accepts=False))
+    assert outcomes.count("throttled") > 300
+
+
 def test_requests_in_flight_are_not_held_against_the_server():
     """A client's first requests, all sent before any answer (a closed loop of 16, an
     open loop's first second): none is refused here, however many are in flight."""
@@ -94,6 +111,32 @@ def test_an_overload_that_passed_is_forgotten():
     assert throttle.rejection_probability(*throttle._counts()) > 0.9
     clock.now += WINDOW_S + 1.5
     assert {send(throttle, server_accepts=True) for _ in range(100)} == {"accepted"}
+
+
+def test_a_client_stops_refusing_itself_a_window_after_the_server_last_refused():
+    """The default throttle, offered 300 requests/s by a server that takes 100/s for
+    10 s, then 50/s that it takes all of: a long-lived client sends everything again
+    once the server's last refusal has left the window. By the SRE book's formula alone
+    the requests refused here would keep counting against the server, and the share
+    sent would grow back by only `ratio` a window (ratio 1.25: about 15 s here, and half
+    of the requests after the overload kept to itself, against 130 of 1000 now)."""
+    random.seed(2)
+    clock = Clock()
+    throttle = AdaptiveThrottle(clock=clock)
+    free_at = clock.now
+    for _ in range(3000):  # 10 s at 300/s against 100/s
+        clock.now += 1 / 300
+        if send(throttle, server_accepts=clock.now >= free_at) == "accepted":
+            free_at = clock.now + 0.01
+    assert throttle.refused > 1500  # it was throttling
+    ended = clock.now
+    after = []
+    for _ in range(1000):  # 20 s at 50/s, all accepted
+        clock.now += 1 / 50
+        after.append((clock.now - ended, send(throttle, server_accepts=True)))
+    throttled = [t for t, outcome in after if outcome == "throttled"]
+    assert throttled, "nothing throttled right after the overload: the test no longer tests recovery"
+    assert max(throttled) < WINDOW_S + 0.05, throttled[-5:]
 
 
 def test_a_request_refused_here_never_runs_and_is_not_retried():
