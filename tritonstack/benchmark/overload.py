@@ -15,8 +15,8 @@ stock`) only stop waiting then, as most callers do. Every request ends one way:
 - in time: answered (200) before its deadline;
 - refused: the server said no (a full queue, or its timeout passed while queued:
   HTTP 503 / gRPC UNAVAILABLE) before the deadline, or our client's throttle did
-  before sending (tritonstack.client.throttle: a server refusing most requests is
-  spared some);
+  before sending (tritonstack.client.throttle: a server refusing more than a fifth
+  of the requests is spared some);
 - late: no answer before the deadline (the client gave up), or one after it;
 - failed: anything else (a wrong status, a broken connection).
 
