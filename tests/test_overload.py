@@ -392,6 +392,8 @@ def test_the_overload_measurement_accounts_for_every_request(overload_target, cl
     assert phase["server_rss_growth_mb"] is not None and phase["clients"] == clients
     assert 0 <= phase["refused_by_client"] <= phase["refused"], phase  # our throttle's, none for stock clients
     assert clients == "ours" or phase["refused_by_client"] == 0, phase
+    server_refused = phase["refused"] - phase["refused_by_client"]
+    assert (phase["server_refused_ms_p99"] is not None) == (server_refused > 0), phase
 
 
 def test_the_overload_soak_checks_every_answer_and_leaves_none_unresolved(admission_server, overload_target):

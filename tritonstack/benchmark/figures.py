@@ -280,6 +280,7 @@ OVERLOAD = (
     Figure("computed_by_step", "images", "each step's inference_count over the phase"),
     Figure("answered_ms_p99", "ms", "p99 of answers in time"),
     Figure("refused_ms_p99", "ms", "p99 of refusals"),
+    Figure("server_refused_ms_p99", "ms", "p99 of the server's refusals (our client's throttle left out)"),
     Figure("idle_ms", "ms", "a lone request's latency before the load"),
     Figure("recovery_s", "s", "from the last send until a lone request is back within twice idle_ms"),
     Figure("server_rss_growth_mb", "MiB", "tritonserver's process tree right after the load, less before it"),

@@ -27,6 +27,7 @@ It writes, per protocol and multiple:
   inference counters, read after the backlog drained), the share that did not reach
   a client in time, the worst step's;
 - answered_ms_p99, refused_ms_p99: latency of answers and of refusals;
+  server_refused_ms_p99: of the server's refusals alone (our client's are at once);
 - recovery_s: from the last send until a lone request is answered within twice the
   idle latency again.
 """
@@ -72,6 +73,7 @@ class Outcomes:
     in_time_s: list[float] = field(default_factory=list)
     refused_s: list[float] = field(default_factory=list)
     refused_by_client: int = 0  # of refused_s: our client's throttle, never sent
+    refused_by_server_s: list[float] = field(default_factory=list)  # of refused_s: the server's
     late: int = 0
     failed: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # a few kinds, for the report
@@ -88,7 +90,10 @@ class Outcomes:
             self.failures[kind] = self.failures.get(kind, 0) + 1
         elif (error is None or refused) and latency_s <= deadline_s:
             (self.refused_s if refused else self.in_time_s).append(latency_s)
-            self.refused_by_client += isinstance(error, ClientThrottledError)
+            if refused and isinstance(error, ClientThrottledError):
+                self.refused_by_client += 1
+            elif refused:
+                self.refused_by_server_s.append(latency_s)
         else:  # no answer before the deadline, or one after it
             self.late += 1
 
@@ -304,6 +309,7 @@ class PhaseResult:
     computed_by_step: dict
     answered_ms_p99: float | None
     refused_ms_p99: float | None
+    server_refused_ms_p99: float | None
     idle_ms: float
     recovery_s: float
     server_rss_growth_mb: float | None
@@ -359,6 +365,7 @@ def overload_phase(
         computed_by_step=computed,
         answered_ms_p99=p99_ms(outcomes.in_time_s),
         refused_ms_p99=p99_ms(outcomes.refused_s),
+        server_refused_ms_p99=p99_ms(outcomes.refused_by_server_s),
         idle_ms=idle_s * 1000,
         recovery_s=recovery,
         server_rss_growth_mb=None if rss_before is None or rss_loaded is None else rss_loaded - rss_before,
@@ -437,6 +444,15 @@ def by_client_text(phase: dict) -> str:
     return f", {phase['refused_by_client']} by our client" if phase.get("refused_by_client") else ""
 
 
+def refused_p99_text(phase: dict) -> str:
+    """The refusals' p99, and the server's alone where our client refused some at once
+    ("377 ms, the server's 452 ms")."""
+    text = ms_text(phase["refused_ms_p99"])
+    if phase.get("refused_by_client"):
+        text += f", the server's {ms_text(phase['server_refused_ms_p99'])}"
+    return text
+
+
 def phase_line(phase: dict) -> str:
     ms = ms_text
     return (
@@ -444,6 +460,6 @@ def phase_line(phase: dict) -> str:
         f"in time {phase['in_time']}, refused {phase['refused']} ({phase['refused_share']:.1%}"
         f"{by_client_text(phase)}), "
         f"late {phase['late']} ({phase['late_share']:.1%}), failed {phase['failed']}; "
-        f"p99 answered {ms(phase['answered_ms_p99'])}, refused {ms(phase['refused_ms_p99'])}; "
+        f"p99 answered {ms(phase['answered_ms_p99'])}, refused {refused_p99_text(phase)}; "
         f"recovered in {phase['recovery_s']:.1f} s"
     )
