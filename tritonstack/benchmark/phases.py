@@ -55,8 +55,16 @@ def load_client(url: str, protocol: str, model: str, max_connections: int = 100)
     if protocol == PEER_PROTOCOL:
         return PeerClient(url, model, REQUEST_TIMEOUT_S, max_connections)
     # Batch priority: a closed loop measures what the server computes, not its refusals.
+    # No client-side throttle: a load generator offers the load it is told.
     return AsyncClassifierClient(
-        url, protocol, model, retry=NO_RETRY, timeout_s=REQUEST_TIMEOUT_S, max_connections=max_connections, batch=True
+        url,
+        protocol,
+        model,
+        retry=NO_RETRY,
+        timeout_s=REQUEST_TIMEOUT_S,
+        max_connections=max_connections,
+        batch=True,
+        throttle_ratio=0,
     )
 
 
