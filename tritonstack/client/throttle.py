@@ -13,15 +13,14 @@ overloaded), and refuses a new request itself with probability
     max(0, (requests - ratio * accepts) / (requests + 1))
 
 but with none while the server has refused fewer than MIN_REFUSALS of the window's
-requests (none at all once an overload has passed; a sparse refusal of a client
-sending a request a second is no overload). Below
-capacity nothing is refused here: that takes the server refusing more than 1 - 1/ratio
-of the requests. Past it, the requests that reach the server settle at about `ratio`
-times what it accepts: a refusal made here costs neither the upload of the image nor
-the server's work to take it in and refuse it, and on a machine that the client shares
-with the server (or a server whose network is its limit) that work is capacity. A
-request refused here fails at once, as the server's refusal would, with
-ClientThrottledError, and is never retried.
+requests (none at all once an overload has passed; a sparse refusal of a client sending
+a request a second is no overload). Below capacity nothing is refused here: that takes
+the server refusing more than 1 - 1/ratio of the requests. Past it, the requests that
+reach the server settle at about `ratio` times what it accepts: a refusal made here
+costs neither the upload of the image nor the server's work to take it in and refuse
+it, and on a machine that the client shares with the server (or a server whose network
+is its limit) that work is capacity. A request refused here fails at once, as the
+server's refusal would, with ClientThrottledError, and is never retried.
 
 The last rule is ours, for a client that lives through an overload: by the formula
 alone the requests refused here keep counting against the server after the overload
@@ -42,10 +41,11 @@ from collections.abc import Callable, Iterator
 # What reaches an overloaded server: 1.25 times what it accepts (the SRE book's 2
 # left 4 % less of a 2-core machine, shared by client and server, to the requests
 # answered at 3x the capacity), over a window short enough that an overload is
-# forgotten within seconds of its end (the book's two minutes is for a client that
-# sends a few requests a second). Figures: docs/performance.md#client-side-throttling.
+# forgotten within seconds of its end (the book counts two minutes). Figures:
+# docs/performance.md#client-side-throttling.
 DEFAULT_RATIO = 1.25
 WINDOW_S = 3.0
+# Fewer of the server's refusals in a window is no overload, whatever their share.
 MIN_REFUSALS = 3
 BUCKETS_PER_WINDOW = 10
 
