@@ -72,11 +72,15 @@ class Outcomes:
 
     in_time_s: list[float] = field(default_factory=list)
     refused_s: list[float] = field(default_factory=list)
-    refused_by_client: int = 0  # of refused_s: our client's throttle, never sent
     refused_by_server_s: list[float] = field(default_factory=list)  # of refused_s: the server's
     late: int = 0
     failed: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # a few kinds, for the report
+
+    @property
+    def refused_by_client(self) -> int:
+        """Of refused_s, our client's throttle's: never sent."""
+        return len(self.refused_s) - len(self.refused_by_server_s)
 
     @property
     def sent(self) -> int:
@@ -90,9 +94,7 @@ class Outcomes:
             self.failures[kind] = self.failures.get(kind, 0) + 1
         elif (error is None or refused) and latency_s <= deadline_s:
             (self.refused_s if refused else self.in_time_s).append(latency_s)
-            if refused and isinstance(error, ClientThrottledError):
-                self.refused_by_client += 1
-            elif refused:
+            if refused and not isinstance(error, ClientThrottledError):
                 self.refused_by_server_s.append(latency_s)
         else:  # no answer before the deadline, or one after it
             self.late += 1

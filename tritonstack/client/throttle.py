@@ -51,7 +51,7 @@ BUCKETS_PER_WINDOW = 10
 
 
 class ClientThrottledError(Exception):
-    """Refused by the client itself: the server refused most of its recent requests."""
+    """Refused by the client itself: the server refused many of its recent requests."""
 
     def __init__(self, requests: int, accepts: int):
         self.requests, self.accepts = requests, accepts
