@@ -8,7 +8,7 @@ import pytest
 
 from tests import repo_factory as rf
 from tests.conftest import MODEL_REPOSITORY, PROJECT_ROOT
-from tritonstack.benchmark import gpu_check, gpu_pieces
+from tritonstack.benchmark import gpu_check, gpu_pieces, gpu_serve
 from tritonstack.commands.build import main as tritonstack_main
 from tritonstack.samples.photos import PHOTOS
 
@@ -98,5 +98,36 @@ def test_pieces_join_back_to_the_folder_and_a_missing_one_is_named(tmp_path, mon
 
 
 def test_every_wheel_the_gpu_machine_needs_is_pinned():
-    requirements = gpu_pieces.pinned(PROJECT_ROOT / "constraints.txt")
-    assert [requirement.split("==")[0] for requirement in requirements] == list(gpu_pieces.WHEELS)
+    wheels = gpu_pieces.WHEELS + gpu_pieces.SERVING_WHEELS
+    requirements = gpu_pieces.pinned(PROJECT_ROOT / "constraints.txt", wheels)
+    assert [requirement.split("==")[0] for requirement in requirements] == list(wheels)
+
+
+def test_a_served_variant_ranks_the_photos_and_is_measured(server, checked):
+    """gpu_serve's measurement of one running server (the CPU variant's here; the GPU
+    variant's on a lent GPU): each photo's top-1 through the ensemble, then closed loops
+    on the ensemble and its DALI step, none failed."""
+    _, inputs = checked
+    names = gpu_check.image_inputs(inputs)
+    report = gpu_serve.measure(server, [(inputs / name).read_bytes() for name in names], seconds=0.5, concurrency=4)
+    labels = (MODEL_REPOSITORY / "efficientnet_lite0" / "labels.txt").read_text().splitlines()
+    classes = {name.rsplit(".", 1)[0]: labelled for name, labelled in PHOTOS.items()}
+    assert len(report["top1"]) == len(report["top1_margin"]) == len(names)
+    for name, top1 in zip(names, report["top1"]):
+        expected = classes[name.split("@")[0]]
+        if expected and name.endswith("@1280q90.jpg"):
+            assert labels[top1] in expected, (name, labels[top1])
+    for loop in ("ensemble", "dali_step_alone"):
+        assert report[loop]["images_per_s"] > 0 and report[loop]["errors"] == 0, report[loop]
+
+
+def test_served_variants_agree_where_the_cpu_top1_is_clear():
+    cpu = {"top1": [1, 2, 3], "top1_margin": [0.5, 0.02, 0.3]}
+    assert gpu_serve.agreement(cpu, {"top1": [1, 9, 3]}) == {
+        "top1_equal": 2,
+        "top1_equal_where_clear": True,
+        "photos": 3,
+        "clear": 2,
+    }
+    assert gpu_serve.agreement(cpu, {"top1": [1, 2, 4]})["top1_equal_where_clear"] is False
+    assert gpu_serve.agreement(cpu, {"error": "no CUDA device"})["top1_equal"] is None

@@ -39,7 +39,7 @@ from tritonstack.client.retry import NO_RETRY
 from tritonstack.contract import BATCH_PRIORITY, pad_batch
 from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
-from tritonstack.serve.limits import MemoryLimits
+from tritonstack.serve.limits import MemoryLimits, gpu_models, has_nvidia_devices
 from tritonstack.serve.process_tree import server_stubs
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.supervision import Supervision
@@ -251,6 +251,26 @@ def burst_of_large_images(triton, stub, large: bytes) -> tuple[int, float]:
 
 
 # --- memory ceilings ------------------------------------------------------------------
+
+
+def test_a_machine_with_nvidia_devices_is_told_by_their_numbered_nodes(tmp_path):
+    (tmp_path / "nvidiactl").touch()
+    (tmp_path / "nvidia-uvm").touch()
+    assert not has_nvidia_devices(tmp_path)  # the driver's control nodes alone: no card
+    (tmp_path / "nvidia0").touch()
+    assert has_nvidia_devices(tmp_path)
+
+
+def test_only_the_stubs_of_gpu_instances_go_without_a_ceiling():
+    """CUDA reserves address space for the card: a KIND_GPU stub under a quarter of an
+    H100 machine's memory failed its first small allocation."""
+    configs = [
+        {"name": "preprocess", "instance_group": [{"kind": "KIND_GPU", "count": 1}]},
+        {"name": "classifier", "instance_group": [{"kind": "KIND_CPU", "count": 2}]},
+        {"name": "mixed", "instance_group": [{"kind": "KIND_CPU"}, {"kind": "KIND_GPU"}]},
+        {"name": "ensemble", "platform": "ensemble"},
+    ]
+    assert gpu_models(configs) == {"preprocess", "mixed"}
 
 
 def test_server_and_each_stub_have_their_memory_ceiling(triton, hostile_repository):

@@ -180,6 +180,11 @@ def _input_names(kind: str, inputs: Path) -> list[str]:
         return [json.loads((inputs / REGIONS_NAME).read_text())["image"]]
     if kind in ("video", "audio"):
         return [CLIP_NAME if kind == "video" else TONE_NAME]
+    return image_inputs(inputs)
+
+
+def image_inputs(inputs: Path) -> list[str]:
+    """The photos among the inputs (JPEG at three sizes), by file name."""
     return [path.name for path in sorted(inputs.glob("*.jpg")) if path.name != "collage.jpg"]
 
 
@@ -300,7 +305,7 @@ def run_checks(gpu_repo: Path, cpu_repo: Path, inputs: Path, seconds: float) -> 
         raise SystemExit(f"{cpu_repo} has no CPU variant of {', '.join(missing)}")
     checks = [check_pipeline(model, kind, gpu_repo, cpu_repo, inputs, seconds, gpu) for model, kind in steps.items()]
     return {
-        "machine": _machine(gpu),
+        "machine": machine(gpu),
         "tolerance_levels": {"mean": MEAN_LEVELS_TOLERANCE, "p99.9": P999_LEVELS_TOLERANCE},
         "clear_margin": CLEAR_MARGIN,
         "pipelines": [
@@ -315,14 +320,14 @@ def run_checks(gpu_repo: Path, cpu_repo: Path, inputs: Path, seconds: float) -> 
     }
 
 
-def _machine(gpu: bool) -> dict:
+def machine(gpu: bool) -> dict:
     import nvidia.dali
 
-    machine = {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0))}
-    machine["dali"] = nvidia.dali.__version__
+    facts = {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0))}
+    facts["dali"] = nvidia.dali.__version__
     if gpu:
-        machine["gpu"] = _gpu_name()
-    return machine
+        facts["gpu"] = _gpu_name()
+    return facts
 
 
 def _gpu_name() -> str:

@@ -2,7 +2,7 @@
 DALI wheels installed here into one folder for that machine's Python, packed as one
 xz stream, cut into pieces; and, there, the pieces joined and unpacked.
 
-    python -m tritonstack.benchmark.gpu_pieces pack --out .gpu/pieces   # here
+    python -m tritonstack.benchmark.gpu_pieces pack --out .gpu/pieces   # here (--serving: and tritonserver)
     python3 -m tritonstack.benchmark.gpu_pieces join .gpu/pieces /tmp/site   # there
 
 The DALI wheel is 405 MB as deflate and 818 MB unpacked, mostly CUDA kernels for
@@ -39,9 +39,31 @@ WHEELS = (
     "libcst",
     "nvtx",
 )
+# With --serving, what `tritonstack serve` and its gRPC client need beyond that: the
+# tritonserver binary in nvidia-pytriton, the Triton clients, the versions of gRPC and
+# protobuf tritonclient's generated code asks for, and the NumPy the project pins
+# (nvidia-pytriton 0.7.0 asks for NumPy below 2; the GPU machine has 2.x).
+SERVING_WHEELS = (
+    "numpy",
+    "nvidia-pytriton",
+    "tritonclient",
+    "python-rapidjson",
+    "geventhttpclient",
+    "gevent",
+    "greenlet",
+    "zope.event",
+    "zope.interface",
+    "brotli",
+    "grpcio",
+    "protobuf",
+    "tenacity",
+    "pyzmq",
+    "sh",
+    "importlib_metadata",
+)
 PIECE_MIB = 56  # each call to the GPU machine carries at most 64 MiB with the checkout
 STREAM_NAME = "site.tar.xz"
-_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+_PLATFORMS = tuple(f"manylinux_2_{glibc}_x86_64" for glibc in (35, 28, 27, 17)) + ("manylinux2014_x86_64",)
 _OTHER_ABI = re.compile(r"\.cpython-3(\d+)t?-x86_64-linux-gnu\.so$")
 
 
@@ -145,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     packing.add_argument("--python-version", default="3.12", help="the GPU machine's Python (default: 3.12)")
     packing.add_argument("--constraints", type=Path, default=Path("constraints.txt"))
     packing.add_argument("--piece-mib", type=int, default=PIECE_MIB)
+    packing.add_argument("--serving", action="store_true", help="also what `tritonstack serve` needs (gpu_serve)")
     joining = commands.add_parser("join", help="unpack the pieces into a folder for PYTHONPATH")
     joining.add_argument("pieces", type=Path)
     joining.add_argument("target", type=Path)
@@ -154,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="gpu-site-") as scratch:
         site = Path(scratch) / "site"
-        install_for(args.python_version, pinned(args.constraints), site)
+        wheels = WHEELS + SERVING_WHEELS if args.serving else WHEELS
+        install_for(args.python_version, pinned(args.constraints, wheels), site)
         saved = drop_other_pythons(site, args.python_version)
         pieces = pack(site, args.out, args.piece_mib)
     total = sum(piece.stat().st_size for piece in pieces) / 2**20

@@ -45,7 +45,7 @@ from tritonstack.serve import process, server_log
 from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.layout import REPOSITORY_LAYOUT, describe_layouts, read_cores, step_layouts
 from tritonstack.serve.layout import overridden as layout_overridden
-from tritonstack.serve.limits import limit_address_space
+from tritonstack.serve.limits import gpu_models, has_nvidia_devices, limit_address_space
 from tritonstack.serve.loaded import load_overrides, loaded_configs
 from tritonstack.serve.network import is_loopback
 from tritonstack.serve.priority import front_steps, lower_priority
@@ -218,7 +218,9 @@ class TritonServer:
         real sample (the warmup), then call the on_ready callbacks."""
         self.process = process.spawn(self.command(self._backends), self.server_environment(), self.log_path)
         limits = self.supervision.memory_limits
-        if limits:  # before it loads models: the stubs inherit it
+        if limits and has_nvidia_devices():
+            LOGGER.info("no address-space ceiling for tritonserver and GPU stubs: CUDA reserves its own")
+        elif limits:  # before it loads models: the stubs inherit it
             limit_address_space(self.process.pid, limits.server_bytes)
         try:
             process.wait_ready(self.process, self.is_ready, self.startup_timeout_s, self._stopping.is_set)
@@ -339,9 +341,10 @@ def _supervise_stubs(server: TritonServer) -> None:
     reload = functools.partial(reload_model, server.http_url, server.admin_headers("http"))
     supervision = server.supervision
     front = front_steps(server.loaded) if supervision.front_nice else set()
+    on_gpu = gpu_models(server.loaded)
 
     def on_new_stub(pid: int, model: str) -> None:
-        if supervision.memory_limits:
+        if supervision.memory_limits and model not in on_gpu:
             limit_address_space(pid, supervision.memory_limits.stub_bytes)
         if model in front:
             lower_priority(pid, supervision.front_nice)

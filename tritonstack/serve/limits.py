@@ -17,6 +17,12 @@ sees the stub, and is exported to the backends ($TRITONSTACK_STUB_MEMORY_BYTES) 
 the memory share their decode budgets derive from. Address space counts reserved,
 not only used, memory (tritonserver and a DALI stub reserve gigabytes idle: thread
 stacks, pools), hence the floors below.
+
+A process that opens a GPU is given no ceiling: CUDA reserves address space for the
+card's memory and its own mappings, so on an H100 a KIND_GPU DALI stub under the
+default quarter of the machine (32 GiB) failed its first 588 KiB allocation. On a
+machine with NVIDIA devices, tritonserver (which opens them) and the stubs of KIND_GPU
+instances run without one; the stubs of KIND_CPU instances keep theirs.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -61,6 +68,21 @@ class MemoryLimits:
         floors above what they reserve when idle."""
         memory = physical_memory_bytes()
         return cls(server_bytes=max(8 * GiB, memory // 2), stub_bytes=max(4 * GiB, memory // 4))
+
+
+def has_nvidia_devices(dev: Path = Path("/dev")) -> bool:
+    """Whether this machine shows NVIDIA GPUs (/dev/nvidia0, /dev/nvidia1, ...), which
+    tritonserver opens at start."""
+    return any(path.name.removeprefix("nvidia").isdigit() for path in dev.glob("nvidia[0-9]*"))
+
+
+def gpu_models(configs: list[dict]) -> set[str]:
+    """The loaded models with KIND_GPU instances: their stubs open the card."""
+    return {
+        config["name"]
+        for config in configs
+        if any(group.get("kind") == "KIND_GPU" for group in config.get("instance_group", []))
+    }
 
 
 def limit_address_space(pid: int, limit_bytes: int) -> bool:

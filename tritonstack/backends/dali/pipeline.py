@@ -6,10 +6,14 @@ pipeline object that failed."""
 
 from __future__ import annotations
 
+import ctypes
+import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
 from nvidia.dali import Pipeline
+from nvidia.dali.backend import TensorListGPU
+from nvidia.dali.types import to_numpy_type
 
 from tritonstack.rules.dali_errors import meaningful_lines
 
@@ -114,7 +118,7 @@ class PipelineRunner:
 def _per_request(pipeline_outputs, request_sizes, split):
     """Each request's rows of each output. A ragged merged batch leaves DALI as
     samples of different shapes: those are stacked per request."""
-    outputs = [output.as_array() if output.is_dense_tensor() else output for output in pipeline_outputs]
+    outputs = [_on_host(output) for output in pipeline_outputs]
     split = list(split) + [False] * (len(outputs) - len(split))
     offsets = np.cumsum([0] + request_sizes)
     return [
@@ -124,6 +128,26 @@ def _per_request(pipeline_outputs, request_sizes, split):
         ]
         for start, end in zip(offsets[:-1], offsets[1:])
     ]
+
+
+def _on_host(output):
+    """A pipeline output in host memory: an array (a copy) where its samples share a
+    shape, else the TensorList. A GPU instance's outputs are copied from the card first
+    (the onnxruntime backend here reads host memory; the C++ backends pass GPU tensors
+    on)."""
+    if isinstance(output, TensorListGPU):
+        output = output.as_cpu()
+    return _copied(output.as_tensor()) if output.is_dense_tensor() else output
+
+
+def _copied(tensor) -> np.ndarray:
+    """A dense CPU tensor copied out of DALI's memory by address. DALI's own as_array
+    fails inside Triton's Python backend stub on Python 3.12 ("Unable to convert
+    function return value to a Python type"), seen on a GPU machine."""
+    dtype = np.dtype(to_numpy_type(tensor.dtype))
+    shape = tuple(tensor.shape())
+    memory = (ctypes.c_char * (math.prod(shape) * dtype.itemsize)).from_address(tensor.data_ptr())
+    return np.frombuffer(memory, dtype=dtype).reshape(shape).copy()
 
 
 def _split_rows(output, start: int, end: int) -> np.ndarray:
