@@ -210,6 +210,11 @@ def _classifier_inputs(outputs: list[np.ndarray]) -> np.ndarray:
 
 def _ranked(session, batch: np.ndarray) -> tuple[list[int], list[float]]:
     (scores,) = session.run(None, {session.get_inputs()[0].name: batch})
+    return top1_and_margin(scores)
+
+
+def top1_and_margin(scores: np.ndarray) -> tuple[list[int], list[float]]:
+    """Each row's top-1 class and its lead over the second."""
     ordered = np.sort(scores, axis=1)
     return scores.argmax(axis=1).tolist(), (ordered[:, -1] - ordered[:, -2]).tolist()
 

@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from tritonstack.benchmark import gpu_check
-from tritonstack.benchmark.phases import closed_loop, load_client, server_cpu_seconds
-from tritonstack.benchmark.settings import DALI_ENSEMBLE, DALI_PREPROCESS
+from tritonstack.benchmark.phases import load_client, measured_phase
+from tritonstack.benchmark.settings import DALI_ENSEMBLE, DALI_PREPROCESS, Settings
 from tritonstack.build.classifiers import CLEAR_MARGIN
+from tritonstack.serve.launcher import ServerStartError, TritonServer
 
 CONCURRENCY = 64  # in flight: enough to fill the batches of 16 cores or a card
 WARMUP_S = 2.0
@@ -39,19 +40,17 @@ async def _ranked(url: str, photos: list[bytes]) -> tuple[list[int], list[float]
     """Each photo's top-1 class and its lead over the second, from the ensemble."""
     async with load_client(url, "grpc", DALI_ENSEMBLE) as client:
         rows = [(await client.probabilities([photo]))[0] for photo in photos]
-    ordered = [np.sort(row)[::-1] for row in rows]
-    return [int(np.argmax(row)) for row in rows], [float(row[0] - row[1]) for row in ordered]
+    return gpu_check.top1_and_margin(np.stack(rows))
 
 
 def _loop(server, model: str, photos: list[bytes], seconds: float, concurrency: int) -> dict:
     """A closed loop on `model`: images per second, server CPU ms per image, failures."""
-    cpu = server_cpu_seconds(server)
-    phase = asyncio.run(closed_loop(server.grpc_url, "grpc", model, photos, concurrency, seconds, WARMUP_S))
-    server_cpu_s = server_cpu_seconds(server) - cpu
-    served = len(phase.latencies_s) * (seconds + WARMUP_S) / seconds  # the warm-up's share of the CPU too
+    timing = Settings(seconds, WARMUP_S, (concurrency,), inprocess_grid=(), open_loop_s=0)
+    phase = measured_phase(server, "grpc", model, photos, concurrency, timing)
+    per_cpu_s = phase.images_per_cpu_s
     return {
         "images_per_s": round(phase.images_per_s, 1),
-        "server_cpu_ms_per_image": round(1000 * server_cpu_s / served, 2) if served else None,
+        "server_cpu_ms_per_image": round(1000 / per_cpu_s, 2) if per_cpu_s else None,
         "ms_p50": round(phase.percentile_ms(50), 1),
         "errors": phase.errors,
     }
@@ -70,8 +69,6 @@ def measure(server, photos: list[bytes], seconds: float, concurrency: int = CONC
 
 def serve_variant(repository: Path, photos: list[bytes], seconds: float, concurrency: int) -> dict:
     """Starts the repository's server on loopback, measures it, stops it."""
-    from tritonstack.serve.launcher import ServerStartError, TritonServer
-
     started = time.monotonic()
     server = TritonServer(repository)
     try:
