@@ -35,6 +35,14 @@ def ensemble_spans(spans) -> list:
     return [span for span in spans if span.attributes.get("triton.model_name") == DEFAULT_MODEL]
 
 
+def _traced_with_parents(spans, count: int) -> bool:
+    """`count` ensemble spans have arrived, and each one's parent: the request's span
+    ends after the answer is sent, so Triton may export it in a later batch."""
+    ensembles = ensemble_spans(spans)
+    received = {span.span_id for span in spans}
+    return len(ensembles) >= count and all(span.parent_span_id in received for span in ensembles)
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_each_request_is_a_trace_of_its_ensemble_and_steps(traced, protocol):
     server, receiver = traced
@@ -43,7 +51,7 @@ def test_each_request_is_a_trace_of_its_ensemble_and_steps(traced, protocol):
     with ClassifierClient(url, protocol, DEFAULT_MODEL) as client:
         for _ in range(REQUESTS):
             assert client.classify([photo_bytes("coffee.png")], top_k=1)[0][0].label in PHOTOS["coffee.png"]
-    spans = receiver.wait_for_spans(lambda spans: len(ensemble_spans(spans)) >= already + REQUESTS, timeout_s=30)
+    spans = receiver.wait_for_spans(lambda spans: _traced_with_parents(spans, already + REQUESTS), timeout_s=30)
     ensembles = ensemble_spans(spans)[already:]
     assert len(ensembles) == REQUESTS, f"{len(ensembles)} ensemble spans received"
     by_id = {span.span_id: span for span in spans}
