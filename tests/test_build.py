@@ -19,12 +19,13 @@ from tests import repo_factory as rf
 from tests.conftest import MODEL_REPOSITORY, PROJECT_ROOT
 from tritonstack.build import pipelines
 from tritonstack.build.check import check_repository
-from tritonstack.build.model_config import read_config, write_config
+from tritonstack.build.model_config import write_config
 from tritonstack.build.presets import PRESETS
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.commands.build import main
 from tritonstack.contract import PREPROCESS_INPUT, PREPROCESS_OUTPUT, pad_batch
 from tritonstack.objective import DEFAULT_OBJECTIVE_MS, OBJECTIVE_PARAMETER
+from tritonstack.repository_files import read_config
 from tritonstack.rules import dali_proto
 from tritonstack.samples.photos import photo_bytes, sample_jpeg
 from tritonstack.serve.launcher import TritonServer

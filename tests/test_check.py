@@ -14,8 +14,8 @@ from tests import repo_factory as rf
 from tests.conftest import PROJECT_ROOT
 from tests.test_build import build
 from tritonstack.build.check import check_repository
-from tritonstack.build.model_config import ModelConfig, Tensor, read_config, write_config
-from tritonstack.repository_files import CONFIG_FILENAME
+from tritonstack.build.model_config import ModelConfig, Tensor, write_config
+from tritonstack.repository_files import CONFIG_FILENAME, read_config
 from tritonstack.rules import dali as dali_rules
 from tritonstack.rules.dali_proto import parse_pipeline
 

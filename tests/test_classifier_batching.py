@@ -11,10 +11,10 @@ from collections import Counter
 import tritonclient.http as httpclient
 
 from tests.processes import wait_for
-from tritonstack.build.model_config import read_config
 from tritonstack.build.presets import BuildOptions
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY
+from tritonstack.repository_files import read_config
 from tritonstack.samples.photos import photo_bytes
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"

@@ -17,11 +17,12 @@ from tritonclient.utils import InferenceServerException
 from tests import repo_factory as rf
 from tests.conftest import TEST_STOP_GRACE_S
 from tritonstack.build.check import check_repository
-from tritonstack.build.model_config import EnsembleStep, ModelConfig, QueuePolicy, Tensor, read_config, write_config
+from tritonstack.build.model_config import EnsembleStep, ModelConfig, QueuePolicy, Tensor, write_config
 from tritonstack.build.presets import BuildOptions, preset_named
 from tritonstack.build.repository import write_repository
 from tritonstack.client.retry import is_refusal
 from tritonstack.contract import ENSEMBLE_INPUT, PREPROCESS_INPUT, PREPROCESS_OUTPUT, pad_batch
+from tritonstack.repository_files import read_config
 from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig

@@ -33,10 +33,10 @@ from tritonclient.utils import InferenceServerException
 from tests import repo_factory as rf
 from tests.conftest import TEST_STOP_GRACE_S
 from tests.test_bad_input import decompression_bomb  # a 16x16 JPEG declaring 60000x60000
-from tritonstack.build.model_config import read_config
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
 from tritonstack.contract import BATCH_PRIORITY, pad_batch
+from tritonstack.repository_files import read_config
 from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.limits import MemoryLimits, gpu_models, has_nvidia_devices

@@ -29,7 +29,6 @@ from tests.conftest import TEST_STOP_GRACE_S, served_instances
 from tests.processes import wait_for
 from tritonstack.benchmark import overload, overload_soak
 from tritonstack.benchmark.phases import weighted_images
-from tritonstack.build.model_config import read_config
 from tritonstack.build.presets import BuildOptions, preset_named
 from tritonstack.build.repository import classifier_config, dali_config, write_repository
 from tritonstack.client.aio import AsyncClassifierClient
@@ -48,6 +47,7 @@ from tritonstack.client.retry import (
 from tritonstack.client.throttle import ClientThrottledError
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 from tritonstack.objective import DEFAULT_OBJECTIVE_MS, OBJECTIVE_PARAMETER
+from tritonstack.repository_files import read_config
 from tritonstack.samples.photos import photo_bytes, photo_path, sample_jpeg
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig

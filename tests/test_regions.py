@@ -22,7 +22,6 @@ from tests import repo_factory as rf
 from tests.conftest import FUNCTIONAL_BUILD
 from tests.test_build import autoserialized, build
 from tritonstack.build.check import check_repository
-from tritonstack.build.model_config import read_config
 from tritonstack.build.presets import preset_named
 from tritonstack.build.repository import write_repository
 from tritonstack.client.aio import AsyncClassifierClient
@@ -40,6 +39,7 @@ from tritonstack.contract import (
     pad_batch,
 )
 from tritonstack.media.regions import BoxError
+from tritonstack.repository_files import read_config
 from tritonstack.rules import dali_proto
 from tritonstack.samples.photos import PHOTOS, collage, photo_bytes, sample_jpeg
 from tritonstack.serve.launcher import TritonServer

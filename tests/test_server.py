@@ -12,10 +12,13 @@ import psutil
 import pytest
 
 from tests.processes import assert_nothing_left, wait_for
+from tritonstack import pacing
 from tritonstack.serve.launcher import ServerStartError, TritonServer
+from tritonstack.serve.layout import read_cores
 from tritonstack.serve.process_tree import group_processes, processes_by_role
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.shm_cleanup import REGION_GLOB, held_regions, stub_regions
+from tritonstack.serve.supervision import Supervision
 
 STUB = "triton_python_backend_stub"
 
@@ -167,15 +170,21 @@ def names_in_group(pgid: int) -> list[str]:
     return names
 
 
-def test_the_first_steps_stubs_run_at_a_lower_cpu_priority(lite0_repository):
+def test_the_first_steps_wait_for_the_classifiers_cores(lite0_repository):
     """Under overload the backlog waits before the ensemble's first step, where it is
-    refused (docs/reliability.md#overload): its stub runs at Supervision.front_nice."""
-    with TritonServer(lite0_repository) as server:
+    refused (docs/reliability.md#overload): tritonserver runs Triton's rate limiter with
+    the slots of the cores (tritonstack.pacing), and `--front-nice` runs the first step's
+    stubs at a lower CPU priority."""
+    with TritonServer(lite0_repository, Supervision(front_nice=19)) as server:
+        command_line = psutil.Process(server.process.pid).cmdline()
         nice = {name: process.nice() for name, process in processes_by_role(server.process.pid).items()}
         front = server.supervision.front_nice
+    pool = pacing.pool_slots(read_cores().usable, largest_claim=2)  # the classifier's instances hold 2 each
+    assert "--rate-limit=execution_count" in command_line, command_line
+    assert f"--rate-limit-resource=cpu_slots:{pool}" in command_line, command_line
     first = {role: value for role, value in nice.items() if role.startswith("stub:preprocess_dali_efficientnet_lite0")}
     others = {role: value for role, value in nice.items() if role not in first}
-    assert front > 0 and len(first) == 2 and set(first.values()) == {front}, nice  # each of its instances
+    assert front == 19 and len(first) == 2 and set(first.values()) == {front}, nice  # each of its instances
     assert set(others.values()) == {psutil.Process().nice()}, (
         nice
     )  # tritonserver and the classifier's stubs: as started

@@ -22,9 +22,9 @@ from tritonstack.benchmark.tune import (
     summarized,
     thread_layouts,
 )
-from tritonstack.build.model_config import read_config
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.objective import MIN_QUEUED_STEP_INSTANCES
+from tritonstack.repository_files import read_config
 from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
 

@@ -12,11 +12,11 @@ import pytest
 from tests import clips
 from tests.test_build import build, run_pipeline
 from tritonstack.build.check import check_repository
-from tritonstack.build.model_config import read_config
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.commands.build import main as build_main
 from tritonstack.commands.classify import main as classify_main
 from tritonstack.contract import DEFAULT_VIDEO_MODEL
+from tritonstack.repository_files import read_config
 from tritonstack.rules import dali_proto
 from tritonstack.samples.photos import PHOTOS, SAMPLE_CLIP_LABELS, photo_bytes, sample_clip
 

@@ -26,6 +26,27 @@ MODEL_FILES = {
 DALI_FOLDER_SUFFIX = ".dali"
 
 
+class ConfigError(ValueError):
+    """A config.pbtxt that is not valid protobuf text of Triton's ModelConfig."""
+
+
+def parse_config(text: str):
+    """Triton's ModelConfig message from protobuf text (tritonclient's, imported here:
+    the backends read this module in stubs that have no protobuf)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    try:
+        return text_format.Parse(text, model_config_pb2.ModelConfig())
+    except text_format.ParseError as error:
+        raise ConfigError(str(error)) from error
+
+
+def read_config(model_dir: Path):
+    """Parse a model folder's config.pbtxt into Triton's ModelConfig message."""
+    return parse_config((Path(model_dir) / CONFIG_FILENAME).read_text())
+
+
 def version_dirs(model_dir: Path) -> list[Path]:
     """The numeric version folders, lowest first."""
     return sorted((p for p in Path(model_dir).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tritonstack.benchmark.tune import Layout, Measured, TuneSettings, pareto_front, summarized
 from tritonstack.build.presets import BuildOptions
+from tritonstack.pacing import CPU_SLOTS, step_slots
 
 
 def report(start: Layout, results: list[Measured], chosen: Measured, settings: TuneSettings, cores: int) -> dict:
@@ -67,7 +68,8 @@ def plot(results: list[Measured], chosen: Measured, path: Path) -> None:
 
 def write_repository(source: Path, out: Path, model: str, layout: Layout) -> None:
     """A copy of `source` with the ensemble's two steps written under `layout`."""
-    from tritonstack.build.model_config import read_config, write_config
+    from tritonstack.build.model_config import write_config
+    from tritonstack.repository_files import read_config
 
     shutil.copytree(source, out, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     dali, classifier = _step_names(read_config(out / model))
@@ -87,6 +89,9 @@ def write_repository(source: Path, out: Path, model: str, layout: Layout) -> Non
         config = read_config(out / name)
         config.instance_group[0].count = instances
         config.parameters[parameter].string_value = str(threads)
+        for resource in config.instance_group[0].rate_limiter.resources:
+            if resource.name == CPU_SLOTS:  # a classifier's instances hold a core a thread
+                resource.count = step_slots(first_step=name == dali, threads=threads)
         del config.dynamic_batching.preferred_batch_size[:]
         config.dynamic_batching.preferred_batch_size.extend(batches)
         write_config(out / name, config)

@@ -24,7 +24,7 @@ from tritonstack.build import pipelines, segments_model, vad_graph
 from tritonstack.build.model_config import EnsembleStep, InstanceGroup, ModelConfig, Tensor, Warmup, WarmupInput
 from tritonstack.build.model_files import VERSION, write_if_changed, write_model_folder
 from tritonstack.build.presets import BuildOptions
-from tritonstack.build.scheduling import ensemble_parameters, step_batching
+from tritonstack.build.scheduling import ensemble_parameters, step_batching, step_instances
 from tritonstack.build.segments_model import SegmentSettings
 from tritonstack.contract import (
     AUDIO_PREPROCESSOR,
@@ -95,7 +95,7 @@ def decoding_config(
         inputs=(Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),),
         outputs=(output,),
         dynamic_batching=step_batching(options, first_step=True),
-        instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
+        instance_groups=(step_instances(options.instances, options.instance_kind, first_step=True),),
         # max_audio_seconds: our dali backend's, read from each clip's header (the C++ backend ignores it).
         parameters={
             "num_threads": str(options.num_threads),
@@ -134,7 +134,9 @@ def vad_config(preset: SpeechPreset, options: BuildOptions) -> ModelConfig:
             Tensor(vad_graph.SAMPLE_COUNT_OUTPUT, "INT64", (1,)),
         ),
         dynamic_batching=step_batching(options),
-        instance_groups=(InstanceGroup(count=options.classifier_instance_count, kind=options.instance_kind),),
+        instance_groups=(
+            step_instances(options.classifier_instance_count, options.instance_kind, threads=options.intra_op_threads),
+        ),
         parameters={"intra_op_thread_count": str(options.intra_op_threads)},
         warmup=(
             Warmup(

@@ -39,10 +39,10 @@ from tritonstack.build.audio_classifier_graph import (
 )
 from tritonstack.build.audio_features import FEATURES, LogMelFeatures, reference_log_mel
 from tritonstack.build.labels import read_labels
-from tritonstack.build.model_config import EnsembleStep, InstanceGroup, ModelConfig, Tensor, Warmup, WarmupInput
+from tritonstack.build.model_config import EnsembleStep, ModelConfig, Tensor, Warmup, WarmupInput
 from tritonstack.build.model_files import VERSION, write_if_changed, write_model_folder
 from tritonstack.build.presets import BuildOptions
-from tritonstack.build.scheduling import step_batching
+from tritonstack.build.scheduling import step_batching, step_instances
 from tritonstack.contract import (
     AUDIO_PREPROCESSOR,
     ENSEMBLE_OUTPUT,
@@ -187,7 +187,9 @@ def classifier_config(preset: AudioClassifierPreset, options: BuildOptions) -> M
             Tensor(PATCHES_OUTPUT, "FP32", (-1, classes)),
         ),
         dynamic_batching=step_batching(options),
-        instance_groups=(InstanceGroup(count=options.classifier_instance_count, kind=options.instance_kind),),
+        instance_groups=(
+            step_instances(options.classifier_instance_count, options.instance_kind, threads=options.intra_op_threads),
+        ),
         parameters={"intra_op_thread_count": str(options.intra_op_threads)},
         warmup=(
             Warmup(
@@ -265,7 +267,8 @@ def features_parity(repository: Path, preset_name: str) -> FeaturesParity:
     """The served features model's pipeline on the sample speech in every encoding,
     against reference_log_mel on the same decoded samples."""
     model = preprocessing_name(preset_name)
-    from tritonstack.build.model_config import config_dict, read_config
+    from tritonstack.build.model_config import config_dict
+    from tritonstack.repository_files import read_config
 
     parameters = config_dict(read_config(Path(repository) / model)).get("parameters", {})
     if LOG_MEL_PARAMETER not in parameters:

@@ -17,6 +17,7 @@ from pathlib import Path
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
+from tritonstack.pacing import CPU_SLOTS
 from tritonstack.repository_files import CONFIG_FILENAME
 
 
@@ -98,13 +99,18 @@ class InstanceGroup:
     count: int = 1
     kind: str = "KIND_CPU"  # or "KIND_GPU"
     gpus: tuple[int, ...] = ()
+    # The rate limiter's slots an instance holds while it runs (tritonstack.pacing); 0: none.
+    cpu_slots: int = 0
 
     def to_proto(self) -> pb.ModelInstanceGroup:
-        return pb.ModelInstanceGroup(
+        group = pb.ModelInstanceGroup(
             count=self.count,
             kind=pb.ModelInstanceGroup.Kind.Value(self.kind),
             gpus=self.gpus,
         )
+        if self.cpu_slots:
+            group.rate_limiter.resources.add(name=CPU_SLOTS, count=self.cpu_slots, **{"global": True})
+        return group
 
 
 @dataclass(frozen=True)
@@ -233,22 +239,6 @@ class ModelConfig:
             name, _, rest = text.partition("\n")
             text = f"{name}\nmax_batch_size: 0\n{rest}" if self.name else f"max_batch_size: 0\n{text}"
         return text
-
-
-class ConfigError(ValueError):
-    """A config.pbtxt that is not valid protobuf text of Triton's ModelConfig."""
-
-
-def parse_config(text: str) -> pb.ModelConfig:
-    try:
-        return text_format.Parse(text, pb.ModelConfig())
-    except text_format.ParseError as error:
-        raise ConfigError(str(error)) from error
-
-
-def read_config(model_dir: Path) -> pb.ModelConfig:
-    """Parse a model folder's config.pbtxt into Triton's ModelConfig message."""
-    return parse_config((Path(model_dir) / CONFIG_FILENAME).read_text())
 
 
 def write_config(model_dir: Path, config: pb.ModelConfig) -> None:

@@ -27,7 +27,6 @@ from tritonstack.build.classifiers import Classifier
 from tritonstack.build.model_config import (
     TENSORRT_FP16,
     EnsembleStep,
-    InstanceGroup,
     ModelConfig,
     Tensor,
     Warmup,
@@ -36,7 +35,7 @@ from tritonstack.build.model_config import (
 from tritonstack.build.model_files import VERSION, replace_atomically, write_config, write_if_changed
 from tritonstack.build.onnx_graph import servable_onnx
 from tritonstack.build.presets import PRESETS, BuildOptions, Preset
-from tritonstack.build.scheduling import ensemble_parameters, step_batching
+from tritonstack.build.scheduling import ensemble_parameters, step_batching, step_instances
 from tritonstack.contract import (
     BOX_WIDTH,
     BOXES_INPUT_PARAMETER,
@@ -93,7 +92,7 @@ def _preprocessing_config(
         # the first step hands on one classifier batch at a time, not all it holds
         # (docs/reliability.md#overload).
         dynamic_batching=step_batching(options, options.first_step_preferred_batches, first_step=True),
-        instance_groups=(InstanceGroup(count=options.instances, kind=kind),),
+        instance_groups=(step_instances(options.instances, kind, first_step=True),),
         parameters=parameters,
         warmup=_sample_warmup(sample),
     )
@@ -115,7 +114,7 @@ def video_config(preset: Preset, options: BuildOptions) -> ModelConfig:
         inputs=(Tensor(PREPROCESS_INPUT, "UINT8", (-1,), allow_ragged_batch=True),),
         outputs=(_preprocessed(preset.classifier),),
         dynamic_batching=step_batching(options, first_step=True),
-        instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
+        instance_groups=(step_instances(options.instances, options.instance_kind, first_step=True),),
         parameters={"num_threads": str(options.num_threads), "split_along_outer_axis": PREPROCESS_OUTPUT},
         warmup=_sample_warmup(sample_clip(), WARMUP_CLIP, "sample_clip"),
     )
@@ -136,7 +135,7 @@ def regions_config(preset: Preset, options: BuildOptions, sample: bytes) -> Mode
         ),
         outputs=(_preprocessed(preset.classifier),),
         dynamic_batching=step_batching(options, first_step=True),
-        instance_groups=(InstanceGroup(count=options.instances, kind=options.instance_kind),),
+        instance_groups=(step_instances(options.instances, options.instance_kind, first_step=True),),
         parameters={
             "num_threads": str(options.num_threads),
             "split_along_outer_axis": PREPROCESS_OUTPUT,
@@ -175,7 +174,9 @@ def classifier_config(classifier: Classifier, options: BuildOptions) -> ModelCon
         inputs=(Tensor(classifier.input_name, image_type, image, format=f"FORMAT_{p.layout}"),),
         outputs=(Tensor(classifier.output_name, "FP32", (classifier.num_classes,), label_filename=LABELS_FILENAME),),
         dynamic_batching=step_batching(options, options.classifier_preferred_batches),
-        instance_groups=(InstanceGroup(count=options.classifier_instance_count, kind=options.instance_kind),),
+        instance_groups=(
+            step_instances(options.classifier_instance_count, options.instance_kind, threads=options.intra_op_threads),
+        ),
         parameters={"intra_op_thread_count": str(options.intra_op_threads)},
         # Only the GPU variant: the C++ backend builds TensorRT engines from it on
         # KIND_GPU; our CPU backend ignores it (untested on a GPU here).

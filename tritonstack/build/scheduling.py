@@ -1,13 +1,15 @@
-"""How a step of an ensemble queues and batches its requests: the dynamic batcher's
-settings that the latency objective and the admission bound give every step."""
+"""How a step of an ensemble queues, batches and takes the cores: the dynamic batcher's
+settings that the latency objective and the admission bound give every step, and the
+rate limiter's slots its instances hold (tritonstack.pacing)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from tritonstack.build.model_config import DynamicBatching, QueuePolicy
+from tritonstack.build.model_config import DynamicBatching, InstanceGroup, QueuePolicy
 from tritonstack.build.presets import BuildOptions
 from tritonstack.objective import OBJECTIVE_PARAMETER, step_queues
+from tritonstack.pacing import step_slots
 
 
 def step_batching(
@@ -33,6 +35,13 @@ def step_batching(
         default_priority_level=queues.default_priority_level,
         level_policies=((queues.batch_priority, QueuePolicy(max_queue_size=size, timeout_us=queues.batch_ceiling_us)),),
     )
+
+
+def step_instances(count: int, kind: str, first_step: bool = False, threads: int = 1) -> InstanceGroup:
+    """A step's instances; on the CPU each holds its slots while it runs a batch, so
+    that a first step's batch starts only on a core the classifiers leave free."""
+    slots = step_slots(first_step, threads) if kind == "KIND_CPU" else 0
+    return InstanceGroup(count=count, kind=kind, cpu_slots=slots)
 
 
 def ensemble_parameters(options: BuildOptions) -> dict[str, str]:

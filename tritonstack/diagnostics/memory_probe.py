@@ -41,8 +41,9 @@ from tritonstack.backends.settings import (
     POOL_RESIDENCY_ENV,
     BackendSettings,
 )
-from tritonstack.build.model_config import read_config, write_config
+from tritonstack.build.model_config import write_config
 from tritonstack.contract import BATCH_PRIORITY, DEFAULT_PRESET, PREPROCESS_INPUT, PREPROCESS_OUTPUT, preprocessing_name
+from tritonstack.repository_files import read_config
 from tritonstack.samples.photos import PHOTOS, bad_samples, good_samples, photo_path
 from tritonstack.serve import process_tree
 from tritonstack.serve.launcher import TritonServer

@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 from tritonstack.objective import MIN_QUEUED_STEP_INSTANCES
+from tritonstack.pacing import with_threads
 from tritonstack.serve.loaded import differs, ensemble_steps
 
 CORES_LAYOUT, REPOSITORY_LAYOUT = "cores", "repository"
@@ -34,6 +35,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # step); the parameter each sizes its threads per instance with (python has none).
 OUR_BACKENDS = ("dali", "onnxruntime", "python")
 THREAD_PARAMETERS = {"dali": "num_threads", "onnxruntime": "intra_op_thread_count"}
+# The backend of the later steps, whose instances hold a core a thread (tritonstack.pacing).
+CLASSIFIER_BACKEND = "onnxruntime"
 # More classifier stubs than batches in flight only hold memory (a model and an arena
 # each): past this, further cores become ONNX Runtime threads within an instance.
 MAX_CLASSIFIER_INSTANCES = 8
@@ -134,13 +137,17 @@ def sizable(config: dict) -> bool:
 
 
 def with_layout(config: dict, layout: StepLayout) -> dict:
-    """`config` with `layout`'s instance count and, where its backend has one, thread parameter."""
-    changed = config | {"instance_group": [config["instance_group"][0] | {"count": layout.instances}]}
+    """`config` with `layout`'s instance count and, where its backend has one, thread
+    parameter; a classifier's instances then hold the slots of their threads (tritonstack.pacing)."""
+    group = config["instance_group"][0] | {"count": layout.instances}
+    changed = config | {"instance_group": [group]}
     parameter = THREAD_PARAMETERS.get(config["backend"])
     if parameter is not None and layout.threads is not None:
         parameters = dict(config.get("parameters", {}))
         parameters[parameter] = {"string_value": str(layout.threads)}
         changed["parameters"] = parameters
+        if config["backend"] == CLASSIFIER_BACKEND:
+            changed["instance_group"] = [with_threads(group, layout.threads)]
     return changed
 
 

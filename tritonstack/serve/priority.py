@@ -10,6 +10,10 @@ core free: the backlog then waits before the first step, where its queue bound
 (`tritonstack build --max-queue-size`) refuses the surplus at once, before any work.
 Below capacity the cores are rarely both busy, and nothing changes.
 
+The pacing (tritonstack.pacing, on by default) keeps the backlog at the front by
+Triton's rate limiter instead, so `--front-nice` is 0 by default: it is for a server
+run with `--no-pacing`.
+
 The first steps are asked of the running server (each ensemble's config); a stub is
 lowered thread by thread (a nice value belongs to a thread on Linux; threads the
 stub starts later inherit it).

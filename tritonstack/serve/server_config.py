@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from tritonstack import cli
+from tritonstack import cli, pacing
 from tritonstack.address import METRICS_PATH
 from tritonstack.backends.settings import (
     DEFAULT_MAX_INPUT_BYTES,
@@ -31,7 +31,7 @@ from tritonstack.backends.settings import (
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, admin_headers
 from tritonstack.objective import check_objective
 from tritonstack.serve import security
-from tritonstack.serve.layout import CORES_LAYOUT, LAYOUTS, REPOSITORY_LAYOUT
+from tritonstack.serve.layout import CORES_LAYOUT, LAYOUTS, REPOSITORY_LAYOUT, read_cores
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.security import RESTRICTED_APIS
 
@@ -143,6 +143,15 @@ class ServerConfig:
         help="answer within MS or refuse: every ensemble step's queue ceilings from this objective, applied at "
         "load without writing the repository (default: the repository's own, `tritonstack build "
         "--latency-objective-ms`; 0: no ceiling; docs/reliability.md#latency-objective)",
+    )
+    # Triton's rate limiter over the cores (tritonstack.pacing): a first step's batch
+    # starts only on a core the classifiers leave free. Off, or the caller's own
+    # --rate-limit flags after --: Triton ignores the slots the configs list.
+    pacing: bool = cli.option(
+        True,
+        "--no-pacing",
+        help="start the ensembles' first steps on any core, not only on those the classifiers leave free "
+        "(docs/reliability.md#overload)",
     )
     # Each ensemble step's instances and threads from the cores this process may use
     # (tritonstack.serve.layout), applied at load without writing the repository. A
@@ -256,6 +265,7 @@ class ServerConfig:
             *self.region_args(),
             *(summary_metrics_flags() if self.summary_latencies else []),
             *self.cache_args(),
+            *self.pacing_args(),
             *(otlp_trace_flags(self.trace_otlp_url, self.trace_rate) if self.trace_otlp_url else []),
             *self.extra_args,
         ]
@@ -265,6 +275,12 @@ class ServerConfig:
         if supports("--http-max-input-size"):
             args.append(f"--http-max-input-size={self.max_input_bytes}")
         return args
+
+    def pacing_args(self) -> list[str]:
+        if not self.pacing or any(arg.startswith(pacing.RATE_LIMIT_FLAG) for arg in self.extra_args):
+            return []
+        local = self.local_repository
+        return pacing.server_flags(read_cores().usable, pacing.largest_local_claim(local) if local else 0)
 
     def cache_args(self) -> list[str]:
         return [f"--cache-config=local,size={self.response_cache_bytes}"] if self.response_cache_bytes else []
