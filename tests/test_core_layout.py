@@ -77,14 +77,18 @@ def test_on_1_and_2_cores_the_committed_repository_is_the_layout_and_nothing_is_
     assert sized == steps
 
 
-def test_a_layout_changes_instances_and_the_threads_parameter_only():
+def cpu_slots(count: int) -> dict:
+    return {"rate_limiter": {"resources": [{"name": "cpu_slots", "global": True, "count": count}]}}
+
+
+def test_a_layout_changes_instances_the_threads_parameter_and_a_classifiers_slots_only():
     configs = {config["name"]: config for config in committed_configs()}
     changed = {config["name"]: config for config in overridden(list(configs.values()), step_layouts(16))}
     dali, classifier = changed["preprocess_dali_efficientnet_lite0"], changed["efficientnet_lite0"]
     assert dali["parameters"]["num_threads"] == {"string_value": "16"}
-    assert dali["instance_group"] == [{"count": 2, "kind": "KIND_CPU"}]
+    assert dali["instance_group"] == [{"count": 2, "kind": "KIND_CPU"} | cpu_slots(1)]  # a first step's: one
     assert classifier["parameters"]["intra_op_thread_count"] == {"string_value": "2"}
-    assert classifier["instance_group"] == [{"count": 8, "kind": "KIND_CPU"}]
+    assert classifier["instance_group"] == [{"count": 8, "kind": "KIND_CPU"} | cpu_slots(4)]  # two a thread
     python = changed["preprocess_python_efficientnet_lite0"]
     assert python["parameters"] == configs["preprocess_python_efficientnet_lite0"]["parameters"]
     for name, config in changed.items():

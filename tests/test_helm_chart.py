@@ -289,6 +289,8 @@ NOT_MIRRORED = {
     "was built with (`tritonstack build --latency-objective-ms`)",
     "--layout": "applied by the launcher at load; the pod runs tritonserver itself and serves the repository's "
     "layout (docs/kubernetes.md#limits)",
+    "--no-pacing": "the pool follows the cores the launcher reads, and the pacing was measured with our backends, "
+    "not the C++ ones the pod runs: server.extraArgs takes it (docs/kubernetes.md#limits)",
     **dict.fromkeys(cli.flags(Supervision), SUPERVISION),
 }
 
