@@ -1,7 +1,7 @@
 """Pacing: a first step's batch starts only on a core the classifiers leave free.
 
     step_slots(first_step=False, threads=1)   # 2: a classifier thread holds a core
-    server_flags(cores=2, repository)         # ["--rate-limit=execution_count", "--rate-limit-resource=cpu_slots:4"]
+    server_flags(cores=2)                     # ["--rate-limit=execution_count", "--rate-limit-resource=cpu_slots:4"]
 
 Triton's rate limiter (`--rate-limit=execution_count`) hands an instance its next batch
 only once the resources its config lists are free, and frees them when the batch ends.
@@ -19,8 +19,9 @@ held both cores, the first step's batches stalled for 200-300 ms, and with them 
 refusals; they also kept the classifier's queue full, whose refusals come after the
 first step's work. Paced, a first-step batch waits for a free core before it starts
 (at most one classifier batch), then runs on it: with Triton's stock gRPC clients at 3x
-the capacity, refusals at p99 400-442 ms against 464-621 ms, none of the work wasted
-against up to 6 %, for about 3 % of the capacity (docs/performance.md#overload).
+the capacity, refusals at p99 400-476 ms against 464-621 ms, none of the work wasted
+against up to 6 %, for about 2 % of the capacity and a longer tail at half the load
+(docs/performance.md#overload-figures).
 
 Without `--rate-limit` (plain `tritonserver`, the NGC container) Triton ignores the
 slots. A GPU's instances list none: the card, not the cores, runs them.
