@@ -177,7 +177,7 @@ def test_gpu_variant_serializes_here_with_gpu_operators(tmp_path, model_reposito
     assert kinds["preprocess_python_efficientnet_lite0"][0].kind == pb.ModelInstanceGroup.KIND_CPU
     serialized = (out / PREPROCESS / "1/model.dali").read_bytes()
     spec = dali_proto.parse_pipeline(serialized)
-    assert spec.gpu_operators == ("image(mixed)", "resize(gpu)", "crop_mirror_normalize(gpu)")
+    assert spec.gpu_operators == ("image(mixed)", "resize_crop_mirror(gpu)", "crop_mirror_normalize(gpu)")
     assert spec.outputs[0].device == "gpu" and b"hw_decoder_load" in serialized
     (tensorrt,) = read_config(out / LITE0).optimization.execution_accelerators.gpu_execution_accelerator
     assert (tensorrt.name, tensorrt.parameters["precision_mode"]) == ("tensorrt", "FP16")

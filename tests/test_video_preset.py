@@ -49,7 +49,7 @@ def test_gpu_variant_decodes_on_the_gpu(tmp_path, model_repository):
     out = tmp_path / "gpu"
     build(out, PRESET, "--device", "gpu")
     spec = dali_proto.parse_pipeline((out / PREPROCESS / "1/model.dali").read_bytes())
-    assert spec.gpu_operators == ("video(mixed)", "resize(gpu)", "crop_mirror_normalize(gpu)")
+    assert spec.gpu_operators == ("video(mixed)", "resize_crop_mirror(gpu)", "crop_mirror_normalize(gpu)")
     assert check_repository(out) == []
 
 

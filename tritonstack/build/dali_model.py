@@ -37,35 +37,12 @@ def classification(
     """
     encoded = _encoded()
     images = _decoded(encoded, device, channel_order)
-    shape = fn.peek_image_shape(encoded, dtype=types.FLOAT)
-    return _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout[1:], resize, input_type, shape)
+    return _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout[1:], resize, input_type)
 
 
 def _encoded():
     """The model's input: one encoded file (image, clip or audio) per sample."""
     return fn.external_source(name=INPUT_NAME, dtype=types.UINT8, ndim=1)
-
-
-def _center_crop_region(shape, resize_shorter, crop):
-    """The region of the image (its decoded shape: height, width, channels) that the
-    center crop of the image resized to `resize_shorter` covers, as fn.resize's
-    roi_start and roi_end. Resizing that region alone to crop x crop gives the pixels of
-    the whole image resized and then cropped, within one level of 255 from rounding,
-    for a little over half the resampling (a 640 x 480 photo: 224 x 224 pixels made,
-    not 341 x 256). It follows DALI's own geometry: the resized size rounded, the scale
-    kept exact by centring the rounded size's region on the image (fn.resize's
-    subpixel_scale), and the crop's start rounded (crop_pos 0.5)."""
-    height, width = shape[0], shape[1]
-    scale = resize_shorter / dmath.min(height, width)
-    starts = []
-    for size in (height, width):
-        resized = dmath.floor(size * scale + 0.5)
-        crop_start = dmath.floor((resized - crop) * 0.5 + 0.5)
-        starts.append(size * 0.5 + (crop_start - resized * 0.5) / scale)
-    return {
-        "roi_start": fn.stack(*starts),
-        "roi_end": fn.stack(*(start + crop / scale for start in starts)),
-    }
 
 
 def _decoded(encoded, device, channel_order="rgb"):
@@ -77,32 +54,30 @@ def _decoded(encoded, device, channel_order="rgb"):
     return fn.decoders.image(encoded, device="cpu", output_type=order)
 
 
-def _resize_crop_normalize(
-    images, resize_shorter, crop, mean, std, layout, resize="crop", input_type="fp32", shape=None
-):
+def _resize_crop_normalize(images, resize_shorter, crop, mean, std, layout, resize="crop", input_type="fp32"):
     """Resize to crop x crop as the classifier was trained, normalize in `layout`
-    (frames too: FCHW); a UINT8 input is left in pixel units (mean 0, std 1). `shape`:
-    the images' decoded shape (height, width, channels), where it is known before
-    decoding (fn.peek_image_shape): a center crop then resizes only its region. A
-    clip's frames have none (their shape is known only on the decoder's device)."""
+    (frames too: FCHW); a UINT8 input is left in pixel units (mean 0, std 1).
+
+    The center crop is fn.resize_crop_mirror: DALI's fused resize and crop, which
+    resamples only the region the crop keeps (224 x 224 pixels made from a 640 x 480
+    photo, not 341 x 256), the same pixels as fn.resize then fn.crop within one level
+    of 255. One operator, not the region's arithmetic: that arithmetic (about twenty
+    operators a run) cost more than the resampling at the batches a server forms
+    (docs/performance.md#the-dali-step-per-image)."""
     if resize == "squash":
         images = fn.resize(images, size=(crop, crop), antialias=True)
     elif resize == "letterbox":  # the padding is the mean: zero once normalized
         images = fn.resize(images, size=(crop, crop), mode="not_larger", antialias=True)
         images = fn.crop(images, crop=(crop, crop), out_of_bounds_policy="pad", fill_values=list(mean))
-    elif shape is not None:
-        region = _center_crop_region(shape, resize_shorter, crop)
-        images = fn.resize(images, size=(crop, crop), **region, roi_relative=False, antialias=True)
-        return _normalized(images, mean, std, layout, input_type)
     else:
-        images = fn.resize(images, resize_shorter=resize_shorter, antialias=True)
-    return _normalized(images, mean, std, layout, input_type, crop=(crop, crop))
+        images = fn.resize_crop_mirror(images, resize_shorter=resize_shorter, crop=(crop, crop), antialias=True)
+    return _normalized(images, mean, std, layout, input_type)
 
 
-def _normalized(images, mean, std, layout, input_type="fp32", **crop):
-    """Normalized (a UINT8 input left in pixel units) in `layout`; `crop`: a center crop first."""
+def _normalized(images, mean, std, layout, input_type="fp32"):
+    """Normalized (a UINT8 input left in pixel units) in `layout`."""
     dtype = types.UINT8 if input_type == "uint8" else types.FLOAT
-    return fn.crop_mirror_normalize(images, mean=list(mean), std=list(std), dtype=dtype, output_layout=layout, **crop)
+    return fn.crop_mirror_normalize(images, mean=list(mean), std=list(std), dtype=dtype, output_layout=layout)
 
 
 classification_pipeline = pipeline_def(classification)
