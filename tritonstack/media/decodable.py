@@ -34,25 +34,36 @@ _PREFIX_BYTES = 16
 
 def undecodable_reason(encoded) -> str | None:
     """Why the image decoder would fail on these bytes, or None when it may not."""
+    return inspect_encoded(encoded)[0]
+
+
+def inspect_encoded(encoded) -> tuple[str | None, tuple[int, int] | None]:
+    """Why the decoder would fail on these bytes (None: it may not), and the (width,
+    height) their header declares (None: not an image Pillow knows). One header
+    parse answers both, the decode budget's question and this module's."""
     data = bytes(encoded)
     if not data:
-        return "it is empty (0 bytes)"
+        return "it is empty (0 bytes)", None
     try:
         image = Image.open(io.BytesIO(data))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         if _claimed_format(data[:_PREFIX_BYTES]) is not None:
-            return None  # a readable format's magic number: the decoder judges it
-        return f"it is not an image in a format the decoder reads ({DECODER_FORMATS_TEXT})"
+            return None, None  # a readable format's magic number: the decoder judges it
+        return f"it is not an image in a format the decoder reads ({DECODER_FORMATS_TEXT})", None
     with image:
-        if image.format not in DECODER_FORMATS:
-            return f"it is a {image.format} image; the decoder reads {DECODER_FORMATS_TEXT}"
-        if image.format in ("JPEG", "MPO") and not _jpeg_ends(data):
-            return "it is a truncated JPEG (no scan, or no end-of-image marker after its last scan)"
-        if image.format == "PNG":
-            try:
-                image.verify()  # every chunk present and its CRC right; nothing is decompressed
-            except Exception as error:  # Pillow raises OSError, SyntaxError or struct.error
-                return f"it is a truncated or corrupt PNG ({error})"
+        return _format_reason(image, data), image.size
+
+
+def _format_reason(image: Image.Image, data: bytes) -> str | None:
+    if image.format not in DECODER_FORMATS:
+        return f"it is a {image.format} image; the decoder reads {DECODER_FORMATS_TEXT}"
+    if image.format in ("JPEG", "MPO") and not _jpeg_ends(data):
+        return "it is a truncated JPEG (no scan, or no end-of-image marker after its last scan)"
+    if image.format == "PNG":
+        try:
+            image.verify()  # every chunk present and its CRC right; nothing is decompressed
+        except Exception as error:  # Pillow raises OSError, SyntaxError or struct.error
+            return f"it is a truncated or corrupt PNG ({error})"
     return None
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritonstack.media.audio_header import AudioHeaderError, read_audio_header
-from tritonstack.media.decodable import undecodable_reason
+from tritonstack.media.decodable import inspect_encoded
 from tritonstack.media.decode_budget import BudgetError, DecodeBudget
 from tritonstack.media.regions import BoxError, check_boxes, oriented_size
 from tritonstack.media.video_header import CPU_CODECS, GPU_CODECS, read_header, unreadable_reason
@@ -166,9 +166,10 @@ def samples_of(
     if len(set(counts.values())) > 1:
         # The C++ backend's words (src/dali_model_instance.cc GenerateInputs).
         raise InputError(f"Each input in a request must have the same batch size. (samples per input: {counts})")
-    pixels = sum(budget.request_pixels((sample.data for sample in feed[name]), name) for name in decoded_inputs)
+    inspected = {name: [inspect_encoded(sample.data) for sample in feed[name]] for name in decoded_inputs}
+    pixels = sum(budget.sizes_pixels([size for _, size in inspected[name]], name) for name in decoded_inputs)
     for name in decoded_inputs:
-        _check_images(name, feed[name])
+        _check_images(name, [reason for reason, _ in inspected[name]])
     for name in audio.names if audio is not None else ():
         audio.check(name, feed[name])
     if clips is not None:
@@ -178,9 +179,9 @@ def samples_of(
     return feed, pixels
 
 
-def _check_images(name: str, images) -> None:
-    for row, sample in enumerate(images):
-        reason = undecodable_reason(sample.data)
+def _check_images(name: str, reasons: list[str | None]) -> None:
+    """Each image's reason to be refused before decoding (tritonstack.media.decodable), in order."""
+    for row, reason in enumerate(reasons):
         if reason:
             raise UndecodableError(
                 f"input '{name}' sample {row} cannot be decoded: {reason}; refused "
