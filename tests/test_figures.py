@@ -21,6 +21,7 @@ BENCHMARK_PHASES = (
     run.Trace,
     run.Int8Agreement,
     cost.CostFigures,
+    cost.ServingCost,
     vs_peer.PeerFigures,
 )
 WRITTEN_AFTER_THE_PHASES = {"benchmark_seconds", "missed_targets"}  # the command line and write_results

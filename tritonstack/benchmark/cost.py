@@ -11,6 +11,12 @@ DALI and Pillow ensembles share the classifier, so DALI's is at most
 `pil` is the Pillow baseline the parity check holds DALI to (float resize, exact);
 `pil_8bit` is the peer's (Pillow's own 8-bit resize), what a user writes.
 
+The served cost beside those floors (`serving_cost`): each model's stubs' and
+tritonserver's CPU per image in the benchmark's HTTP rounds (the ones measured against
+the peer), what each step adds to its library alone, the whole served cost over the
+floor (DALI + the FP32 classifier), and the DALI step served over the peer's Pillow
+preprocessing in process.
+
 Each library runs on one thread over batches of 8 of the benchmark's images, its
 CPU time read with time.process_time (every thread of this process), the four
 measures interleaved round by round.
@@ -30,7 +36,7 @@ from tritonstack.benchmark import peer
 from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.inprocess import dali_preprocessing
 from tritonstack.benchmark.phases import interleaved, ratios
-from tritonstack.benchmark.settings import DALI_PRESET, INT8_PRESET
+from tritonstack.benchmark.settings import CLASSIFIER, DALI_PREPROCESS, DALI_PRESET, INT8_PRESET
 from tritonstack.build.model_files import VERSION
 from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.presets import preset_named
@@ -127,5 +133,39 @@ def cost_figures(repository: Path, images: list[bytes], repeats: int, log=print)
         ),
         dali_vs_pil_ensemble_ceiling=Median.of(
             ratios(list(costs["pil"] + costs["fp32"]), list(costs["dali"] + costs["fp32"]))
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class ServingCost:
+    served_cpu_ms_per_image: dict[str, float]  # tritonserver and each model's stubs
+    served_overhead_ms_per_image: dict[str, float]  # each step over its library alone
+    served_vs_floor: float | None  # the whole served cost / (dali + fp32) in process
+    served_dali_vs_peer_preprocess: float | None  # the DALI step served / pil_8bit in process
+
+
+def serving_cost(served: dict[str, float], floors: dict[str, float]) -> ServingCost:
+    """`served`: CPU ms per image by process role ("tritonserver", model names) in the
+    rounds; `floors`: cost_figures' cpu_ms_per_image. What serving adds to each step
+    (tritonserver adds all of its own), and the two ratios issue 64 is judged by."""
+    steps = {DALI_PREPROCESS: "dali", CLASSIFIER: "fp32"}
+    overhead = {
+        name: served[name] - floors[library] for name, library in steps.items() if name in served and library in floors
+    }
+    if "tritonserver" in served:
+        overhead["tritonserver"] = served["tritonserver"]
+    known = all(name in served for name in steps) and all(library in floors for library in steps.values())
+    total = served.get("tritonserver", 0.0) + sum(served.get(name, 0.0) for name in steps)
+    floor = sum(floors.get(library, 0.0) for library in steps.values())
+    peer_preprocess = floors.get("pil_8bit")
+    return ServingCost(
+        served_cpu_ms_per_image={name: round(value, 3) for name, value in served.items()},
+        served_overhead_ms_per_image={name: round(value, 3) for name, value in overhead.items()},
+        served_vs_floor=round(total / floor, 3) if known and floor else None,
+        served_dali_vs_peer_preprocess=(
+            round(served[DALI_PREPROCESS] / peer_preprocess, 3)
+            if DALI_PREPROCESS in served and peer_preprocess
+            else None
         ),
     )

@@ -5,8 +5,9 @@ the benchmark's load phases drive it with.
     with peer_server(repository, ["efficientnet_lite0"]) as peer:
         phase = asyncio.run(closed_loop(peer.url, PEER_PROTOCOL, "efficientnet_lite0", ...))
 
-The peer runs 2 uvicorn workers, as its author would on a 2-core machine; it is
-stopped, its workers with it, when the block ends or the benchmark dies.
+The peer runs a uvicorn worker a usable core (the cores our layout reads: affinity and
+the cgroup's quota), as its author would; it is stopped, its workers with it, when the
+block ends or the benchmark dies.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from tritonstack.build.model_files import VERSION
 from tritonstack.build.presets import preset_named
 from tritonstack.repository_files import LABELS_FILENAME, ONNX_MODEL_FILENAME
 from tritonstack.serve import process
+from tritonstack.serve.layout import read_cores
 from tritonstack.serve.network import LOOPBACK, free_port
 
 PEER_PROTOCOL = "peer"  # what the load phases call the peer's HTTP, beside "http" and "grpc"
-PEER_WORKERS = 2
 READY_TIMEOUT_S = 120.0
 
 
@@ -60,6 +61,11 @@ def model_specs(repository: Path, presets: list[str]) -> dict[str, dict]:
     return specs
 
 
+def peer_workers() -> int:
+    """A worker a usable core, as uvicorn's docs size them and as our layout sizes ours."""
+    return max(1, read_cores().usable)
+
+
 @dataclass(frozen=True)
 class PeerServer:
     url: str  # host:port
@@ -67,9 +73,10 @@ class PeerServer:
 
 
 @contextlib.contextmanager
-def peer_server(repository: Path, presets: list[str], workers: int = PEER_WORKERS) -> Iterator[PeerServer]:
+def peer_server(repository: Path, presets: list[str], workers: int | None = None) -> Iterator[PeerServer]:
     from tritonstack.benchmark.peer_service import MODELS_ENV  # needs the peer extra
 
+    workers = workers or peer_workers()
     port = free_port()
     command = [sys.executable, "-m", "uvicorn", "tritonstack.benchmark.peer_service:app"]
     command += ["--host", LOOPBACK, "--port", str(port), "--workers", str(workers), "--no-access-log"]

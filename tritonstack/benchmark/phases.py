@@ -31,6 +31,7 @@ class Phase:
     warmup_s: float | None = None  # set with server_cpu_s
     images: int | None = None  # when not one per latency (the in-process reference)
     offered_rate: float | None = None  # an open loop's requests/s
+    server_cpu_by_model_s: dict[str, float] | None = None  # ours: tritonserver and each model's stubs
 
     @property
     def images_per_s(self) -> float:
@@ -44,6 +45,15 @@ class Phase:
         if not self.server_cpu_s or self.warmup_s is None:
             return None
         return self.images_per_s * (self.seconds + self.warmup_s) / self.server_cpu_s
+
+    @property
+    def cpu_ms_per_image_by_model(self) -> dict[str, float]:
+        """CPU milliseconds per image of tritonserver and of each model's stubs (the
+        same window as images_per_cpu_s)."""
+        if not self.server_cpu_by_model_s or self.warmup_s is None or not self.images_per_s:
+            return {}
+        images = self.images_per_s * (self.seconds + self.warmup_s)
+        return {name: 1000 * seconds / images for name, seconds in self.server_cpu_by_model_s.items()}
 
     def percentile_ms(self, q: float) -> float:
         return float(np.percentile(self.latencies_s, q)) * 1000 if self.latencies_s else float("nan")
@@ -199,11 +209,16 @@ def url_for(server, protocol: str) -> str:
 def measured_phase(
     server, protocol: str, model: str, images: list[bytes], concurrency: int, settings: Settings
 ) -> Phase:
-    """One closed-loop phase on `model`, with the server's CPU time over it."""
-    cpu = server_cpu_seconds(server)
+    """One closed-loop phase on `model`, with the server's CPU time over it (ours: by
+    process role too)."""
+    ours = protocol != PEER_PROTOCOL
+    cpu, by_model = server_cpu_seconds(server), process_tree.cpu_seconds_by_model(server.pid) if ours else {}
     url = url_for(server, protocol)
     phase = asyncio.run(closed_loop(url, protocol, model, images, concurrency, settings.seconds, settings.warmup_s))
     phase.server_cpu_s, phase.warmup_s = server_cpu_seconds(server) - cpu, settings.warmup_s
+    if ours:
+        after = process_tree.cpu_seconds_by_model(server.pid)
+        phase.server_cpu_by_model_s = {name: after[name] - by_model.get(name, 0.0) for name in after}
     return phase
 
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from tritonstack import cli
 from tritonstack.benchmark import peer
-from tritonstack.benchmark.cost import cost_figures
+from tritonstack.benchmark.cost import cost_figures, serving_cost
 from tritonstack.benchmark.figures import BENCHMARK, Median, docstring_listing, report
 from tritonstack.benchmark.ideal_queue import ideal_capacity
 from tritonstack.benchmark.inprocess import inprocess_best_setting, inprocess_phase
@@ -110,13 +110,14 @@ def run(settings: Settings, repository: Path, log=print, server: TritonServer | 
     )
     with tempfile.TemporaryDirectory(prefix="benchmark-") as folder:
         trace_file = Path(folder) / "trace.json"
-        served, client_times = _run_on_server(settings, repository, images, setting, log, server, trace_file)
+        served, by_model, client_times = _run_on_server(settings, repository, images, setting, log, server, trace_file)
         # The server has stopped: its trace file is complete.
         trace = Trace(trace_medians(trace_file, client_times) if client_times else None)
     log("INT8 vs FP32 classifier on the parity corpus (in process)...")
     agreement = int8_agreement(repository)
     costs = cost_figures(repository, images, settings.repeats, log)
-    return report(BENCHMARK, machine, *served, trace, agreement, costs)
+    served_cost = serving_cost(by_model, costs.cpu_ms_per_image)
+    return report(BENCHMARK, machine, *served, trace, agreement, costs, served_cost)
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,10 @@ class ServerFigures:
 
 def _run_on_server(
     settings: Settings, repository: Path, images: list[bytes], setting: dict, log, server, trace_file: Path
-) -> tuple[list, list[tuple[int, int]]]:
-    """Every measurement through a server: the phases' results, and the client's times
-    of the traced requests (none on a given server)."""
+) -> tuple[list, dict[str, float], list[tuple[int, int]]]:
+    """Every measurement through a server: the phases' results, each process role's CPU
+    per image in the HTTP rounds (serving_cost's input), and the client's times of the
+    traced requests (none on a given server)."""
     own = server is None
     with (
         contextlib.nullcontext(server)
@@ -157,7 +159,8 @@ def _run_on_server(
         if peer:
             against = peer_open_loop(server, peer, images, settings, slower_rate(rounds), log)
         served = [rounded, state, single, looped, capacity, peer_figures(rounds, against)]
-        return served, traced_single_requests(server, settings.traced_requests) if own else []
+        by_model = median_by_model(rounds.get("http", []))
+        return served, by_model, traced_single_requests(server, settings.traced_requests) if own else []
 
 
 @contextlib.contextmanager
@@ -272,6 +275,15 @@ def round_figures(rounds: dict[str, list[Phase]], settings: Settings, saturation
         ),
         errors=saturation_errors + sum(phase.errors for phases in rounds.values() for phase in phases),
     )
+
+
+def median_by_model(phases: list[Phase]) -> dict[str, float]:
+    """Each process role's CPU ms per image, the median over the phases that measured it."""
+    by_model: dict[str, list[float]] = {}
+    for phase in phases:
+        for name, value in phase.cpu_ms_per_image_by_model.items():
+            by_model.setdefault(name, []).append(value)
+    return {name: float(np.median(values)) for name, values in by_model.items()}
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,29 @@ def processes_by_role(server_pid: int) -> dict[str, psutil.Process]:
     return processes
 
 
+def cpu_seconds_by_model(server_pid: int | None) -> dict[str, float]:
+    """CPU time (user + system) so far of tritonserver ("tritonserver") and of each
+    model's live stubs, its instances added up (the model's name)."""
+    if server_pid is None:
+        return {}
+    totals: dict[str, float] = {}
+    try:
+        live, _ = server_stubs(server_pid)
+        processes = [
+            ("tritonserver", psutil.Process(server_pid)),
+            *((model, psutil.Process(pid)) for pid, model in live.items()),
+        ]
+    except psutil.NoSuchProcess:
+        return {}
+    for name, process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        totals[name] = totals.get(name, 0.0) + times.user + times.system
+    return totals
+
+
 def rss_mib(process: psutil.Process) -> float | None:
     """Resident memory in MiB; None once the process is gone."""
     try:

@@ -107,11 +107,15 @@ class DecodeBudget:
     def request_pixels(self, images: Iterable, input_name: str) -> int:
         """The pixels a request's encoded images declare, in total; raises
         BudgetError above max_pixels (one image) or max_request_pixels (all)."""
-        total, sizes = 0, []
-        for row, image in enumerate(images):
-            size = declared_size(image)
+        return self.sizes_pixels([declared_size(image) for image in images], input_name)
+
+    def sizes_pixels(self, sizes: Sequence[tuple[int, int] | None], input_name: str) -> int:
+        """The same from the images' declared (width, height), read by the caller (None:
+        not an image Pillow knows, left to the decoder's own error)."""
+        total, described = 0, []
+        for row, size in enumerate(sizes):
             if size is None:
-                continue  # not an image Pillow knows: the decoder gives its own error
+                continue
             width, height = size
             if width * height > self.max_pixels:
                 raise BudgetError(
@@ -119,11 +123,11 @@ class DecodeBudget:
                     f"{width * height} pixels, above this model's max_pixels {self.max_pixels}"
                 )
             total += width * height
-            sizes.append(f"{width}x{height}")
+            described.append(f"{width}x{height}")
         if total > self.max_request_pixels:
             raise BudgetError(
-                f"input '{input_name}': the request's {len(sizes)} images declare {total} pixels "
-                f"in total ({', '.join(sizes[:8])}{', ...' if len(sizes) > 8 else ''}), above "
+                f"input '{input_name}': the request's {len(described)} images declare {total} pixels "
+                f"in total ({', '.join(described[:8])}{', ...' if len(described) > 8 else ''}), above "
                 f"this model's max_request_pixels {self.max_request_pixels}: send fewer or "
                 "smaller images per request"
             )
