@@ -21,6 +21,7 @@ from tritonstack.benchmark.tune import (
     rate_figures,
     summarized,
     thread_layouts,
+    unmet_bound,
 )
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.objective import MIN_QUEUED_STEP_INSTANCES
@@ -92,6 +93,16 @@ def test_throughput_takes_the_fastest_and_p99_the_fastest_under_the_bound():
     assert best(results, TuneSettings("p99", p99_ms=400, rate=50)).images_per_s == 110
     # None meets the bound: the lowest p99.
     assert best(results, TuneSettings("p99", p99_ms=100, rate=50)).rate_p99_ms == 200
+
+
+def test_a_bound_no_candidate_meets_is_said_with_what_each_reached():
+    results = [measured(100, 300), measured(120, 900), measured(110, 200)]
+    settings = TuneSettings("p99", p99_ms=100, rate=95)
+    reason = unmet_bound(results, settings)
+    assert "no layout keeps the p99 under 100 ms at 95 requests/s" in reason
+    assert "the lowest p99 at 95/s was 200 ms" in reason and "79% of it" in reason  # 95 of 120
+    assert unmet_bound(results, TuneSettings("p99", p99_ms=400, rate=95)) is None  # one meets it
+    assert unmet_bound(results, TuneSettings()) is None  # the throughput objective has no bound
 
 
 def test_the_pareto_front_holds_what_nothing_beats_on_both():

@@ -367,6 +367,35 @@ def best(results: Iterable[Measured], settings: TuneSettings) -> Measured:
     return leading[0]
 
 
+def unmet_bound(results: Iterable[Measured], settings: TuneSettings) -> str | None:
+    """Why no layout can be written for a p99 objective: none of the candidates met
+    the bound at the rate (each side's reading, so the user can choose a lower rate or a
+    looser bound); None when one did, or for the throughput objective."""
+    if settings.objective != "p99":
+        return None
+    candidates = [result for result in summarized(results) if not result.errors]
+    if any(result.meets(settings.p99_ms) for result in candidates):
+        return None
+    measured = [result for result in candidates if result.rate_p99_ms is not None]
+    closest = min(measured, key=lambda result: result.rate_p99_ms, default=None)
+    fastest = max(candidates, key=lambda result: result.images_per_s, default=None)
+    reached = (
+        f"the lowest p99 at {settings.rate:g}/s was {closest.rate_p99_ms:.0f} ms ({closest.layout.describe()})"
+        if closest
+        else "no candidate was measured at that rate"
+    )
+    capacity = (
+        f"; the fastest candidate's capacity was {fastest.images_per_s:.1f} images/s, so the rate is "
+        f"{settings.rate / fastest.images_per_s:.0%} of it"
+        if fastest and fastest.images_per_s
+        else ""
+    )
+    return (
+        f"no layout keeps the p99 under {settings.p99_ms:g} ms at {settings.rate:g} requests/s on this "
+        f"machine: {reached}{capacity}. Nothing was written: lower --rate, raise --p99-ms, or add cores"
+    )
+
+
 def pareto_front(results: list[Measured]) -> list[Measured]:
     """The candidates no other beats on both images/s and p99."""
     return [

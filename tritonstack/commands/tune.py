@@ -34,9 +34,14 @@ def run(args: argparse.Namespace) -> int:
     with TritonServer(ServerConfig(args.model_repository)) as server:
         start, results = tune.search(server, args.model, weighted_images(200), cores.usable, settings, print)
     chosen = tune.best(results, settings)
-    tune_output.write_repository(args.model_repository, args.out, args.model, chosen.layout)
     args.report.mkdir(parents=True, exist_ok=True)
     tune_output.save(args.report, results, chosen, tune_output.report(start, results, chosen, settings, cores.usable))
+    unmet = tune.unmet_bound(results, settings)
+    if unmet:  # the report says what each candidate reached; no folder claims what none did
+        print(f"report: {args.report / 'tune.md'}, {args.report / 'pareto.png'}")
+        print(f"error: {unmet}", file=sys.stderr)
+        return 1
+    tune_output.write_repository(args.model_repository, args.out, args.model, chosen.layout)
     print(f"chosen: {chosen.layout.describe()} ({chosen.images_per_s:.1f} images/s)")
     print(f"wrote {args.out}; tritonstack build {' '.join(chosen.layout.build_flags())}")
     print(f"report: {args.report / 'tune.md'}, {args.report / 'pareto.png'}")
