@@ -12,8 +12,9 @@ FLOORS = {"dali": 2.0, "pil": 2.75, "pil_8bit": 4.0, "fp32": 9.0, "int8": 5.0}
 
 
 def test_each_step_is_measured_against_its_own_library():
-    served = {"tritonserver": 1.0, DALI_PREPROCESS: 3.0, CLASSIFIER: 10.0}
+    served = {"tritonserver": 1.0, DALI_PREPROCESS: 3.0, CLASSIFIER: 10.0, "efficientnet_lite2": 0.01}
     cost = serving_cost(served, FLOORS)
+    assert "efficientnet_lite2" not in cost.served_cpu_ms_per_image  # a model the rounds did not call
     assert cost.served_overhead_ms_per_image == {DALI_PREPROCESS: 1.0, CLASSIFIER: 1.0, "tritonserver": 1.0}
     assert cost.served_vs_floor == pytest.approx(14.0 / 11.0, abs=1e-3)  # all served over dali + fp32
     assert cost.served_dali_vs_peer_preprocess == pytest.approx(0.75)  # 3.0 served over the peer's 4.0

@@ -137,6 +137,11 @@ def cost_figures(repository: Path, images: list[bytes], repeats: int, log=print)
     )
 
 
+# The stubs of models the rounds did not call still tick (their memory accounting):
+# below this they are left out of served_cpu_ms_per_image.
+IDLE_MS_PER_IMAGE = 0.05
+
+
 @dataclass(frozen=True)
 class ServingCost:
     served_cpu_ms_per_image: dict[str, float]  # tritonserver and each model's stubs
@@ -150,6 +155,7 @@ def serving_cost(served: dict[str, float], floors: dict[str, float]) -> ServingC
     rounds; `floors`: cost_figures' cpu_ms_per_image. What serving adds to each step
     (tritonserver adds all of its own), and the two ratios issue 64 is judged by."""
     steps = {DALI_PREPROCESS: "dali", CLASSIFIER: "fp32"}
+    served = {name: value for name, value in served.items() if value >= IDLE_MS_PER_IMAGE}
     overhead = {
         name: served[name] - floors[library] for name, library in steps.items() if name in served and library in floors
     }
