@@ -69,9 +69,10 @@ def _format_reason(image: Image.Image, data: bytes) -> str | None:
 
 def _jpeg_ends(data: bytes) -> bool:
     """A scan, and the end-of-image marker after the last one. Inside a scan 0xFF is
-    always followed by 0x00 or a restart marker, so neither marker occurs there."""
-    last_scan = data.rfind(_JPEG_SOS)
-    return last_scan >= 0 and data.rfind(_JPEG_EOI) > last_scan
+    always followed by 0x00 or a restart marker, so neither marker occurs there: the last
+    end-of-image marker (near the file's end) with a scan before it and none after."""
+    end = data.rfind(_JPEG_EOI)
+    return end > 0 and data.find(_JPEG_SOS, 0, end) >= 0 and data.find(_JPEG_SOS, end) < 0
 
 
 def _claimed_format(prefix: bytes) -> str | None:
