@@ -1,6 +1,6 @@
 """Small model repositories built on the fly for the conformance suites: DALI
 pipelines and ONNX graphs of a few operators, configs from the typed
-`tritonstack.model_config` objects, and a server per module in explicit
+`tritonstack.build.model_config` objects, and a server per module in explicit
 model-control mode so models load (or fail to load) one by one."""
 
 from __future__ import annotations

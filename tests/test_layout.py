@@ -365,7 +365,7 @@ def test_the_client_path_imports_none_of_the_launchers_settings():
 
 def test_the_wire_contract_names_no_environment_but_the_admin_key():
     """contract.py is what both ends of the wire agree on; environment variables the
-    launcher sets for the backends live in backend_settings.py."""
+    launcher sets for the backends live in tritonstack/backends/settings.py."""
     import tritonstack.backends.settings as settings
     import tritonstack.contract as contract
 

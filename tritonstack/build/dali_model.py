@@ -2,7 +2,7 @@
 `dali.py` model file the DALI backend serializes at load time
 (`build_pipelines.py build --format dali.py`).
 
-This file is the one definition of the pipeline: tritonstack.pipelines serializes it
+This file is the one definition of the pipeline: tritonstack.build.pipelines serializes it
 to `model.dali`, and the build copies it unchanged to `<model>/1/dali.py` with its
 parameters in `preprocessing.json` next to it. It imports only DALI, so it loads in
 the NGC container's DALI backend too, which imports the file and serializes the

@@ -1,7 +1,7 @@
 """Accuracy parity: DALI preprocessing vs the Pillow baseline, on real photos.
 
 Both transforms run in this process on the same encoded bytes: the repository's
-serialized DALI pipeline and `tritonstack.pillow_model.preprocess` (the code of the
+serialized DALI pipeline and `tritonstack.build.pillow_model.preprocess` (the code of the
 Pillow model). The classifier's model.onnx then ranks both tensors.
 
 The two implement one transform (same sub-pixel source window, same antialiased
