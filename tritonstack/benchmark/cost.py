@@ -153,7 +153,8 @@ class ServingCost:
 def serving_cost(served: dict[str, float], floors: dict[str, float]) -> ServingCost:
     """`served`: CPU ms per image by process role ("tritonserver", model names) in the
     rounds; `floors`: cost_figures' cpu_ms_per_image. What serving adds to each step
-    (tritonserver adds all of its own), and the two ratios issue 64 is judged by."""
+    (tritonserver adds all of its own), and two ratios: the whole served cost over the
+    libraries' (dali + fp32), the DALI step served over the peer's Pillow (pil_8bit)."""
     steps = {DALI_PREPROCESS: "dali", CLASSIFIER: "fp32"}
     served = {name: value for name, value in served.items() if value >= IDLE_MS_PER_IMAGE}
     overhead = {

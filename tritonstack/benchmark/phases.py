@@ -44,7 +44,13 @@ class Phase:
         of the same window count (at the measured rate)."""
         if not self.server_cpu_s or self.warmup_s is None:
             return None
-        return self.images_per_s * (self.seconds + self.warmup_s) / self.server_cpu_s
+        return self._window_images / self.server_cpu_s
+
+    @property
+    def _window_images(self) -> float:
+        """The images of the window the server's CPU covers (warm-up included), at the
+        measured rate."""
+        return self.images_per_s * (self.seconds + (self.warmup_s or 0.0))
 
     @property
     def cpu_ms_per_image_by_model(self) -> dict[str, float]:
@@ -52,8 +58,7 @@ class Phase:
         same window as images_per_cpu_s)."""
         if not self.server_cpu_by_model_s or self.warmup_s is None or not self.images_per_s:
             return {}
-        images = self.images_per_s * (self.seconds + self.warmup_s)
-        return {name: 1000 * seconds / images for name, seconds in self.server_cpu_by_model_s.items()}
+        return {name: 1000 * seconds / self._window_images for name, seconds in self.server_cpu_by_model_s.items()}
 
     def percentile_ms(self, q: float) -> float:
         return float(np.percentile(self.latencies_s, q)) * 1000 if self.latencies_s else float("nan")
