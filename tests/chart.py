@@ -141,7 +141,7 @@ def serve_rendered(
         )
     try:
         http = f"{LOOPBACK}:{flag(args, 'http-port')}"
-        ready = container["readinessProbe"]["httpGet"]["path"]
+        ready = "/v2/health/ready"  # what the pod's probes wait for first
         deadline = time.monotonic() + startup_timeout_s
         while http_status(f"http://{http}{ready}") != 200:
             assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]

@@ -117,7 +117,10 @@ def test_killed_stub_is_replaced_and_requests_succeed_again(triton, model):
     outside = [(round(done - killed, 2), ok) for done, ok in tally.times if done < killed or done > recovered + 1.0]
     assert all(ok for _, ok in outside), (outside, round(recovered - killed, 2), tally.failures)
     assert sum(ok for done, ok in tally.times if done > recovered + 1.0) >= 2
-    assert all("not healthy" in failure for failure in tally.failures), tally.failures
+    # In flight at the kill: Triton's "not healthy"; sent while the model is replaced
+    # (unloaded, then loaded): the ensemble is not there.
+    replacing = ("not healthy", "has no available versions", "is not at ready state", "is not found")
+    assert all(any(reason in failure for reason in replacing) for failure in tally.failures), tally.failures
 
 
 def test_a_stub_of_the_latest_load_that_dies_is_healed_each_time(triton):

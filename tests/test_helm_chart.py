@@ -51,6 +51,7 @@ from tritonstack.commands import serve
 from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL, is_video_model
 from tritonstack.samples.photos import PHOTOS, photo_bytes
 from tritonstack.serve.network import LOOPBACK, free_port
+from tritonstack.serve.process_tree import server_stubs
 from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
 from tritonstack.serve.server_config import SUMMARY_QUANTILES, ServerConfig, summary_metrics_flags
 from tritonstack.serve.supervision import Supervision
@@ -67,6 +68,8 @@ CRDS = {
 # Everything optional switched on, so that every template renders.
 EVERYTHING = ("locust.enabled=true", "metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true")
 HEALTH = {"livenessProbe": "/v2/health/live", "readinessProbe": "/v2/health/ready"}
+# With the warmup on (the default), readiness sends the sample (docs/reliability.md#readiness).
+SAMPLED = "readinessProbe"
 LOADTEST_FILES = ("__init__.py", "load_options.py", "locustfile.py", "users.py")
 
 
@@ -113,12 +116,16 @@ def test_every_object_matches_the_kubernetes_schemas(mode, sets):
 def test_probes_use_triton_health_endpoints_on_a_declared_port(mode):
     container = triton_container(render(mode))
     port_names = {port["name"] for port in container["ports"]}
+    unwarmed = triton_container(render(mode, "server.warmup.enabled=false"))
     for probe, path in HEALTH.items():
-        assert container[probe]["httpGet"] == {"path": path, "port": "http"}, probe
-    # The startup probe warms each ensemble over the same port (run against a server below).
+        assert unwarmed[probe]["httpGet"] == {"path": path, "port": "http"}, probe
+        if probe != SAMPLED:
+            assert container[probe]["httpGet"] == {"path": path, "port": "http"}, probe
+    # The startup and readiness probes send each ensemble the sample over the same port
+    # (run against a server below).
     url = f"--url=http://127.0.0.1:{flag(container['args'], 'http-port')}"
     assert url in container["startupProbe"]["exec"]["command"]
-    unwarmed = triton_container(render(mode, "server.warmup.enabled=false"))
+    assert url in container[SAMPLED]["exec"]["command"] and "--readiness" in container[SAMPLED]["exec"]["command"]
     assert unwarmed["startupProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert "http" in port_names
     assert int(flag(container["args"], "http-port")) == next(
@@ -501,11 +508,24 @@ def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_
     admin = (ref["name"], ref["key"])
     with serve_rendered(container, {admin: key}, tmp_path, repository=str(model_repository)) as served:
         base = f"http://{served.http_url}"
-        for probe in HEALTH:
-            assert http_status(base + container[probe]["httpGet"]["path"]) == 200, probe
+        for probe, path in HEALTH.items():
+            assert http_status(base + path) == 200, probe
         # The startup probe: each ensemble of server.models answers the sample once.
         warmed = run_probe(container["startupProbe"], objects, tmp_path / "pod")
         assert warmed.returncode == 0 and f"warmup: {DEFAULT_MODEL} answered" in warmed.stdout, warmed
+        # Readiness: ready while it answers; not while the DALI step's stubs are stopped
+        # (Triton's own /v2/health/ready still says 200 then), ready again once they go on.
+        assert run_probe(container[SAMPLED], objects, tmp_path / "pod").returncode == 0
+        stubs = [pid for pid, model in server_stubs(served.process.pid)[0].items() if model.startswith("preprocess_")]
+        for pid in stubs:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            hung = run_probe(container[SAMPLED], objects, tmp_path / "pod")
+            assert http_status(base + HEALTH[SAMPLED]) == 200
+        finally:
+            for pid in stubs:
+                os.kill(pid, signal.SIGCONT)
+        assert hung.returncode == 1 and "not healthy" in hung.stderr, hung
         stats = json.loads(_get(f"{base}/v2/models/{DEFAULT_MODEL}/stats", {"tritonstack-admin-key": key}))
         assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) >= 1
         # The latency summaries the dashboard and alerts read, with the chart's quantiles.

@@ -41,7 +41,7 @@ def check_free_ports(host: str, ports: dict[str, int]) -> None:
         if port_in_use(host, port):
             raise cli.UsageError(
                 f"port {port} on {host} is in use (another server?): stop it, or choose "
-                f"another with {option} (make serve HTTP_PORT=9000 GRPC_PORT=9001 METRICS_PORT=9002)"
+                f"another with {option} (make serve HTTP_PORT=9000 GRPC_PORT=9001 METRICS_PORT=9002 HEALTH_PORT=9003)"
             )
 
 
@@ -86,11 +86,12 @@ def run(args: argparse.Namespace) -> int:
         config = server_config(args)
     except ValueError as error:  # a setting the config refuses (e.g. --trace-otlp without http://)
         raise cli.UsageError(str(error)) from error
+    policies = supervision(args)
+    ports = {"--http-port": config.http_port, "--grpc-port": config.grpc_port, "--metrics-port": config.metrics_port}
     check_free_ports(
-        config.host,
-        {"--http-port": config.http_port, "--grpc-port": config.grpc_port, "--metrics-port": config.metrics_port},
+        config.host, {**ports, **({"--health-port": policies.health_port} if policies.health_port else {})}
     )
-    server = TritonServer(config, supervision(args), environment=STUB_ENVIRONMENT if args.compact_memory else None)
+    server = TritonServer(config, policies, environment=STUB_ENVIRONMENT if args.compact_memory else None)
     try:
         server.check_repository()  # before anything else is said: one line, exit 2
     except UnservableRepository as error:
@@ -108,10 +109,11 @@ def run(args: argparse.Namespace) -> int:
         with open(server.log_path, errors="replace") as log:
             print(log.read(), end="", flush=True)
             LOGGER.info(
-                "ready: HTTP %s, gRPC %s, metrics %s (Ctrl-C to stop)",
+                "ready: HTTP %s, gRPC %s, metrics %s%s (Ctrl-C to stop)",
                 server.http_url,
                 server.grpc_url,
                 server.metrics_url,
+                f", readiness {server.health.url}/ready" if server.health else "",
             )
             while server.process.poll() is None or _restarting(server):
                 print(log.read(), end="", flush=True)  # follow the server's log, restarts included

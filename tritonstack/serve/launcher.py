@@ -37,11 +37,13 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import tritonclient.http
 from tritonclient.utils import InferenceServerException
 
 from tritonstack.backends.settings import VARIABLES, BackendSettings, backend_config, stub_defaults
 from tritonstack.rules.unbuilt import shell_unsafe_reason, unservable_reason
 from tritonstack.serve import process, server_log
+from tritonstack.serve.hangs import HangDetector, pending_requests
 from tritonstack.serve.install import TritonInstall
 from tritonstack.serve.layout import REPOSITORY_LAYOUT, describe_layouts, read_cores, step_layouts
 from tritonstack.serve.layout import overridden as layout_overridden
@@ -50,11 +52,12 @@ from tritonstack.serve.loaded import load_overrides, loaded_configs
 from tritonstack.serve.network import is_loopback
 from tritonstack.serve.priority import front_steps, lower_priority
 from tritonstack.serve.queue_ceilings import overridden as objective_overridden
+from tritonstack.serve.readiness import HealthEndpoint
 from tritonstack.serve.response_cache import cache_ensembles
 from tritonstack.serve.restart import ServerRestarter, describe_exit
 from tritonstack.serve.server_config import ServerConfig
 from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions, stub_regions
-from tritonstack.serve.supervision import StubSupervisor, Supervision, reload_model
+from tritonstack.serve.supervision import StubSupervisor, Supervision, reload_model, unload_for_good
 from tritonstack.serve.warmup import warm_ensembles
 
 LOGGER = logging.getLogger("tritonstack.serve")
@@ -88,6 +91,7 @@ class TritonServer:
         self.process = None
         self.supervisor: StubSupervisor | None = None
         self.restarter: ServerRestarter | None = None
+        self.health: HealthEndpoint | None = None  # the launcher's /ready and /live
         # Called with the server after every start that became ready, restarts included.
         self.on_ready: list[Callable[[TritonServer], None]] = []
         # The configs of the models READY at the last start, read once for the cache,
@@ -167,12 +171,14 @@ class TritonServer:
         if self.supervision.stubs and _supervise_stubs not in self.on_ready:
             self.on_ready.append(_supervise_stubs)
         try:
+            if self.supervision.health_port is not None:  # answers "not ready" while it starts
+                self.health = HealthEndpoint(self, self.config.host, self.supervision.health_port).start()
             self._first_launch()
         except BaseException:
             self.stop()
             raise
         if self.supervision.restart:
-            self.restarter = ServerRestarter(self, self.relaunch)
+            self.restarter = ServerRestarter(self, self.relaunch, hang_s=self.supervision.server_hang_s or None)
             self.restarter.start()
         return self
 
@@ -293,8 +299,14 @@ class TritonServer:
         self.launch()
 
     def is_ready(self) -> bool:
+        return self._health("ready")
+
+    def is_live(self) -> bool:
+        return self._health("live")
+
+    def _health(self, endpoint: str, timeout_s: float = 2.0) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as response:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/{endpoint}", timeout=timeout_s) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
@@ -321,6 +333,9 @@ class TritonServer:
             if self.process.poll() is None:  # a relaunch was under way
                 process.kill_group(self.process)
         remove_orphaned_stub_regions(existing_before=self._regions_before)
+        if self.health is not None:
+            self.health.stop()
+            self.health = None
         if self.config.local_repository is not None:
             _remove_new_bytecode(self.config.local_repository, self._bytecode_before)
         if self._workdir is not None:
@@ -349,11 +364,20 @@ def _supervise_stubs(server: TritonServer) -> None:
         if model in front:
             lower_priority(pid, supervision.front_nice)
 
+    def unload(model: str, stub_pids) -> None:
+        with tritonclient.http.InferenceServerClient(server.http_url, network_timeout=120) as client:
+            unload_for_good(client, server.admin_headers("http"), model, stub_pids)
+
+    hangs = None
+    if supervision.hangs is not None and server.config.metrics_port:
+        hangs = HangDetector(supervision.hangs, functools.partial(pending_requests, server.metrics_url))
     server.supervisor = StubSupervisor(
         server.process.pid,
         reload if server.config.explicit_model_control else None,
         on_new_stub=on_new_stub,
         recycle=supervision.recycle,
+        hangs=hangs,
+        unload=unload,
     )
     server.supervisor.start()
 

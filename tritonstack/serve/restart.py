@@ -10,6 +10,11 @@ backoff (tenacity), a bounded number of attempts per death, and a bounded number
 deaths per window, so that a server that crashes at every start is given up on
 (`gave_up` is set) instead of looping forever.
 
+A tritonserver that lives but hangs (SIGSTOP, a deadlock: its health endpoint and every
+request time out) is treated as dead: when `/v2/health/live` has not answered for
+`hang_s`, the restarter kills its process group and starts it again the same way,
+within the same bounds (systemd's watchdog, for a server that has none of its own).
+
 In Kubernetes the liveness probe plays this role for the pod; this is for
 `make serve`, tests and any host without an orchestrator.
 """
@@ -23,6 +28,8 @@ import time
 from collections.abc import Callable
 
 import tenacity
+
+from tritonstack.serve import process
 
 LOGGER = logging.getLogger("tritonstack.serve")
 
@@ -52,6 +59,8 @@ class ServerRestarter(threading.Thread):
         max_deaths: int = 10,
         window_s: float = 600.0,
         poll_s: float = 0.2,
+        hang_s: float | None = None,
+        live_every_s: float = 1.0,
     ):
         super().__init__(name="server-restarter", daemon=True)
         self.server = server
@@ -62,9 +71,12 @@ class ServerRestarter(threading.Thread):
         self.max_deaths = max_deaths
         self.window_s = window_s
         self.poll_s = poll_s
+        self.hang_s = hang_s  # None: a hang is not watched for
+        self.live_every_s = live_every_s
         self.deaths: list[tuple[float, str]] = []  # (time.monotonic(), cause)
         self.restarts: list[float] = []
         self.gave_up = threading.Event()
+        self.restarting = threading.Event()  # from a death (or hang) until it serves again
         self._stopping = threading.Event()
 
     @property
@@ -77,18 +89,50 @@ class ServerRestarter(threading.Thread):
             self.join(timeout=timeout)
 
     def run(self) -> None:
+        self._unanswered_since: float | None = None
+        self._next_check = 0.0
         while not self._stopping.wait(self.poll_s):
             returncode = self.server.process.poll()
-            if returncode is None or self._stopping.is_set():
+            if self._stopping.is_set():
                 continue
-            cause = describe_exit(returncode)
+            if returncode is not None:
+                cause = describe_exit(returncode)
+                LOGGER.error(
+                    "tritonserver died while it should run (%s); its last log lines:\n%s",
+                    cause,
+                    self.server.log_errors(),
+                )
+            else:
+                cause = self._hang()
+                if cause is None:
+                    continue
+                LOGGER.error("tritonserver hangs (%s): killing it", cause)
+                process.kill_group(self.server.process)
             self.deaths.append((time.monotonic(), cause))
-            LOGGER.error(
-                "tritonserver died while it should run (%s); its last log lines:\n%s", cause, self.server.log_errors()
-            )
-            if not self._restart():
-                self.gave_up.set()
-                return
+            self.restarting.set()
+            try:
+                if not self._restart():
+                    self.gave_up.set()
+                    return
+            finally:
+                self.restarting.clear()
+
+    def _hang(self) -> str | None:
+        """Why the live server counts as hung, or None: its liveness answered within
+        `hang_s` (checked every `live_every_s`)."""
+        now = time.monotonic()
+        if self.hang_s is None or now < self._next_check:
+            return None
+        self._next_check = now + self.live_every_s
+        if self.server.is_live():
+            self._unanswered_since = None
+            return None
+        self._unanswered_since = self._unanswered_since or now
+        silent_s = time.monotonic() - self._unanswered_since
+        if silent_s < self.hang_s:
+            return None
+        self._unanswered_since = None
+        return f"/v2/health/live unanswered for {silent_s:.0f} s"
 
     def _restart(self) -> bool:
         recent = [at for at, _ in self.deaths if at > time.monotonic() - self.window_s]

@@ -27,15 +27,28 @@ its settled size (its smallest RSS while idle) for `hold_s`: a new stub replaces
 and the old one's memory goes back to the system. Requests keep being served by the
 old instance until the new one is ready (Triton swaps them), so ordinary traffic
 flowing all along is not interrupted (tests/test_burst_memory.py).
+
+A stub can also hang: alive, making no progress (tritonstack.serve.hangs finds it).
+A hung or dead stub's model is *replaced*, not reloaded in place: its stubs are
+killed, the model unloaded (Triton unloads the ensembles that use it with it), then
+loaded again with its own config and a reload mark, and the ensembles with theirs. In
+place, the old instances would keep taking requests until the new ones are ready and
+answer each with HTTP 500 "Stub process ... is not healthy"; unloaded, the ensemble
+answers "has no available versions" at once (HTTP 404, gRPC NOT_FOUND) for the two or
+three seconds the load takes, and the launcher's readiness says why
+(tritonstack.serve.readiness). Replacements are bounded per model (HangPolicy's restart
+intensity): one that keeps hanging or dying is left unloaded and reported.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import psutil
@@ -43,7 +56,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tritonstack import cli
+from tritonstack.serve.hangs import Hang, HangDetector, HangPolicy, RestartIntensity, resume
 from tritonstack.serve.limits import MemoryLimits
+from tritonstack.serve.loaded import loaded_configs
 from tritonstack.serve.process_tree import server_stubs
 
 LOGGER = logging.getLogger("tritonstack.serve")
@@ -57,11 +72,17 @@ def reload_model(
     model: str,
     reason: str = "its stub died",
     newer_stubs: int | None = None,
+    *,
+    in_place: bool = False,
+    kill: Collection[int] = (),
 ) -> bool:
     """Load a READY model again with its own config and a reload mark (with_reload_mark),
-    which makes Triton load it afresh. False when it was not ours to reload: with
-    `newer_stubs` (the model's live stubs started after the one that ended), also when
-    they are as many as its instances (a load since replaced the one that ended)."""
+    which makes Triton load it afresh: `in_place`, beside the old instances (they serve
+    until the new ones are ready: for a stub that is well but grew); else replaced
+    (replace_model: for a dead or hung stub; `kill`: its stubs). False when it was not
+    ours to reload: with `newer_stubs` (the model's live stubs started after the one
+    that ended), also when they are as many as its instances (a load since replaced the
+    one that ended)."""
     client = httpclient.InferenceServerClient(http_url, network_timeout=120)
     try:
         if not client.is_model_ready(model):
@@ -71,14 +92,58 @@ def reload_model(
         if newer_stubs is not None and instances is not None and newer_stubs >= instances:
             LOGGER.info("model %s: a stub of an earlier load ended; its %d instance(s) run", model, instances)
             return False
-        LOGGER.warning("model %s: %s: reloading the model", model, reason)
-        client.load_model(model, config=json.dumps(with_reload_mark(config)), headers=admin_headers)
+        LOGGER.warning("model %s: %s: %s the model", model, reason, "reloading" if in_place else "replacing")
+        if in_place:
+            client.load_model(model, config=json.dumps(with_reload_mark(config)), headers=admin_headers)
+        else:
+            replace_model(client, loaded_configs(http_url, admin_headers), admin_headers, config, kill)
         return True
     except (InferenceServerException, OSError) as error:
         LOGGER.error("reloading model %s failed: %s", model, error)
         return False
     finally:
         client.close()
+
+
+def replace_model(
+    client: httpclient.InferenceServerClient,
+    loaded: list[dict],
+    admin_headers: dict[str, str],
+    config: dict,
+    kill: Collection[int],
+) -> None:
+    """Kill `kill`, unload the model of `config`, load it again with that config and a
+    reload mark, then load each ensemble of `loaded` (the configs READY before) that used
+    it with its own config (overrides included) where Triton did not bring it back as
+    it was."""
+    model = config["name"]
+    ensembles = [other for other in loaded if other.get("platform") == "ensemble" and model in steps_of(other)]
+    kill_stubs(kill)
+    client.unload_model(model, headers=admin_headers)
+    client.load_model(model, config=json.dumps(with_reload_mark(config)), headers=admin_headers)
+    for ensemble in ensembles:
+        name = ensemble["name"]
+        if not client.is_model_ready(name) or client.get_model_config(name) != ensemble:
+            client.load_model(name, config=json.dumps(ensemble), headers=admin_headers)
+
+
+def unload_for_good(client: httpclient.InferenceServerClient, admin_headers: dict[str, str], model: str, kill) -> None:
+    """Kill `kill` and unload `model` (and so the ensembles that use it), to stay so."""
+    kill_stubs(kill)
+    client.unload_model(model, headers=admin_headers)
+
+
+def kill_stubs(pids: Collection[int]) -> None:
+    """SIGKILL, which also ends a stopped process: a hung stub answers nothing else."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def steps_of(ensemble: dict) -> set[str]:
+    return {step["model_name"] for step in ensemble.get("ensemble_scheduling", {}).get("step", [])}
 
 
 def with_reload_mark(config: dict) -> dict:
@@ -126,11 +191,22 @@ class Supervision:
     """What the launcher does for a server beyond starting it: policies of its own,
     not tritonserver's flags (those are tritonstack.serve.server_config.ServerConfig)."""
 
-    # Reload a model whose stub died (needs explicit model control, the launcher's default).
+    # Replace a model whose stub died (needs explicit model control, the launcher's default).
     stubs: bool = True
+    # Replace a model whose stub hangs (tritonstack.serve.hangs), within a restart
+    # intensity that applies to deaths too; None: deaths only, without a bound.
+    hangs: HangPolicy | None = cli.nested(HangPolicy, HangPolicy(), none_if=lambda policy: policy.stall_s <= 0)
     # Start tritonserver again on the same ports when it dies while it should run
     # (tritonstack.serve.restart).
     restart: bool = True
+    # ... or when its liveness has not answered for this long (a hang).
+    server_hang_s: float = cli.option(
+        10.0,
+        "--server-hang-s",
+        type=float,
+        help="restart tritonserver when /v2/health/live has not answered for this many seconds "
+        "(default: %(default)s; 0: only when it dies; docs/reliability.md#hangs)",
+    )
     # Replace a stub that idles far above its settled size after a burst; None: never.
     recycle: RecyclePolicy | None = cli.nested(
         RecyclePolicy, RecyclePolicy(), none_if=lambda policy: policy.above_mib <= 0
@@ -151,6 +227,15 @@ class Supervision:
         help="CPU priority (nice value) of the stubs of ensembles' first steps, for a server run with "
         "--no-pacing: under overload the backlog then waits before them, where it is refused (default: 0, "
         "as any other stub; docs/reliability.md#overload)",
+    )
+    # The launcher's own readiness and liveness (tritonstack.serve.readiness); None: not served.
+    health_port: int | None = cli.option(
+        None,
+        "--health-port",
+        type=int,
+        command_default=0,
+        help="serve the launcher's /ready and /live on this port (default: a free one, logged; "
+        "docs/reliability.md#readiness)",
     )
     # Before a start is called ready, each loaded ensemble answers a real sample
     # (tritonstack.serve.warmup), all within this many seconds.
@@ -199,9 +284,11 @@ class StubMemory:
 class StubSupervisor(threading.Thread):
     """Watches the stubs of the server process `server_pid`; calls `reload(model,
     reason, newer_stubs)` for a model whose stub died (reload_model's signature; None:
-    explicit model control is off, so it can only say so), `reload(model, reason)` for
-    one that, under `recycle`, grew and stayed grown; and
-    `on_new_stub(pid, model)` for each stub when first seen alive."""
+    explicit model control is off, so it can only say so), `reload(model, reason,
+    kill=pids)` for one whose stubs hang (found by `hangs`), `reload(model, reason,
+    in_place=True)` for one that, under `recycle`, grew and stayed grown; and
+    `on_new_stub(pid, model)` for each stub when first seen alive. `replacing` and
+    `given_up` (model -> reason) say what the readiness must not hide."""
 
     def __init__(
         self,
@@ -210,6 +297,8 @@ class StubSupervisor(threading.Thread):
         poll_s: float = 0.5,
         on_new_stub: Callable[[int, str], object] | None = None,
         recycle: RecyclePolicy | None = None,
+        hangs: HangDetector | None = None,
+        unload: Callable[[str, Collection[int]], object] | None = None,
     ):
         super().__init__(name="stub-supervisor", daemon=True)
         self.server_pid = server_pid
@@ -217,8 +306,14 @@ class StubSupervisor(threading.Thread):
         self.poll_s = poll_s
         self.on_new_stub = on_new_stub
         self.recycle = recycle if reload is not None else None
-        self.reloads: list[tuple[float, str]] = []  # (time.monotonic(), model)
+        self.hangs = hangs if reload is not None else None
+        self.unload = unload
+        self.intensity = RestartIntensity(hangs.policy) if self.hangs is not None else None
+        self.reloads: list[tuple[float, str]] = []  # (time.monotonic(), model): deaths
+        self.replaced_hangs: list[tuple[float, str, str]] = []  # (time.monotonic(), model, reason)
         self.recycles: list[tuple[float, str, float]] = []  # (time.monotonic(), model, MiB above settled)
+        self.replacing: dict[str, str] = {}
+        self.given_up: dict[str, str] = {}
         self._memory: dict[int, StubMemory] = {}
         self._stopping = threading.Event()
         # Seen now, before start() returns: a stub killed right after is still caught.
@@ -239,15 +334,54 @@ class StubSupervisor(threading.Thread):
             except psutil.NoSuchProcess:
                 return  # the server itself is gone: the launcher reports that
             self._seen(live)
+            replaced: set[str] = set()  # one replacement for all the stubs of a model that died together
             for pid in sorted(dead - handled):
                 handled.add(pid)
                 self._memory.pop(pid, None)
-                if pid in self._models and not self._stopping.is_set():
-                    self._stub_died(self._models[pid], self._newer_stubs(pid, live))
+                model = self._models.get(pid)
+                if model is not None and model not in replaced and not self._stopping.is_set():
+                    replaced.add(model)
+                    self._stub_died(model, self._newer_stubs(pid, live))
                 self._models.pop(pid, None)
                 self._start_times.pop(pid, None)
+            if self.hangs is not None and not self._stopping.is_set():
+                for model, hang in self.hangs.hung(live, time.monotonic()).items():
+                    self._replace_hung(model, hang, [pid for pid, name in live.items() if name == model])
             if self.recycle is not None:
                 self._recycle_grown(live)
+
+    def _replace_hung(self, model: str, hang: Hang, pids: list[int]) -> None:
+        if not self._within_intensity(model, hang.reason, pids):
+            return
+        self.replacing[model] = hang.reason
+        try:
+            if hang.stopped and resume(pids):
+                # Continued: the requests it held are answered; the old instances serve
+                # until the new ones are ready.
+                replaced = self.reload(model, f"{hang.reason} (continued)", in_place=True)
+            else:
+                replaced = self.reload(model, hang.reason, kill=pids)
+            if replaced:
+                self.replaced_hangs.append((time.monotonic(), model, hang.reason))
+        finally:
+            self.replacing.pop(model, None)
+
+    def _within_intensity(self, model: str, reason: str, pids: Collection[int]) -> bool:
+        """Whether `model` may be replaced once more; if not, it is unloaded and reported."""
+        if self.intensity is None or self.intensity.allow(model, time.monotonic()):
+            return True
+        policy = self.intensity.policy
+        LOGGER.error(
+            "model %s: %s, after %d replacements within %.0f s: unloading it for good (load it again to retry)",
+            model,
+            reason,
+            policy.replacements,
+            policy.window_s,
+        )
+        self.given_up[model] = f"{reason}; replaced {policy.replacements} times within {policy.window_s:.0f} s"
+        if self.unload is not None:
+            self.unload(model, pids)
+        return False
 
     def _seen(self, live: dict[int, str]) -> None:
         for pid in live.keys() - self._models.keys():
@@ -271,8 +405,15 @@ class StubSupervisor(threading.Thread):
                 "cannot be reloaded: restart the server",
                 model,
             )
-        elif self.reload(model, "its stub died", newer_stubs):
-            self.reloads.append((time.monotonic(), model))
+        else:
+            self.replacing[model] = "its stub died"
+            try:
+                # A stub of an earlier load (newer ones run) is no death to count.
+                counted = newer_stubs > 0 or self._within_intensity(model, "its stub died", ())
+                if counted and self.reload(model, "its stub died", newer_stubs):
+                    self.reloads.append((time.monotonic(), model))
+            finally:
+                self.replacing.pop(model, None)
 
     def _recycle_grown(self, live: dict[int, str]) -> None:
         now = time.monotonic()
@@ -291,5 +432,5 @@ class StubSupervisor(threading.Thread):
             reason = (
                 f"its stub has stayed {grown:.0f} MiB above its settled {memory.settled_mib:.0f} MiB for {held_s:.0f} s"
             )
-            if self.reload(model, reason):
+            if self.reload(model, reason, in_place=True):
                 self.recycles.append((now, model, grown))

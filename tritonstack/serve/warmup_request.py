@@ -11,6 +11,13 @@ carries this very file in a ConfigMap and runs it as the pod's startup probe in 
 NGC image, which has python3 but not our package: hence no import beyond the standard
 library. Exit codes: 0 every model answered, 1 the server is not ready yet or a model
 refused the sample (the probe tries again).
+
+With `--readiness` it is the chart's readiness probe: the sample goes at the default
+priority, and a refusal (HTTP 503: the queue ceilings of a busy server) counts as
+ready, since a server that refuses promptly is working; an error (HTTP 500: a step's
+stub that hangs or died, "Stub process ... is not healthy") or no answer within the
+timeout is not. A readiness that failed under overload would take every replica out
+of the Service at once.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ WARMUP_BOX = [0.0, 0.0, 1.0, 1.0]
 
 
 class WarmupFailed(RuntimeError):
-    pass
+    status: int | None = None  # the HTTP status, where the server answered
 
 
 def _post(url: str, body: dict, timeout_s: float) -> dict:
@@ -51,19 +58,33 @@ def _post(url: str, body: dict, timeout_s: float) -> dict:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as error:
-        raise WarmupFailed(f"HTTP {error.code}: {error.read().decode(errors='replace')[:300]}") from None
+        failed = WarmupFailed(f"HTTP {error.code}: {error.read().decode(errors='replace')[:300]}")
+        failed.status = error.code
+        raise failed from None
     except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
         raise WarmupFailed(str(error)) from None
 
 
-def send_sample(url: str, model: str, sample: bytes, timeout_s: float, input_name: str = INPUT_NAME) -> float:
+# The answer of a server that refused a request for now (a queue ceiling): busy, not broken.
+REFUSED_STATUS = 503
+
+
+def send_sample(
+    url: str,
+    model: str,
+    sample: bytes,
+    timeout_s: float,
+    input_name: str = INPUT_NAME,
+    priority: int | None = WARMUP_PRIORITY,
+) -> float:
     """Infer `sample` (one item of encoded bytes, an image, a clip or audio; with
-    WARMUP_BOX for a regions ensemble) on `model`; the seconds it took.
-    Raises WarmupFailed with the server's answer when it was refused."""
+    WARMUP_BOX for a regions ensemble) on `model` (`priority` None: the model's
+    default); the seconds it took. Raises WarmupFailed with the server's answer when
+    it was refused."""
     body = {
         "inputs": [{"name": input_name, "shape": [1, len(sample)], "datatype": "UINT8", "data": list(sample)}],
         "outputs": [{"name": "OUTPUT", "parameters": {"classification": 1}}],
-        "parameters": {"priority": WARMUP_PRIORITY},
+        "parameters": {} if priority is None else {"priority": priority},
     }
     if model.startswith(AUDIO_PREFIX):
         body["outputs"] = [{"name": SEGMENTS_NAME}]
@@ -73,7 +94,9 @@ def send_sample(url: str, model: str, sample: bytes, timeout_s: float, input_nam
     try:
         _post(f"{url.rstrip('/')}/v2/models/{model}/infer", body, timeout_s)
     except WarmupFailed as error:
-        raise WarmupFailed(f"{model}: {error}") from None
+        failed = WarmupFailed(f"{model}: {error}")
+        failed.status = error.status
+        raise failed from None
     return time.monotonic() - started
 
 
@@ -92,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         "--model", action="append", nargs=2, metavar=("NAME", "SAMPLE"), required=True, help="an ensemble, its sample"
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    parser.add_argument(
+        "--readiness", action="store_true", help="a readiness probe: default priority, a refusal (503) is ready"
+    )
     args = parser.parse_args(argv)
     if not is_ready(args.url):
         print("warmup: the server is not ready yet", file=sys.stderr)
@@ -100,8 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         with open(path, "rb") as sample:
             data = sample.read()
         try:
-            took = send_sample(args.url, model, data, args.timeout)
+            took = send_sample(
+                args.url, model, data, args.timeout, priority=None if args.readiness else WARMUP_PRIORITY
+            )
         except WarmupFailed as error:
+            if args.readiness and error.status == REFUSED_STATUS:
+                print(f"warmup: {model} refused the sample for now (busy): ready")
+                continue
             print(f"warmup: {error}", file=sys.stderr)
             return 1
         print(f"warmup: {model} answered in {took:.2f} s")
