@@ -1,0 +1,142 @@
+"""The classifier's batch from its cost curve on this machine, not a constant.
+
+Under a backlog, Triton's dynamic batcher forms the classifier's preferred batch
+(`preferred_batch_size`: the build writes 8). What a batch costs per image depends on
+the CPU: ONNX Runtime on one thread ran EfficientNet-Lite0 at 9.4 / 8.9 / 9.0 / 9.4 ms an
+image at batch 1 / 2 / 4 / 8 on a Zen 4 EPYC, and 4.9 / 4.7 / 4.8 / 5.5 on a Zen 5 one,
+where a batch of 8 cost 17 % more per image than one of 2 (docs/performance.md).
+
+So with `--layout cores` (the default) the launcher times each classifier step's ONNX
+file in this process at batches 1 to 8, with the threads the layout gives an instance,
+before any traffic, and prefers the largest batch within `TOLERANCE` of the cheapest
+per image (a larger batch hands on a backlog in fewer runs). A curve is kept in the
+user's cache folder, keyed by the file's content, the threads, the CPU model and the
+ONNX Runtime release: measured once a machine, it costs about a second a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from tritonstack.repository_files import latest_version_dir
+
+LOGGER = logging.getLogger("tritonstack.serve")
+SIZES = (1, 2, 4, 8)
+REPEATS = 5
+# Timing noise on a shared machine is a few per cent: within this of the cheapest, the
+# larger batch is taken.
+TOLERANCE = 0.05
+CACHE_ENV = "TRITONSTACK_CACHE"
+
+
+def cost_curve(onnx_path: Path, threads: int, sizes=SIZES, repeats: int = REPEATS) -> dict[int, float]:
+    """Milliseconds per image at each batch size: the fastest of `repeats` timed runs
+    (on a shared machine noise only adds), after one untimed run a size (its arena,
+    its kernels' first choice)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the backend runs it
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    (model_input,) = session.get_inputs()
+    item_shape = [dim if isinstance(dim, int) else 1 for dim in model_input.shape[1:]]
+    rng = np.random.default_rng(0)
+    curve = {}
+    for size in sizes:
+        batch = {model_input.name: rng.standard_normal((size, *item_shape), dtype=np.float32)}
+        session.run(None, batch)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            session.run(None, batch)
+            times.append(time.perf_counter() - started)
+        curve[size] = 1000 * min(times) / size
+    return curve
+
+
+def chosen_batch(curve: dict[int, float], tolerance: float = TOLERANCE) -> int:
+    """The largest batch whose cost per image is within `tolerance` of the cheapest."""
+    cheapest = min(curve.values())
+    return max(size for size, ms in curve.items() if ms <= cheapest * (1 + tolerance))
+
+
+def cache_path() -> Path:
+    root = os.environ.get(CACHE_ENV) or os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "tritonstack" / "batch_cost.json"
+
+
+def cached_curve(onnx_path: Path, threads: int, cache: Path | None = None) -> dict[int, float]:
+    """cost_curve, read from `cache` when this file, threads, CPU and ONNX Runtime were
+    measured before; measured and written there otherwise (an unwritable cache only
+    costs the measurement next time)."""
+    cache = cache or cache_path()
+    digest = hashlib.sha256(onnx_path.read_bytes()).hexdigest()
+    key = f"{digest}:{threads}:{_cpu_model()}:{ort.__version__}"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return {int(size): ms for size, ms in known[key].items()}
+    curve = cost_curve(onnx_path, threads)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        written = cache.with_suffix(f".{os.getpid()}.tmp")
+        written.write_text(json.dumps({**known, key: curve}, indent=1))
+        os.replace(written, cache)  # whole or not at all, for a launcher reading it beside
+    except OSError as error:
+        LOGGER.info("batch cost curve not cached (%s)", error)
+    return curve
+
+
+def _cpu_model() -> str:
+    """The CPU as the kernel names it: a VM may call two generations "AMD EPYC", so its
+    family, model and a digest of its flags (AVX-512 and the like) are part of it."""
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = hashlib.sha256(fields.get("flags", "").encode()).hexdigest()[:12]
+    name, family, model = (fields.get(key, "?") for key in ("model name", "cpu family", "model"))
+    return f"{name} family {family} model {model} {flags}"
+
+
+def with_measured_batch(config: dict, repository: Path, threads: int) -> dict:
+    """A classifier step's `config` with the preferred batch its cost curve chooses;
+    unchanged where the build set none (a GPU's, `--classifier-batch 0`) or the ONNX
+    file is not in `repository`."""
+    batching = config.get("dynamic_batching", {})
+    preferred = [int(size) for size in batching.get("preferred_batch_size", [])]
+    max_batch = int(config.get("max_batch_size", 0))
+    model_dir = repository / config["name"]
+    if not preferred or max_batch <= 1 or not model_dir.is_dir():
+        return config
+    onnx_path = latest_version_dir(model_dir) / config.get("default_model_filename", "model.onnx")
+    if not onnx_path.is_file():
+        return config
+    try:
+        curve = cached_curve(onnx_path, threads)
+    except (ValueError, RuntimeError, ort.capi.onnxruntime_pybind11_state.Fail) as error:
+        # Not one batched FP32 input (an audio step's frames and state): the build's batch stays.
+        LOGGER.info("%s: no batch cost curve (%s): preferred batch %s", config["name"], error, preferred)
+        return config
+    batch = min(chosen_batch({size: ms for size, ms in curve.items() if size <= max_batch}), max_batch)
+    LOGGER.info(
+        "%s: %s ms an image at batch %s on %d thread(s): preferred batch %d",
+        config["name"],
+        " / ".join(f"{ms:.1f}" for ms in curve.values()),
+        " / ".join(map(str, curve)),
+        threads,
+        batch,
+    )
+    return config | {"dynamic_batching": batching | {"preferred_batch_size": [batch]}}
