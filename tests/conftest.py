@@ -13,11 +13,21 @@ from filelock import FileLock
 from tritonstack.build.audio import AUDIO_PRESETS
 from tritonstack.build.presets import BuildOptions
 from tritonstack.build.repository import write_repository
+from tritonstack.serve import batch_cost
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def batch_cost_cache(tmp_path_factory):
+    """The classifiers' batch cost curves (tritonstack.serve.batch_cost) measured once for
+    the run, shared by its workers and the servers they start, not in the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(batch_cost.CACHE_ENV, str(tmp_path_factory.getbasetemp().parent / "cache"))
+        yield
 
 
 @pytest.fixture(scope="session")
