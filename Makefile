@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 # tests wait on a server, so two overlap even on 2 cores (docs/architecture.md#where-the-tests-live).
 PYTEST_WORKERS ?= 2
 
-.PHONY: install build demo serve test lint check clean chromium loadtest loadtest-distributed benchmark soak overload-soak tools upload-repository
+.PHONY: install build demo serve test lint check clean chromium loadtest loadtest-distributed benchmark soak overload-soak tools upload-repository image image-test
 
 # Every extra of pyproject.toml (client, serve, build, loadtest, test), each version
 # pinned in constraints.txt.
@@ -81,6 +81,19 @@ lint: $(INSTALLED)
 test: $(SETUP) tools chromium lint
 	$(TS) check $(MODEL_REPOSITORY)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The CPU serving image (deploy/image: Debian base by debootstrap, tritonserver from the
+# nvidia-pytriton wheel, our backends, the built repository baked in), then the image run
+# for real under --cpus 1 --memory 2g (tests/image_checks.py). Both start Debian's Docker
+# engine where none answers (installed as root where absent): docs/operations.md#in-a-container.
+IMAGE_TAG ?= tritonstack-cpu:latest
+
+image: $(SETUP) $(INSTALLED)
+	$(PY) deploy/image/engine.py
+	$(PY) deploy/image/build.py --repository $(MODEL_REPOSITORY) --tag $(IMAGE_TAG)
+
+image-test: image
+	TRITONSTACK_IMAGE=$(IMAGE_TAG) $(PY) -m pytest -p no:cacheprovider -v tests/image_checks.py
 
 # Upload a built repository (make build, or a --device gpu build) to object storage
 # for Triton's --model-repository=s3://..., after the offline check passes.

@@ -289,6 +289,8 @@ MIRRORED = {
 SUPERVISION = "the launcher's supervision, which the pod does not run"
 NOT_MIRRORED = {
     "--model-repository": "the chart's own: S3 or the claim's mount path",
+    "--models": "server.models, loaded by name (--load-model) with the default ensemble as its default, where "
+    "the launcher loads every model unless told",
     "--host": "the pod binds every interface (test_server_binds_every_interface_and_drains_before_the_kill)",
     "--open-apis": "the chart always restricts them (test_admin_apis_are_restricted_with_the_key_from_a_secret)",
     "--max-input-bytes": "told to our backends; the NGC image runs NVIDIA's C++ backends",

@@ -55,7 +55,7 @@ from tritonstack.serve.layout import (
     step_layouts,
 )
 from tritonstack.serve.layout import overridden as layout_overridden
-from tritonstack.serve.limits import gpu_models, has_nvidia_devices, limit_address_space
+from tritonstack.serve.limits import gpu_models, has_nvidia_devices, limit_address_space, memory_share_bytes
 from tritonstack.serve.loaded import differs, ensemble_steps, load_overrides, loaded_configs
 from tritonstack.serve.network import is_loopback
 from tritonstack.serve.priority import front_steps, lower_priority
@@ -64,6 +64,7 @@ from tritonstack.serve.readiness import HealthEndpoint
 from tritonstack.serve.response_cache import cache_ensembles
 from tritonstack.serve.restart import ServerRestarter, describe_exit
 from tritonstack.serve.server_config import ServerConfig
+from tritonstack.serve.shm_budget import shm_shortfall, stubs_by_model
 from tritonstack.serve.shm_cleanup import remove_orphaned_stub_regions, stub_regions
 from tritonstack.serve.supervision import StubSupervisor, Supervision, reload_model, unload_for_good
 from tritonstack.serve.warmup import warm_ensembles
@@ -100,6 +101,8 @@ class TritonServer:
         self.supervisor: StubSupervisor | None = None
         self.restarter: ServerRestarter | None = None
         self.health: HealthEndpoint | None = None  # the launcher's /ready and /live
+        # Set once a launch has loaded, laid out, warmed and supervised the models.
+        self.started = threading.Event()
         # Called with the server after every start that became ready, restarts included.
         self.on_ready: list[Callable[[TritonServer], None]] = []
         # The configs of the models READY at the last start, read once for the cache,
@@ -160,9 +163,14 @@ class TritonServer:
         repository = self.config.local_repository
         if repository is None:
             return  # object storage: Triton says what is wrong with it
-        reason = unservable_reason(repository) or shell_unsafe_reason(repository)
+        reason = unservable_reason(repository) or shell_unsafe_reason(repository) or self._shm_shortfall(repository)
         if reason:
             raise UnservableRepository(reason)
+
+    def _shm_shortfall(self, repository: Path) -> str | None:
+        layout = self.config.layout != REPOSITORY_LAYOUT and self.config.explicit_model_control
+        at_least = {backend: step.instances for backend, step in step_layouts(read_cores().usable).items()}
+        return shm_shortfall(stubs_by_model(repository, self.config.models, at_least if layout else None))
 
     def start(self) -> TritonServer:
         self.check_repository()
@@ -208,7 +216,7 @@ class TritonServer:
             # Triton's copy of a remote repository is a temporary folder nobody is told of.
             repository=self.config.local_repository or tuned.repository,
             dali_backend_config=backend_config(self.config.extra_args, "dali") or tuned.dali_backend_config,
-            stub_memory_bytes=limits.stub_bytes if limits else tuned.stub_memory_bytes,
+            stub_memory_bytes=memory_share_bytes(limits) if limits else tuned.stub_memory_bytes,
         )
 
     def _first_launch(self) -> None:
@@ -230,6 +238,7 @@ class TritonServer:
         """Spawn tritonserver (its log appended to), wait until it is ready, turn the
         ensembles' response cache on when the server has a cache, send each ensemble a
         real sample (the warmup), then call the on_ready callbacks."""
+        self.started.clear()
         self.process = process.spawn(self.command(self._backends), self.server_environment(), self.log_path)
         limits = self.supervision.memory_limits
         if limits and has_nvidia_devices():
@@ -249,6 +258,7 @@ class TritonServer:
             LOGGER.info(warm_ensembles(self.http_url, self.loaded, self.supervision.warmup_s).summary())
         for callback in self.on_ready:
             callback(self)
+        self.started.set()
 
     def _apply_overrides(self) -> None:
         """The layout for these cores and the latency objective, applied at load as config

@@ -40,8 +40,39 @@ LOGGER = logging.getLogger("tritonstack.serve")
 GiB = 1 << 30
 
 
-def physical_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+# Where a container's own cgroup is mounted (in its cgroup namespace).
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# cgroup v1 writes "no limit" as a page-rounded 2**63 - 1.
+NO_LIMIT_ABOVE = 1 << 60
+
+
+def physical_memory_bytes(cgroup_root: Path = CGROUP_ROOT) -> int:
+    """The machine's memory, or the container's memory limit where that is lower (a
+    Docker --memory, a Kubernetes pod's limit: /proc/meminfo shows the host's)."""
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = cgroup_memory_limit(cgroup_root)
+    return min(machine, limit) if limit else machine
+
+
+def cgroup_memory_limit(root: Path = CGROUP_ROOT) -> int | None:
+    """v2's memory.max, else v1's memory.limit_in_bytes; None: no limit, or none readable."""
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max" or not text.isdigit() or int(text) >= NO_LIMIT_ABOVE:
+            return None
+        return int(text)
+    return None
+
+
+def memory_share_bytes(limits: "MemoryLimits") -> int:
+    """What one stub may count on using, for the backends' decode budgets: a quarter of
+    the memory (the container's where it has a limit), never above its ceiling. The
+    ceiling itself keeps its floor (address space counts reservations); the share does
+    not, so a 2 GiB container decodes at most what 512 MiB holds at a time."""
+    return min(limits.stub_bytes, physical_memory_bytes() // 4)
 
 
 @dataclass(frozen=True)

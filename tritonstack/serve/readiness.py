@@ -8,7 +8,8 @@ server traffic it can only fail. The launcher knows more, and answers:
     GET /ready  200 {"ready": true}  |  503 {"ready": false, "reason": "..."}
     GET /live   200 unless the launcher gave up restarting tritonserver (then 503)
 
-Ready means: tritonserver runs and is not being restarted, its own readiness answers
+Ready means: the launcher has started tritonserver (models loaded, laid out, warmed),
+it runs and is not being restarted, its own readiness answers
 200 within a second, no model is being replaced or was given up on by the supervisor
 (tritonstack.serve.supervision), and every ensemble READY at the last start is READY
 now. Each GET asks the server afresh (two small requests); nothing is cached.
@@ -36,6 +37,8 @@ def not_ready_reason(server) -> str | None:
         return "tritonserver is being restarted"
     if server.process is None or server.process.poll() is not None:
         return "tritonserver is not running"
+    if not server.started.is_set():
+        return "starting: loading the models, laying them out, warming the ensembles"
     supervisor = server.supervisor
     if supervisor is not None:
         for model, reason in {**supervisor.given_up, **supervisor.replacing}.items():

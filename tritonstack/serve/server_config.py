@@ -87,6 +87,16 @@ class ServerConfig:
         help="a local folder, or s3://[host:port/]bucket/path fetched by Triton",
     )
     host: str = cli.option(LOOPBACK, "--host", help="address to bind (default: loopback only)")
+    # The models loaded at start (Triton's --load-model, an ensemble with its steps); (): all.
+    models: tuple[str, ...] = cli.option(
+        (),
+        "--models",
+        nargs="+",
+        metavar="NAME",
+        convert=tuple,
+        help="load only these models, an ensemble with its steps (default: every model of the repository; "
+        "docs/operations.md#memory-a-preset-holds)",
+    )
     # 0: a free port, chosen when the config is made; the command's are Triton's usual ones.
     http_port: int = cli.option(0, "--http-port", type=cli.positive_int, command_default=8000)
     grpc_port: int = cli.option(0, "--grpc-port", type=cli.positive_int, command_default=8001)
@@ -249,7 +259,8 @@ class ServerConfig:
     def args(self, backend_directory: Path, supports: Callable[[str], bool]) -> list[str]:
         """tritonserver's command line after the binary; `supports(flag)` says whether
         this tritonserver knows a flag that only newer releases have."""
-        model_control = [EXPLICIT_MODEL_CONTROL, "--load-model=*"] if self.owns_model_control else []
+        loaded = [f"--load-model={name}" for name in self.models] or ["--load-model=*"]
+        model_control = [EXPLICIT_MODEL_CONTROL, *loaded] if self.owns_model_control else []
         return [
             f"--model-repository={self.model_repository}",
             f"--backend-directory={backend_directory}",
