@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,7 +54,7 @@ from tritonstack.samples.photos import PHOTOS, photo_bytes
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.process_tree import server_stubs
 from tritonstack.serve.security import RESTRICTED_APIS, restriction_flags
-from tritonstack.serve.server_config import SUMMARY_QUANTILES, ServerConfig, summary_metrics_flags
+from tritonstack.serve.server_config import SUMMARY_QUANTILES, ServerConfig, otlp_trace_flags, summary_metrics_flags
 from tritonstack.serve.supervision import Supervision
 
 KUBERNETES_VERSION = "1.33.0"
@@ -566,3 +567,72 @@ def test_values_schema_refuses_what_the_chart_cannot_serve(setting):
         setting,
         done.stderr[-500:],
     )
+
+
+# --- cpu-image mode: our CPU image (deploy/image) running `tritonstack serve` ---
+
+IMAGE_MODE = "cpu-image"
+
+
+@pytest.mark.parametrize("sets", [(), EVERYTHING], ids=["defaults", "everything"])
+def test_the_image_mode_matches_the_kubernetes_schemas_and_lints(sets):
+    helm("lint", "--strict", str(CHART), "-f", str(CHART / f"values-{IMAGE_MODE}.yaml"))
+    for obj in render(IMAGE_MODE, *sets):
+        if (obj["apiVersion"], obj["kind"]) not in CRDS:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_image_mode_runs_the_launcher_and_probes_its_readiness():
+    """`tritonstack serve` with the chart's values as its flags (the same ServerConfig the
+    command builds), the launcher's /ready and /live as probes, the baked repository."""
+    objects = render(IMAGE_MODE, "tracing.otlpEndpoint=" + TRACES, "server.responseCache.sizeMegabytes=64")
+    container = triton_container(objects)
+    assert container["command"] == ["tritonstack", "serve"]
+    args = serve.parser().parse_args(container["args"])
+    config = serve.server_config(args)
+    assert (str(config.model_repository), config.host, config.models) == ("/models", "0.0.0.0", (DEFAULT_MODEL,))
+    rendered = config.args(Path("backends"), lambda flag: False)
+    assert set(otlp_trace_flags(TRACES)) <= set(rendered) and config.response_cache_bytes == 64 << 20
+    health = next(p["containerPort"] for p in container["ports"] if p["name"] == "health")
+    assert serve.supervision(args).health_port == health
+    probes = {name: container[name]["httpGet"] for name in ("startupProbe", "readinessProbe", "livenessProbe")}
+    assert probes == {
+        "startupProbe": {"path": "/ready", "port": "health"},
+        "readinessProbe": {"path": "/ready", "port": "health"},
+        "livenessProbe": {"path": "/live", "port": "health"},
+    }
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert {volume["name"] for volume in pod["volumes"]} == {"shm", "tmp"}  # no claim: the image holds it
+    assert not [o for o in objects if o["kind"] in ("PersistentVolumeClaim", "ConfigMap") and "warmup" in str(o)]
+
+
+def test_the_image_modes_command_serves_here_as_rendered(model_repository, tmp_path):
+    """The rendered command run here (the built repository for the image's /models,
+    loopback for 0.0.0.0): ready on its health port, photos classified, SIGTERM drains."""
+    ports = {kind: free_port(LOOPBACK) for kind in ("http", "grpc", "metrics", "health")}
+    container = triton_container(render(IMAGE_MODE, *(f"server.ports.{kind}={port}" for kind, port in ports.items())))
+    args = [
+        arg.replace("=/models", f"={model_repository}").replace("=0.0.0.0", f"={LOOPBACK}") for arg in container["args"]
+    ]
+    key = secrets.token_hex(8)
+    environment = {**_base_env(), ADMIN_KEY_ENV: key}
+    launcher = shutil.which("tritonstack", path=str(Path(sys.executable).parent))
+    with open(tmp_path / "serve.log", "w") as log:
+        process = subprocess.Popen(
+            [launcher, "serve", *args], env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        ready = f"http://{LOOPBACK}:{ports['health']}/ready"
+        deadline = time.monotonic() + 180
+        while http_status(ready) != 200:
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
+            time.sleep(0.5)
+        assert http_status(f"http://{LOOPBACK}:{ports['health']}/live") == 200
+        with ClassifierClient(f"{LOOPBACK}:{ports['grpc']}", "grpc") as client:
+            assert client.classify([photo_bytes("coffee.png")], top_k=1)[0][0].label in PHOTOS["coffee.png"]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -38,6 +38,10 @@ from tritonstack import cli
 
 LOGGER = logging.getLogger("tritonstack.serve")
 GiB = 1 << 30
+# tritonserver reserved 8.6 GiB of address space (110 MB resident) with every preset of
+# the default repository loaded: under the earlier 8 GiB floor it died of SIGSEGV at
+# start-up in a container whose memory limit made half of it less.
+SERVER_FLOOR = 16 * GiB
 
 
 # Where a container's own cgroup is mounted (in its cgroup namespace).
@@ -83,7 +87,7 @@ class MemoryLimits:
         cli.REQUIRED,
         "--server-memory-bytes",
         type=int,
-        help="tritonserver's address-space ceiling (default: half the machine's memory, >= 8 GiB)",
+        help="tritonserver's address-space ceiling (default: half the machine's memory, >= 16 GiB)",
     )
     stub_bytes: int = cli.option(
         cli.REQUIRED,
@@ -98,7 +102,7 @@ class MemoryLimits:
         """Half the machine's memory for the server, a quarter for each stub, with
         floors above what they reserve when idle."""
         memory = physical_memory_bytes()
-        return cls(server_bytes=max(8 * GiB, memory // 2), stub_bytes=max(4 * GiB, memory // 4))
+        return cls(server_bytes=max(SERVER_FLOOR, memory // 2), stub_bytes=max(4 * GiB, memory // 4))
 
 
 def has_nvidia_devices(dev: Path = Path("/dev")) -> bool:

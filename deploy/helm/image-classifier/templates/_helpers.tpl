@@ -47,6 +47,9 @@ app.kubernetes.io/component: locust-worker
 {{- define "image-classifier.modelRepository" -}}
 {{- if .Values.modelRepository.s3.url -}}
 {{- .Values.modelRepository.s3.url -}}
+{{- else if eq .Values.mode "cpu-image" -}}
+{{- /* the repository baked into our CPU image (deploy/image/Dockerfile) */ -}}
+/models
 {{- else -}}
 {{- .Values.modelRepository.pvc.mountPath -}}
 {{- end -}}
