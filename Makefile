@@ -87,13 +87,14 @@ test: $(SETUP) tools chromium lint
 # for real under --cpus 1 --memory 2g (tests/image_checks.py). Both start Debian's Docker
 # engine where none answers (installed as root where absent): docs/operations.md#in-a-container.
 IMAGE_TAG ?= tritonstack-cpu:latest
+LOCUST_IMAGE_TAG ?= tritonstack-locust:latest
 
 image: $(SETUP) $(INSTALLED)
 	$(PY) deploy/image/engine.py
-	$(PY) deploy/image/build.py --repository $(MODEL_REPOSITORY) --tag $(IMAGE_TAG)
+	$(PY) deploy/image/build.py --repository $(MODEL_REPOSITORY) --tag $(IMAGE_TAG) --locust-tag $(LOCUST_IMAGE_TAG)
 
 image-test: image
-	TRITONSTACK_IMAGE=$(IMAGE_TAG) $(PY) -m pytest -p no:cacheprovider -v tests/image_checks.py
+	TRITONSTACK_IMAGE=$(IMAGE_TAG) TRITONSTACK_LOCUST_IMAGE=$(LOCUST_IMAGE_TAG) $(PY) -m pytest -p no:cacheprovider -v tests/image_checks.py
 
 # Upload a built repository (make build, or a --device gpu build) to object storage
 # for Triton's --model-repository=s3://..., after the offline check passes.

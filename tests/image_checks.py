@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 import tritonclient.http as httpclient
 from PIL import Image
 
+from tests.conftest import PROJECT_ROOT
 from tests.processes import wait_for
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
@@ -33,6 +35,7 @@ from tritonstack.samples.photos import PHOTOS, photo_bytes
 from tritonstack.serve.network import LOOPBACK, free_port
 
 IMAGE = os.environ.get("TRITONSTACK_IMAGE", "tritonstack-cpu:latest")
+LOCUST_IMAGE = os.environ.get("TRITONSTACK_LOCUST_IMAGE", "tritonstack-locust:latest")
 LABEL = "tritonstack-image-test"
 MEMORY = "2g"
 MEMORY_BYTES = 2 << 30
@@ -217,6 +220,50 @@ def test_a_killed_server_is_brought_back_by_the_restart_policy(container):
     wait_for(lambda: container.restarts() >= 1, timeout_s=60, what="restarted")
     wait_for(lambda: container.ready_status() == 200, timeout_s=READY_WITHIN_S, what="ready again")
     assert classify(container.grpc_url, "grpc", photo_bytes("coffee.png")) in PHOTOS["coffee.png"]
+
+
+def test_the_locust_image_drives_the_server_headless_for_a_bounded_run(container):
+    """The chart's Locust image, the users mounted as the chart's ConfigMap mounts them,
+    in the server container's network (as a pod beside the Service): it ends on its own
+    and no request failed (Locust exits 1 on any failure)."""
+    run = subprocess.run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--label",
+            LABEL,
+            "--network",
+            f"container:{container.name}",
+            "--volume",
+            f"{PROJECT_ROOT / 'loadtests'}:/locust/loadtests:ro",
+            "--env",
+            "PYTHONPATH=/locust",
+            LOCUST_IMAGE,
+            "locust",
+            "-f",
+            "/locust/loadtests/locustfile.py",
+            "--headless",
+            f"--host=http://{LOOPBACK}:{PORTS['http']}",
+            f"--grpc-url={LOOPBACK}:{PORTS['grpc']}",
+            f"--model={DEFAULT_MODEL}",
+            "--users=2",
+            "--spawn-rate=2",
+            "--run-time=10s",
+            "--stop-timeout=10",
+            "--only-summary",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    # The stats table's total (the percentile table after it has an Aggregated row too).
+    totals = re.findall(r"Aggregated\s+(\d+)\s+(\d+)\(", run.stderr)
+    assert totals, run.stderr[-3000:]
+    requests, failures = (int(field) for field in totals[0])
+    assert requests > 0 and failures == 0, totals
+    print(f"locust image, 10 s at 2 users: {requests} requests, none failed")
 
 
 def test_docker_stop_under_load_loses_no_accepted_request(container):
