@@ -295,7 +295,12 @@ def test_ragged_requests_merge_and_split_back(repository, http):
     results = rf.infer_concurrently(http, name, [{"DALI_INPUT_0": row} for row in rows], ["DALI_OUTPUT_0"])
     for row, result in zip(rows, results):
         np.testing.assert_array_equal(result.as_numpy("DALI_OUTPUT_0"), row)
-    stats = http.get_inference_statistics(name)["model_stats"][0]
+    # Triton records a batch's statistics after it answers: read until all four are in.
+    stats = wait_for(
+        lambda: (found := http.get_inference_statistics(name)["model_stats"][0])["inference_count"] >= 4 and found,
+        timeout_s=10,
+        what="the statistics of 4 requests",
+    )
     assert stats["inference_count"] == 4
     assert stats["execution_count"] < 4, stats  # at least two requests shared one DALI batch
 

@@ -309,8 +309,15 @@ def test_the_detector_finds_a_stopped_stub_at_once_and_a_stall_only_with_request
     assert detector.hung(live, 104.5) == {"m": Hang(f"its stub (pid {idle_process.pid}) is stopped", stopped=True)}
 
 
+# A stub that computes now and then, about a sixth of a core, at the lowest priority:
+# enough to be progress, not enough to slow the tests beside it.
+SOMETIMES_BUSY = (
+    "import time\nwhile True:\n    t = time.time()\n    while time.time() - t < 0.01: pass\n    time.sleep(0.05)"
+)
+
+
 def test_a_stub_that_computes_is_no_stall():
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = subprocess.Popen([sys.executable, "-c", SOMETIMES_BUSY], preexec_fn=lambda: os.nice(19))
     try:
         detector = HangDetector(HangPolicy(stall_s=0.5), pending=lambda: {"m": 5})
         started = time.monotonic()

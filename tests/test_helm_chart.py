@@ -28,6 +28,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from deploy.image.build import LOCUST
 from loadtests.metrics import QUEUE_US, REFUSED_REASON, SUCCESS
 from tests.chart import (
     CHART,
@@ -391,9 +392,10 @@ def test_locust_configmap_carries_the_projects_own_users():
     from_package = {m for text in data.values() for m in re.findall(r"^from (tritonstack[.\w]*) import", text, re.M)}
     assert "tritonstack.samples.corpus" in from_package
     assert all(importlib.util.find_spec(module) for module in from_package)
-    # The Locust image's Dockerfile installs what the users import besides.
+    # The Locust image installs what the users import besides (its wheels, then its Dockerfile).
     dockerfile = (PROJECT_ROOT / "deploy" / "locust" / "Dockerfile").read_text()
-    assert all(package in dockerfile for package in ("locust", "gevent", "scikit-image", ".[client]"))
+    assert all(package in dockerfile for package in ("locust", "gevent", "scikit-image", "tritonstack[client]"))
+    assert {"locust", "gevent", "scikit-image"} <= set(LOCUST.packages) and LOCUST.extras == "client"
 
 
 def test_install_command_in_docs_renders():
