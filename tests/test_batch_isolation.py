@@ -18,6 +18,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
+from tests.processes import wait_for
 from tests.test_decodable import corrupt_png_with_valid_crcs
 from tritonstack.build.model_config import DynamicBatching, ModelConfig, Tensor
 from tritonstack.serve.launcher import TritonServer
@@ -71,6 +72,16 @@ def counts(client, model: str) -> tuple[int, int]:
     return int(stats["execution_count"]), int(stats["inference_count"])
 
 
+def counts_after(client, model: str, before: tuple[int, int], requests: int) -> tuple[int, int]:
+    """The counts once the `requests` since `before` are in: Triton records an
+    execution's statistics after it answers, so a read right after may miss them."""
+    return wait_for(
+        lambda: (now := counts(client, model))[1] - before[1] >= requests and now,
+        timeout_s=10,
+        what=f"the statistics of {requests} requests",
+    )
+
+
 def solid_png(rgb: tuple[int, int, int]) -> np.ndarray:
     out = io.BytesIO()
     Image.new("RGB", (16, 16), rgb).save(out, format="PNG")
@@ -89,7 +100,7 @@ def test_bad_images_fail_alone_inside_one_dali_execution(http):
     requests = [{"ENCODED": solid_png(colours[i]) if i in colours else bad[i]} for i in range(N)]
     before = counts(http, "isolated_decoder")
     results = rf.infer_concurrently(http, "isolated_decoder", requests, ["IMAGE"])
-    after = counts(http, "isolated_decoder")
+    after = counts_after(http, "isolated_decoder", before, N)
 
     assert (after[0] - before[0], after[1] - before[1]) == (1, N), "the N requests were not one execution"
     for index, result in enumerate(results):
@@ -111,7 +122,7 @@ def test_refused_tensor_fails_alone_inside_one_onnxruntime_execution(http):
     requests = [{"X": np.array([[index]], np.int64)} for index in indices]
     before = counts(http, "isolated_lookup")
     results = rf.infer_concurrently(http, "isolated_lookup", requests, ["Y"])
-    after = counts(http, "isolated_lookup")
+    after = counts_after(http, "isolated_lookup", before, N)
 
     assert (after[0] - before[0], after[1] - before[1]) == (1, N), "the N requests were not one execution"
     expected_values = {0: 10.0, 3: 40.0, 2: 30.0}

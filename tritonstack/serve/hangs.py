@@ -50,8 +50,8 @@ class HangPolicy:
         help="replace a model whose requests wait while its stubs use no CPU for this many seconds; a "
         "stopped stub is replaced at once (default: %(default)s; docs/reliability.md#hangs)",
     )
-    # Restart intensity (Erlang/OTP's): more replacements than this within window_s
-    # (deaths and hangs alike) and the model is left unloaded and reported.
+    # Restart intensity (Erlang/OTP's): more replacements of a hung model than this
+    # within window_s and it is left unloaded and reported.
     replacements: int = 3
     window_s: float = 300.0
     # CPU seconds between two polls below which a stub counts as doing nothing (its

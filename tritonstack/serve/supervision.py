@@ -29,15 +29,18 @@ old instance until the new one is ready (Triton swaps them), so ordinary traffic
 flowing all along is not interrupted (tests/test_burst_memory.py).
 
 A stub can also hang: alive, making no progress (tritonstack.serve.hangs finds it).
-A hung or dead stub's model is *replaced*, not reloaded in place: its stubs are
-killed, the model unloaded (Triton unloads the ensembles that use it with it), then
-loaded again with its own config and a reload mark, and the ensembles with theirs. In
-place, the old instances would keep taking requests until the new ones are ready and
-answer each with HTTP 500 "Stub process ... is not healthy"; unloaded, the ensemble
-answers "has no available versions" at once (HTTP 404, gRPC NOT_FOUND) for the two or
-three seconds the load takes, and the launcher's readiness says why
-(tritonstack.serve.readiness). Replacements are bounded per model (HangPolicy's restart
-intensity): one that keeps hanging or dying is left unloaded and reported.
+A stalled stub's model is *replaced*, not reloaded in place: its stubs are killed, the
+model unloaded (Triton unloads the ensembles that use it with it), then loaded again
+with its own config and a reload mark, and the ensembles with theirs. In place, the old
+instances would keep taking requests until the new ones are ready and answer each with
+HTTP 500 "Stub process ... is not healthy"; unloaded, the ensemble answers "has no
+available versions" at once (HTTP 404, gRPC NOT_FOUND) for the two or three seconds the
+load takes. A dead stub's model is still reloaded in place: a death is also what a stub
+of a load someone else makes (`tritonstack tune`, an operator) looks like when it is
+reaped late, and an unload there failed that load (seen in the suite). The launcher's
+readiness is false during either (tritonstack.serve.readiness). Replacements are bounded
+per hung model (HangPolicy's restart intensity): one that keeps hanging is left unloaded
+and reported.
 """
 
 from __future__ import annotations
@@ -194,7 +197,7 @@ class Supervision:
     # Replace a model whose stub died (needs explicit model control, the launcher's default).
     stubs: bool = True
     # Replace a model whose stub hangs (tritonstack.serve.hangs), within a restart
-    # intensity that applies to deaths too; None: deaths only, without a bound.
+    # intensity; None: deaths only.
     hangs: HangPolicy | None = cli.nested(HangPolicy, HangPolicy(), none_if=lambda policy: policy.stall_s <= 0)
     # Start tritonserver again on the same ports when it dies while it should run
     # (tritonstack.serve.restart).
@@ -406,11 +409,12 @@ class StubSupervisor(threading.Thread):
                 model,
             )
         else:
+            # Not bounded by the restart intensity: a death is also what a stub of another's
+            # load reaped late looks like (reload_model tells most apart), and a model left
+            # unloaded after a few of those would end a `tritonstack tune` run.
             self.replacing[model] = "its stub died"
             try:
-                # A stub of an earlier load (newer ones run) is no death to count.
-                counted = newer_stubs > 0 or self._within_intensity(model, "its stub died", ())
-                if counted and self.reload(model, "its stub died", newer_stubs):
+                if self.reload(model, "its stub died", newer_stubs, in_place=True):
                     self.reloads.append((time.monotonic(), model))
             finally:
                 self.replacing.pop(model, None)
