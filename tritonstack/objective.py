@@ -34,16 +34,12 @@ from dataclasses import dataclass
 
 from tritonstack.contract import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 
-# The first step's queue holds the backlog under overload (serve/priority.py runs the
-# first steps last), so it gets the larger share; later steps are fed at its pace. A
-# refusal at a later step comes after the first step's wait and work, and wastes that
-# work: at 0.15 they were about 2 % of the refusals at 3x capacity and set their p99
-# (stock gRPC clients: 599-612 ms, 4 % of the DALI step's images wasted); at 0.25 none
-# wasted, refusals at p99 501-549 ms, answers at p99 742-886 ms (2-core AMD EPYC). Once
-# the DALI step got cheaper (it resizes only the crop's region) 0.3 refused sooner at 3x
-# (480-511 against 557-603 ms) but failed the overload soak twice, tritonserver's memory
-# after the 2x periods +8.4 and +5.2 % (0.25: +0.07 %): a longer later queue holds more
-# FP32 tensors in the server, whose allocator keeps the peak. docs/performance.md#overload.
+# The first step's queue holds the backlog under overload, so it gets the larger share;
+# later steps are fed at its pace. A refusal at a later step comes after the first
+# step's wait and work and wastes that work, so a later step's share is large enough
+# that few are refused there, and no larger: a longer later queue holds more FP32
+# tensors in tritonserver, whose allocator keeps the peak (0.3 failed the overload
+# soak's memory criterion). The runs behind both: docs/performance.md#overload.
 FIRST_STEP_SHARE = 0.3
 LATER_STEP_SHARE = 0.25
 DEFAULT_OBJECTIVE_MS = 1000
@@ -52,11 +48,9 @@ OBJECTIVE_PARAMETER = "latency_objective_ms"
 # Every step with a queue policy runs at least this many instances. A policy turns off
 # Triton's payload prefetching (core#237), and its batcher then learns that a busy
 # instance has finished only from a new arrival or its 500 ms tick (core's
-# WaitForPayloadSlotAvailable: the finish is signalled before the instance waits for
-# work again). With one instance, a backlog with no new arrivals is served one batch
-# per tick: 64 requests at once took 1.1-2.8 s on 2 cores against 0.7-0.9 s with no
-# policy, and the last refusals of an overload came up to 500 ms after their ceiling.
-# A second instance's taking of a batch wakes the batcher for the first (0.6-0.8 s).
+# WaitForPayloadSlotAvailable). With one instance a backlog with no new arrivals is
+# served one batch per tick; a second instance's taking of a batch wakes the batcher
+# for the first. Measured: docs/performance.md#why-every-step-runs-two-instances.
 MIN_QUEUED_STEP_INSTANCES = 2
 # Batch requests (contract.BATCH_PRIORITY) wait this long at most, at every step.
 BATCH_CEILING_US = 30_000_000

@@ -15,13 +15,12 @@ instance idles two can.
 Why: under overload the first step's queue is where requests are refused, and Triton
 2.51 refuses an expired request only when that step's batcher forms its next batch,
 once one of its instances is free (tritonstack.objective). Run beside classifiers that
-held both cores, the first step's batches stalled for 200-300 ms, and with them the
-refusals; they also kept the classifier's queue full, whose refusals come after the
-first step's work. Paced, a first-step batch waits for a free core before it starts
-(at most one classifier batch), then runs on it: with Triton's stock gRPC clients at 3x
-the capacity, refusals at p99 400-476 ms against 464-621 ms, none of the work wasted
-against up to 6 %, for about 2 % of the capacity and a longer tail at half the load
-(docs/performance.md#overload-figures).
+held both cores, the first step's batches stalled, and with them the refusals; they
+also kept the classifier's queue full, whose refusals come after the first step's work.
+Paced, a first-step batch waits for a free core before it starts (at most one
+classifier batch), then runs on it: refusals come sooner and no work is wasted, for a
+little capacity and a longer tail at half the load (the runs:
+docs/performance.md#overload-figures).
 
 Without `--rate-limit` (plain `tritonserver`, the NGC container) Triton ignores the
 slots. A GPU's instances list none: the card, not the cores, runs them.
