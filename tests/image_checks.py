@@ -17,8 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +24,7 @@ import pytest
 import tritonclient.http as httpclient
 from PIL import Image
 
+from tests.chart import http_status
 from tests.conftest import PROJECT_ROOT
 from tests.processes import wait_for
 from tritonstack.client.classifier import ClassifierClient
@@ -65,13 +64,7 @@ class Container:
         return f"{LOOPBACK}:{self.ports['grpc']}"
 
     def ready_status(self) -> int:
-        try:
-            with urllib.request.urlopen(f"http://{LOOPBACK}:{self.ports['health']}/ready", timeout=3) as response:
-                return response.status
-        except urllib.error.HTTPError as error:
-            return error.code
-        except OSError:
-            return 0
+        return http_status(f"http://{LOOPBACK}:{self.ports['health']}/ready")
 
     def state(self) -> dict:
         return json.loads(docker("inspect", "--format", "{{json .State}}", self.name))

@@ -26,6 +26,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.chart import http_status
 from tests.conftest import TEST_STOP_GRACE_S
 from tests.processes import wait_for
 from tritonstack.samples.photos import photo_bytes
@@ -145,13 +146,7 @@ class Watch:
 
 
 def ready_status(server: TritonServer) -> int:
-    try:
-        with urllib.request.urlopen(f"{server.health.url}/ready", timeout=3) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
+    return http_status(f"{server.health.url}/ready")
 
 
 def classify_photo(url: str) -> str:

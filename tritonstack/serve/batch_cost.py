@@ -28,6 +28,8 @@ import numpy as np
 import onnxruntime as ort
 
 from tritonstack.repository_files import latest_version_dir
+from tritonstack.serve.layout import CLASSIFIER_BACKEND, sizable
+from tritonstack.serve.loaded import differs, ensemble_steps
 
 LOGGER = logging.getLogger("tritonstack.serve")
 SIZES = (1, 2, 4, 8)
@@ -140,3 +142,17 @@ def with_measured_batch(config: dict, repository: Path, threads: int) -> dict:
         batch,
     )
     return config | {"dynamic_batching": batching | {"preferred_batch_size": [batch]}}
+
+
+def measured_batches(loaded: list[dict], changes: list[dict], repository: Path, threads: int) -> list[dict]:
+    """`changes` (the layout's overrides of the `loaded` configs) with each classifier
+    step's preferred batch from its cost curve, where that differs from what it serves."""
+    changed = {change["name"]: change for change in changes}
+    steps = ensemble_steps(loaded)
+    for current in loaded:
+        if current["name"] not in steps or current.get("backend") != CLASSIFIER_BACKEND or not sizable(current):
+            continue
+        batched = with_measured_batch(changed.get(current["name"], current), repository, threads)
+        if differs(batched, current):
+            changed[current["name"]] = batched
+    return list(changed.values())

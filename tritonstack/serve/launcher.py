@@ -43,20 +43,13 @@ from tritonclient.utils import InferenceServerException
 from tritonstack.backends.settings import VARIABLES, BackendSettings, backend_config, stub_defaults
 from tritonstack.rules.unbuilt import shell_unsafe_reason, unservable_reason
 from tritonstack.serve import process, server_log
-from tritonstack.serve.batch_cost import with_measured_batch
+from tritonstack.serve.batch_cost import measured_batches
 from tritonstack.serve.hangs import HangDetector, pending_requests
 from tritonstack.serve.install import TritonInstall
-from tritonstack.serve.layout import (
-    CLASSIFIER_BACKEND,
-    REPOSITORY_LAYOUT,
-    describe_layouts,
-    read_cores,
-    sizable,
-    step_layouts,
-)
+from tritonstack.serve.layout import CLASSIFIER_BACKEND, REPOSITORY_LAYOUT, describe_layouts, read_cores, step_layouts
 from tritonstack.serve.layout import overridden as layout_overridden
 from tritonstack.serve.limits import gpu_models, has_nvidia_devices, limit_address_space, memory_share_bytes
-from tritonstack.serve.loaded import differs, ensemble_steps, load_overrides, loaded_configs
+from tritonstack.serve.loaded import load_overrides, loaded_configs
 from tritonstack.serve.network import is_loopback
 from tritonstack.serve.priority import front_steps, lower_priority
 from tritonstack.serve.queue_ceilings import overridden as objective_overridden
@@ -287,7 +280,10 @@ class TritonServer:
             )
             return []
         layouts = step_layouts(cores.usable)
-        changes = measured_batches(self.loaded, layout_overridden(self.loaded, layouts), self.config, layouts)
+        changes = layout_overridden(self.loaded, layouts)
+        if self.config.local_repository is not None:  # object storage: no file to time here
+            threads = layouts[CLASSIFIER_BACKEND].threads or 1
+            changes = measured_batches(self.loaded, changes, self.config.local_repository, threads)
         names = ", ".join(config["name"] for config in changes) or "none"
         LOGGER.info("%s; layout: %s; reloaded: %s", cores.describe(), describe_layouts(layouts), names)
         return changes
@@ -398,25 +394,6 @@ def _supervise_stubs(server: TritonServer) -> None:
         unload=unload,
     )
     server.supervisor.start()
-
-
-def measured_batches(loaded: list[dict], changes: list[dict], config: ServerConfig, layouts) -> list[dict]:
-    """`changes` (the layout's) with each classifier step's preferred batch from its cost
-    curve on this machine (tritonstack.serve.batch_cost), where it differs."""
-    repository = config.local_repository
-    if repository is None:
-        return changes  # object storage: no file to time here
-    threads = layouts[CLASSIFIER_BACKEND].threads or 1
-    changed = {change["name"]: change for change in changes}
-    steps = ensemble_steps(loaded)
-    for current in loaded:
-        if current["name"] not in steps or current.get("backend") != CLASSIFIER_BACKEND or not sizable(current):
-            continue
-        laid_out = changed.get(current["name"], current)
-        batched = with_measured_batch(laid_out, repository, threads)
-        if differs(batched, current):
-            changed[current["name"]] = batched
-    return list(changed.values())
 
 
 def _bytecode_folders(repository: Path) -> set[Path]:

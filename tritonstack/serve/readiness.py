@@ -40,10 +40,12 @@ def not_ready_reason(server) -> str | None:
     if not server.started.is_set():
         return "starting: loading the models, laying them out, warming the ensembles"
     supervisor = server.supervisor
-    if supervisor is not None:
-        for model, reason in {**supervisor.given_up, **supervisor.replacing}.items():
-            state = "was unloaded for good" if model in supervisor.given_up else "is being replaced"
-            return f"model {model} {state}: {reason}"
+    if supervisor is not None and supervisor.given_up:
+        model, reason = next(iter(supervisor.given_up.items()))
+        return f"model {model} was unloaded for good: {reason}"
+    if supervisor is not None and supervisor.replacing:
+        model, reason = next(iter(supervisor.replacing.items()))
+        return f"model {model} is being replaced: {reason}"
     if not server.is_ready():
         return "tritonserver's /v2/health/ready does not answer 200"
     return _unready_ensemble(server)

@@ -73,6 +73,8 @@ class ServerRestarter(threading.Thread):
         self.poll_s = poll_s
         self.hang_s = hang_s  # None: a hang is not watched for
         self.live_every_s = live_every_s
+        self._unanswered_since: float | None = None  # since when liveness has not answered
+        self._next_check = 0.0
         self.deaths: list[tuple[float, str]] = []  # (time.monotonic(), cause)
         self.restarts: list[float] = []
         self.gave_up = threading.Event()
@@ -89,8 +91,6 @@ class ServerRestarter(threading.Thread):
             self.join(timeout=timeout)
 
     def run(self) -> None:
-        self._unanswered_since: float | None = None
-        self._next_check = 0.0
         while not self._stopping.wait(self.poll_s):
             returncode = self.server.process.poll()
             if self._stopping.is_set():

@@ -61,7 +61,7 @@ from tritonclient.utils import InferenceServerException
 from tritonstack import cli
 from tritonstack.serve.hangs import Hang, HangDetector, HangPolicy, RestartIntensity, resume
 from tritonstack.serve.limits import MemoryLimits
-from tritonstack.serve.loaded import loaded_configs
+from tritonstack.serve.loaded import ensemble_steps, loaded_configs
 from tritonstack.serve.process_tree import server_stubs
 
 LOGGER = logging.getLogger("tritonstack.serve")
@@ -76,16 +76,14 @@ def reload_model(
     reason: str = "its stub died",
     newer_stubs: int | None = None,
     *,
-    in_place: bool = False,
-    kill: Collection[int] = (),
+    kill: Collection[int] | None = None,
 ) -> bool:
     """Load a READY model again with its own config and a reload mark (with_reload_mark),
-    which makes Triton load it afresh: `in_place`, beside the old instances (they serve
-    until the new ones are ready: for a stub that is well but grew); else replaced
-    (replace_model: for a dead or hung stub; `kill`: its stubs). False when it was not
-    ours to reload: with `newer_stubs` (the model's live stubs started after the one
-    that ended), also when they are as many as its instances (a load since replaced the
-    one that ended)."""
+    which makes Triton load it afresh: beside the old instances, which serve until the
+    new ones are ready; with `kill` (a hung model's stubs), replaced instead
+    (replace_model). False when it was not ours to reload: with `newer_stubs` (the
+    model's live stubs started after the one that ended), also when they are as many as
+    its instances (a load since replaced the one that ended)."""
     client = httpclient.InferenceServerClient(http_url, network_timeout=120)
     try:
         if not client.is_model_ready(model):
@@ -95,8 +93,8 @@ def reload_model(
         if newer_stubs is not None and instances is not None and newer_stubs >= instances:
             LOGGER.info("model %s: a stub of an earlier load ended; its %d instance(s) run", model, instances)
             return False
-        LOGGER.warning("model %s: %s: %s the model", model, reason, "reloading" if in_place else "replacing")
-        if in_place:
+        LOGGER.warning("model %s: %s: %s the model", model, reason, "reloading" if kill is None else "replacing")
+        if kill is None:
             client.load_model(model, config=json.dumps(with_reload_mark(config)), headers=admin_headers)
         else:
             replace_model(client, loaded_configs(http_url, admin_headers), admin_headers, config, kill)
@@ -120,7 +118,7 @@ def replace_model(
     it with its own config (overrides included) where Triton did not bring it back as
     it was."""
     model = config["name"]
-    ensembles = [other for other in loaded if other.get("platform") == "ensemble" and model in steps_of(other)]
+    ensembles = [other for other in loaded if other.get("platform") == "ensemble" and model in ensemble_steps([other])]
     kill_stubs(kill)
     client.unload_model(model, headers=admin_headers)
     client.load_model(model, config=json.dumps(with_reload_mark(config)), headers=admin_headers)
@@ -143,10 +141,6 @@ def kill_stubs(pids: Collection[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def steps_of(ensemble: dict) -> set[str]:
-    return {step["model_name"] for step in ensemble.get("ensemble_scheduling", {}).get("step", [])}
 
 
 def with_reload_mark(config: dict) -> dict:
@@ -288,8 +282,9 @@ class StubSupervisor(threading.Thread):
     """Watches the stubs of the server process `server_pid`; calls `reload(model,
     reason, newer_stubs)` for a model whose stub died (reload_model's signature; None:
     explicit model control is off, so it can only say so), `reload(model, reason,
-    kill=pids)` for one whose stubs hang (found by `hangs`), `reload(model, reason,
-    in_place=True)` for one that, under `recycle`, grew and stayed grown; and
+    kill=pids)` for one whose stubs stall (found by `hangs`; a stopped one that
+    continues: `reload(model, reason)`), `reload(model, reason)` for one that, under
+    `recycle`, grew and stayed grown; and
     `on_new_stub(pid, model)` for each stub when first seen alive. `replacing` and
     `given_up` (model -> reason) say what the readiness must not hide."""
 
@@ -361,7 +356,7 @@ class StubSupervisor(threading.Thread):
             if hang.stopped and resume(pids):
                 # Continued: the requests it held are answered; the old instances serve
                 # until the new ones are ready.
-                replaced = self.reload(model, f"{hang.reason} (continued)", in_place=True)
+                replaced = self.reload(model, f"{hang.reason} (continued)")
             else:
                 replaced = self.reload(model, hang.reason, kill=pids)
             if replaced:
@@ -414,7 +409,7 @@ class StubSupervisor(threading.Thread):
             # unloaded after a few of those would end a `tritonstack tune` run.
             self.replacing[model] = "its stub died"
             try:
-                if self.reload(model, "its stub died", newer_stubs, in_place=True):
+                if self.reload(model, "its stub died", newer_stubs):
                     self.reloads.append((time.monotonic(), model))
             finally:
                 self.replacing.pop(model, None)
@@ -436,5 +431,5 @@ class StubSupervisor(threading.Thread):
             reason = (
                 f"its stub has stayed {grown:.0f} MiB above its settled {memory.settled_mib:.0f} MiB for {held_s:.0f} s"
             )
-            if self.reload(model, reason, in_place=True):
+            if self.reload(model, reason):
                 self.recycles.append((now, model, grown))

@@ -47,7 +47,9 @@ WARMUP_BOX = [0.0, 0.0, 1.0, 1.0]
 
 
 class WarmupFailed(RuntimeError):
-    status: int | None = None  # the HTTP status, where the server answered
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status  # the HTTP status, where the server answered
 
 
 def _post(url: str, body: dict, timeout_s: float) -> dict:
@@ -58,9 +60,7 @@ def _post(url: str, body: dict, timeout_s: float) -> dict:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as error:
-        failed = WarmupFailed(f"HTTP {error.code}: {error.read().decode(errors='replace')[:300]}")
-        failed.status = error.code
-        raise failed from None
+        raise WarmupFailed(f"HTTP {error.code}: {error.read().decode(errors='replace')[:300]}", error.code) from None
     except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
         raise WarmupFailed(str(error)) from None
 
@@ -94,9 +94,7 @@ def send_sample(
     try:
         _post(f"{url.rstrip('/')}/v2/models/{model}/infer", body, timeout_s)
     except WarmupFailed as error:
-        failed = WarmupFailed(f"{model}: {error}")
-        failed.status = error.status
-        raise failed from None
+        raise WarmupFailed(f"{model}: {error}", error.status) from None
     return time.monotonic() - started
 
 
