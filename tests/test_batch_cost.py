@@ -8,6 +8,7 @@ import json
 
 import pytest
 import tritonclient.http as httpclient
+from onnx import TensorProto
 
 from tests import repo_factory as rf
 from tests.conftest import TEST_STOP_GRACE_S
@@ -44,6 +45,15 @@ def test_a_curve_is_measured_once_and_read_back(tmp_path):
     cache.write_text(json.dumps({key: {"1": 1.0, "2": 0.1, "4": 9.0, "8": 9.0}}))
     assert cached_curve(onnx, threads=1, cache=cache) == {1: 1.0, 2: 0.1, 4: 9.0, 8: 9.0}
     assert cached_curve(onnx, threads=2, cache=cache) != {1: 1.0, 2: 0.1, 4: 9.0, 8: 9.0}  # another key
+
+
+def test_a_uint8_classifier_is_timed_with_uint8_input(tmp_path):
+    """A classifier that normalizes inside its graph takes pixels as UINT8: the
+    curve feeds it its own type (FP32 fed to it failed the server's start)."""
+    onnx = tmp_path / "model.onnx"
+    onnx.write_bytes(rf.identity_graph(TensorProto.UINT8))
+    curve = batch_cost.cost_curve(onnx, threads=1, repeats=1)
+    assert sorted(curve) == list(batch_cost.SIZES) and all(ms > 0 for ms in curve.values())
 
 
 def test_a_step_without_a_preferred_batch_is_left_alone(tmp_path):

@@ -11,12 +11,16 @@ import sys
 import pytest
 
 from tests import foreign_classifiers as foreign
+from tests.conftest import TEST_STOP_GRACE_S
 from tritonstack.build.classifiers import imagenet_labels
 from tritonstack.build.labels import read_labels
 from tritonstack.build.onnx_graph import read_graph
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.samples.photos import PHOTOS, photo_bytes
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.layout import CORES_LAYOUT
+from tritonstack.serve.server_config import ServerConfig
+from tritonstack.serve.supervision import Supervision
 
 CHECKED_PHOTOS = [name for name, expected in PHOTOS.items() if expected]
 
@@ -80,7 +84,10 @@ def own_repository(tmp_path_factory, graphs, imagenet_txt):
 
 @pytest.fixture(scope="module")
 def own_server(own_repository):
-    with TritonServer(own_repository[0]) as server:
+    """Served as `tritonstack serve` serves it: the layout for these cores, each
+    classifier's batch from its graph's cost curve (timed with its own input type)."""
+    config = ServerConfig(own_repository[0], stop_grace_s=TEST_STOP_GRACE_S, layout=CORES_LAYOUT)
+    with TritonServer(config, Supervision(warmup_s=0)) as server:
         yield server
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from tritonstack.contract import TRITON_TO_NUMPY, onnx_type
 from tritonstack.repository_files import latest_version_dir
 from tritonstack.serve.layout import CLASSIFIER_BACKEND, sizable
 from tritonstack.serve.loaded import differs, ensemble_steps
@@ -50,10 +51,12 @@ def cost_curve(onnx_path: Path, threads: int, sizes=SIZES, repeats: int = REPEAT
     session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     (model_input,) = session.get_inputs()
     item_shape = [dim if isinstance(dim, int) else 1 for dim in model_input.shape[1:]]
+    dtype = np.dtype(TRITON_TO_NUMPY[onnx_type(model_input.type)])
     rng = np.random.default_rng(0)
     curve = {}
     for size in sizes:
-        batch = {model_input.name: rng.standard_normal((size, *item_shape), dtype=np.float32)}
+        # The graph's own input type: a UINT8 classifier normalizes inside its graph.
+        batch = {model_input.name: (rng.random((size, *item_shape)) * 255).astype(dtype)}
         session.run(None, batch)
         times = []
         for _ in range(repeats):
