@@ -1,0 +1,244 @@
+"""MLPerf Inference LoadGen against a server: the Offline and Server scenarios, judged
+by LoadGen itself, through one client adaptor a protocol.
+
+    target = TritonHttpTarget("127.0.0.1:8000", "ensemble_dali_efficientnet_lite0")
+    offline = run_scenario(target, images, Scenario.offline(seconds=20), log_dir)
+    best, runs = highest_valid_rate(server_run(target, images, 150, 20, log_dir), low=20, high=200)
+
+LoadGen decides when each query is issued (all at once for Offline, Poisson arrivals at
+`server_target_qps` for Server), records every latency, and writes its verdict:
+VALID when the run met the scenario's rules (for Server: the p99 under the bound, the
+minimum duration and query count), INVALID otherwise. This module only carries
+queries to the server and completions back, so the figures are LoadGen's, and ours and
+the peer see the same query set under the same settings (MLPerf's rule for a
+comparison): both adaptors send one encoded image a query, over HTTP, from one asyncio
+loop on a thread of this process.
+
+Each run writes LoadGen's own logs (`mlperf_log_summary.txt`, `mlperf_log_detail.txt`)
+into a folder of its own under `log_dir`; the result is read back from the detail
+log's structured records, not recomputed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import mlperf_loadgen as lg
+
+# The records of mlperf_log_detail.txt that a result is read from.
+DETAIL_PREFIX = ":::MLLOG "
+VALIDITY_KEY = "result_validity"
+P99_KEY = "result_99.00_percentile_latency_ns"
+RATE_KEYS = {"Offline": "result_samples_per_second", "Server": "result_completed_samples_per_sec"}
+SCHEDULED_KEY = "result_scheduled_samples_per_sec"
+REQUEST_TIMEOUT_S = 60.0
+
+
+class TritonHttpTarget:
+    """KServe v2 over HTTP with the image as a binary tensor, top-5 classification asked:
+    what Triton's stock HTTP client sends."""
+
+    def __init__(self, url: str, model: str, input_name: str = "INPUT", output_name: str = "OUTPUT"):
+        self.endpoint = f"http://{url}/v2/models/{model}/infer"
+        self.input_name, self.output_name = input_name, output_name
+
+    def request(self, image: bytes) -> tuple[bytes, dict[str, str]]:
+        header = {
+            "inputs": [
+                {
+                    "name": self.input_name,
+                    "shape": [1, len(image)],
+                    "datatype": "UINT8",
+                    "parameters": {"binary_data_size": len(image)},
+                }
+            ],
+            "outputs": [{"name": self.output_name, "parameters": {"classification": 5}}],
+        }
+        encoded = json.dumps(header).encode()
+        headers = {"Inference-Header-Content-Length": str(len(encoded)), "Content-Type": "application/octet-stream"}
+        return encoded + image, headers
+
+
+class PeerHttpTarget:
+    """The peer's own API (tritonstack.benchmark.peer_service): the encoded image as the body."""
+
+    def __init__(self, url: str, model: str):
+        self.endpoint = f"http://{url}/classify/{model}"
+
+    def request(self, image: bytes) -> tuple[bytes, dict[str, str]]:
+        return image, {}
+
+
+Target = TritonHttpTarget | PeerHttpTarget
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One LoadGen run's settings."""
+
+    name: str  # "Offline" or "Server"
+    seconds: float  # LoadGen's minimum duration
+    min_queries: int
+    target_qps: float = 0.0  # Server: the Poisson rate; Offline: LoadGen's expected rate
+    bound_ms: float = 0.0  # Server: the latency bound at `percentile`
+    percentile: float = 0.99  # LoadGen's early stopping needs ~460 queries at 0.99, ~50 at 0.9
+
+    @classmethod
+    def offline(cls, seconds: float, expected_qps: float = 100.0) -> Scenario:
+        return cls("Offline", seconds, min_queries=1, target_qps=expected_qps)
+
+    @classmethod
+    def server(
+        cls, rate: float, bound_ms: float, seconds: float, min_queries: int = 100, percentile: float = 0.99
+    ) -> Scenario:
+        return cls("Server", seconds, min_queries, target_qps=rate, bound_ms=bound_ms, percentile=percentile)
+
+    def test_settings(self) -> lg.TestSettings:
+        settings = lg.TestSettings()
+        settings.mode = lg.TestMode.PerformanceOnly
+        settings.min_duration_ms = int(self.seconds * 1000)
+        settings.min_query_count = self.min_queries
+        if self.name == "Offline":
+            settings.scenario = lg.TestScenario.Offline
+            settings.offline_expected_qps = self.target_qps
+        else:
+            settings.scenario = lg.TestScenario.Server
+            settings.server_target_qps = self.target_qps
+            settings.server_target_latency_ns = int(self.bound_ms * 1e6)
+            settings.server_target_latency_percentile = self.percentile
+        return settings
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    scenario: str
+    valid: bool  # LoadGen's verdict
+    samples_per_s: float  # Offline: its throughput; Server: the completed rate
+    scheduled_per_s: float | None  # Server: the Poisson rate LoadGen issued at
+    p99_ms: float
+    errors: int  # queries the server answered with an error (LoadGen counts them as done)
+    log_dir: Path
+
+    @property
+    def met(self) -> bool:
+        """VALID by LoadGen and no query answered with an error: LoadGen counts an
+        error as a completed query, a user does not."""
+        return self.valid and self.errors == 0
+
+
+class _Sender:
+    """An asyncio loop on a thread of its own: LoadGen's issue callback hands each query
+    to it and returns at once; each answer completes its query from the loop's thread."""
+
+    def __init__(self, target: Target, images: Sequence[bytes], max_connections: int):
+        self.target, self.images, self.errors = target, images, 0
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="loadgen-sender", daemon=True)
+        self.thread.start()
+        self.session = asyncio.run_coroutine_threadsafe(self._session(max_connections), self.loop).result()
+
+    async def _session(self, max_connections: int) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=max_connections)
+        return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
+
+    def issue(self, queries) -> None:
+        for query in queries:
+            asyncio.run_coroutine_threadsafe(self._send(query.id, query.index), self.loop)
+
+    async def _send(self, query_id: int, index: int) -> None:
+        body, headers = self.target.request(self.images[index % len(self.images)])
+        try:
+            async with self.session.post(self.target.endpoint, data=body, headers=headers) as response:
+                await response.read()
+                if response.status != 200:
+                    self.errors += 1
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            self.errors += 1
+        lg.QuerySamplesComplete([lg.QuerySampleResponse(query_id, 0, 0)])
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.session.close(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+def run_scenario(
+    target: Target, images: Sequence[bytes], scenario: Scenario, log_dir: Path, max_connections: int = 64
+) -> ScenarioResult:
+    """One LoadGen run; its logs in `log_dir` (created)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    sender = _Sender(target, images, max_connections)
+    sut = lg.ConstructSUT(sender.issue, lambda: None)
+    qsl = lg.ConstructQSL(len(images), len(images), lambda indices: None, lambda indices: None)
+    log_settings = lg.LogSettings()
+    log_settings.log_output.outdir = str(log_dir)
+    log_settings.log_output.copy_summary_to_stdout = False
+    try:
+        lg.StartTestWithLogSettings(sut, qsl, scenario.test_settings(), log_settings)
+    finally:
+        lg.DestroyQSL(qsl)
+        lg.DestroySUT(sut)
+        sender.close()
+    return read_result(scenario.name, log_dir, sender.errors)
+
+
+def read_result(scenario: str, log_dir: Path, errors: int = 0) -> ScenarioResult:
+    """The result LoadGen recorded in `log_dir`'s mlperf_log_detail.txt."""
+    records = detail_records((log_dir / "mlperf_log_detail.txt").read_text())
+    scheduled = records.get(SCHEDULED_KEY)
+    return ScenarioResult(
+        scenario=scenario,
+        valid=records[VALIDITY_KEY] == "VALID",
+        samples_per_s=float(records[RATE_KEYS[scenario]]),
+        scheduled_per_s=float(scheduled) if scheduled is not None else None,
+        p99_ms=float(records[P99_KEY]) / 1e6,
+        errors=errors,
+        log_dir=log_dir,
+    )
+
+
+def detail_records(text: str) -> dict[str, object]:
+    """The `key: value` of each ":::MLLOG {json}" line (the last one of a key wins)."""
+    records = {}
+    for line in text.splitlines():
+        if line.startswith(DETAIL_PREFIX):
+            record = json.loads(line[len(DETAIL_PREFIX) :])
+            records[record["key"]] = record["value"]
+    return records
+
+
+def highest_valid_rate(
+    run: Callable[[float], ScenarioResult], low: float, high: float, steps: int = 5
+) -> tuple[ScenarioResult | None, list[ScenarioResult]]:
+    """The highest Poisson rate in [low, high] that LoadGen judges VALID, with no error
+    answered: `run(rate)` is one Server run (server_run), bisected `steps` times from
+    `low`. Returns the best such result (None when even `low` is not) and every run."""
+    runs, best = [], None
+    for _ in range(steps):
+        rate = (low + high) / 2 if runs else low
+        result = run(rate)
+        runs.append(result)
+        if result.met:
+            best, low = result, rate
+        elif len(runs) == 1:
+            break  # the lowest rate asked for is already beyond the bound
+        else:
+            high = rate
+    return best, runs
+
+
+def server_run(target: Target, images: Sequence[bytes], p99_ms: float, seconds: float, log_dir: Path):
+    """`run(rate)` for highest_valid_rate: each rate's logs in log_dir/server_<rate>."""
+
+    def run(rate: float) -> ScenarioResult:
+        folder = log_dir / f"server_{rate:.1f}".replace(".", "_")
+        return run_scenario(target, images, Scenario.server(rate, p99_ms, seconds), folder)
+
+    return run
