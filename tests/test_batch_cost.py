@@ -26,12 +26,14 @@ CLASSIFIER = "efficientnet_lite0"
     ("curve", "batch"),
     [
         # EfficientNet-Lite0 on one ONNX Runtime thread, ms an image at 1 / 2 / 4 / 8.
-        ({1: 4.9, 2: 4.7, 4: 4.8, 8: 5.5}, 4),  # Zen 5: a batch of 8 costs 17 % more
-        ({1: 9.3, 2: 8.9, 4: 8.8, 8: 9.1}, 8),  # Zen 4: within the tolerance, the larger
+        ({1: 4.9, 2: 4.7, 4: 4.8, 8: 5.5}, 2),  # Zen 5: 1 within the tolerance, but 1 is never served if 2 is
+        ({1: 9.3, 2: 8.9, 4: 8.8, 8: 9.1}, 2),  # Zen 4: within the tolerance, the smaller
+        ({1: 9.0, 2: 9.0, 4: 7.0, 8: 7.2}, 4),  # a model that gains from batching: the smallest of the cheap
         ({1: 3.0, 2: 6.0, 4: 12.0, 8: 24.0}, 1),  # no gain from batching at all
+        ({1: 3.0, 2: 3.1, 4: 6.0, 8: 9.0}, 2),  # 2 within the tolerance of a cheapest 1
     ],
 )
-def test_the_largest_batch_within_the_tolerance_of_the_cheapest(curve, batch):
+def test_the_smallest_batch_of_two_or_more_within_the_tolerance_of_the_cheapest(curve, batch):
     assert chosen_batch(curve) == batch
 
 

@@ -2,16 +2,19 @@
 
 Under a backlog, Triton's dynamic batcher forms the classifier's preferred batch
 (`preferred_batch_size`: the build writes 8). What a batch costs per image depends on
-the CPU: ONNX Runtime on one thread ran EfficientNet-Lite0 at 9.4 / 8.9 / 9.0 / 9.4 ms an
-image at batch 1 / 2 / 4 / 8 on a Zen 4 EPYC, and 4.9 / 4.7 / 4.8 / 5.5 on a Zen 5 one,
-where a batch of 8 cost 17 % more per image than one of 2 (docs/performance.md).
+the CPU: on one EPYC generation a batch of 8 cost about what a batch of 2 did, on the
+next 17 % more (docs/performance.md#the-classifiers-batch-from-its-cost-curve-on-this-machine).
 
 So with `--layout cores` (the default) the launcher times each classifier step's ONNX
 file in this process at batches 1 to 8, with the threads the layout gives an instance,
-before any traffic, and prefers the largest batch within `TOLERANCE` of the cheapest
-per image (a larger batch hands on a backlog in fewer runs). A curve is kept in the
-user's cache folder, keyed by the file's content, the threads, the CPU model and the
-ONNX Runtime release: measured once a machine, it costs about a second a model.
+before any traffic, and prefers the smallest batch of at least `MIN_BATCH` within
+`TOLERANCE` of the cheapest per image. The smallest: the requests of one batch run one
+after the other on one core while another instance may idle, so a batch larger than the
+curve pays for only lengthens the tail. At least 2: a batch of one pays the stubs' and
+Triton's round trip for every image, which a curve timed in process does not see. A
+curve is kept in the user's cache folder, keyed by the file's content, the threads, the
+CPU model and the ONNX Runtime release: measured once a machine, it costs about a
+second a model.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from tritonstack.serve.loaded import differs, ensemble_steps
 LOGGER = logging.getLogger("tritonstack.serve")
 SIZES = (1, 2, 4, 8)
 REPEATS = 5
-# Timing noise on a shared machine is a few per cent: within this of the cheapest, the
-# larger batch is taken.
+# Timing noise on a shared machine is a few per cent: within this of the cheapest, a
+# batch costs the same.
 TOLERANCE = 0.05
+# A batch of one pays a round trip through the stubs per image (the module's docstring).
+MIN_BATCH = 2
 CACHE_ENV = "TRITONSTACK_CACHE"
 
 
@@ -68,9 +73,11 @@ def cost_curve(onnx_path: Path, threads: int, sizes=SIZES, repeats: int = REPEAT
 
 
 def chosen_batch(curve: dict[int, float], tolerance: float = TOLERANCE) -> int:
-    """The largest batch whose cost per image is within `tolerance` of the cheapest."""
+    """The smallest batch of at least MIN_BATCH whose cost per image is within
+    `tolerance` of the cheapest; 1 only when no larger batch is."""
     cheapest = min(curve.values())
-    return max(size for size, ms in curve.items() if ms <= cheapest * (1 + tolerance))
+    affordable = [size for size, ms in curve.items() if ms <= cheapest * (1 + tolerance)]
+    return min([size for size in affordable if size >= MIN_BATCH] or affordable)
 
 
 def cache_path() -> Path:
