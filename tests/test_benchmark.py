@@ -13,7 +13,8 @@ from tritonstack.benchmark import results as result_keys
 
 
 def test_benchmark_writes_every_key(server, model_repository, tmp_path):
-    results = run.run(settings.SMOKE, model_repository, log=lambda _: None, server=server)
+    loadgen_logs = tmp_path / "benchmark_loadgen"
+    results = run.run(settings.SMOKE, model_repository, log=lambda _: None, server=server, loadgen_dir=loadgen_logs)
     out = tmp_path / "benchmark.json"
     result_keys.write_results(results, out)
     written = json.loads(out.read_text())
@@ -58,6 +59,10 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     )
     assert written["versions"]["tritonserver"] and written["cpu_count"] >= 1
     assert isinstance(written["missed_targets"], list)
+    # LoadGen ran Offline and the Server search against both sides, and its logs are kept.
+    for side in ("ours", "peer"):
+        assert written["loadgen"][side]["offline_images_per_s"] > 1 and written["loadgen"][side]["server_runs"]
+        assert "Result is" in (loadgen_logs / side / "offline" / "mlperf_log_summary.txt").read_text()
 
 
 def test_a_ratio_is_the_median_of_its_rounds_and_skips_empty_ones():

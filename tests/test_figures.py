@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.conftest import PROJECT_ROOT
-from tritonstack.benchmark import audio_cost, compare, cost, figures, region_speedup, results, run, vs_peer
+from tritonstack.benchmark import audio_cost, compare, cost, figures, loadgen, region_speedup, results, run, vs_peer
 
 # The phases' results that run.run() merges into the benchmark's report.
 BENCHMARK_PHASES = (
@@ -23,6 +23,7 @@ BENCHMARK_PHASES = (
     cost.CostFigures,
     cost.ServingCost,
     vs_peer.PeerFigures,
+    loadgen.LoadGenFigures,
 )
 WRITTEN_AFTER_THE_PHASES = {"benchmark_seconds", "missed_targets"}  # the command line and write_results
 

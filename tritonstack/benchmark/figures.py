@@ -204,6 +204,19 @@ _PEER = (
     ),
 )
 
+_LOADGEN = (
+    Figure(
+        "loadgen",
+        "",
+        "MLPerf LoadGen per side: Offline images/s, the highest Server rate it judges VALID at its p99 bound, "
+        "each Server run [rate, valid, p99 ms]; logs beside the report (<out>_loadgen/)",
+    ),
+    Figure("loadgen_vs_peer_offline", "ratio", "LoadGen Offline: ours / the peer's images/s", target=(">=", 1.0)),
+    Figure(
+        "loadgen_vs_peer_server", "ratio", "LoadGen Server: ours / the peer's highest VALID rate", target=(">=", 1.0)
+    ),
+)
+
 _WRITTEN_AFTER = (
     Figure("benchmark_seconds", "s", "the whole run (the command line adds it)"),
     Figure("missed_targets", "", "each target not met, with this CPU's ceiling where it has one"),
@@ -220,6 +233,7 @@ BENCHMARK = (
     *_INT8_AGREEMENT,
     *_COST,
     *_PEER,
+    *_LOADGEN,
     *_WRITTEN_AFTER,
 )
 

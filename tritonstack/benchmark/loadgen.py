@@ -3,7 +3,7 @@ by LoadGen itself, through one client adaptor a protocol.
 
     target = TritonHttpTarget("127.0.0.1:8000", "ensemble_dali_efficientnet_lite0")
     offline = run_scenario(target, images, Scenario.offline(seconds=20), log_dir)
-    best, runs = highest_valid_rate(server_run(target, images, 150, 20, log_dir), low=20, high=200)
+    best, runs = highest_valid_rate(server_run(target, images, plan, log_dir), low=20, high=200)
 
 LoadGen decides when each query is issued (all at once for Offline, Poisson arrivals at
 `server_target_qps` for Server), records every latency, and writes its verdict:
@@ -31,6 +31,8 @@ from pathlib import Path
 import aiohttp
 import mlperf_loadgen as lg
 
+from tritonstack.benchmark.settings import SERVER_MIN_QUERIES, LoadGenPlan
+
 # The records of mlperf_log_detail.txt that a result is read from.
 DETAIL_PREFIX = ":::MLLOG "
 VALIDITY_KEY = "result_validity"
@@ -38,6 +40,9 @@ P99_KEY = "result_99.00_percentile_latency_ns"
 RATE_KEYS = {"Offline": "result_samples_per_second", "Server": "result_completed_samples_per_sec"}
 SCHEDULED_KEY = "result_scheduled_samples_per_sec"
 REQUEST_TIMEOUT_S = 60.0
+# Offline: queries for this many times the rate measured before, so that they take at
+# least the minimum duration even if this run is a little faster.
+OFFLINE_MARGIN = 1.3
 
 
 class TritonHttpTarget:
@@ -95,7 +100,12 @@ class Scenario:
 
     @classmethod
     def server(
-        cls, rate: float, bound_ms: float, seconds: float, min_queries: int = 100, percentile: float = 0.99
+        cls,
+        rate: float,
+        bound_ms: float,
+        seconds: float,
+        min_queries: int = SERVER_MIN_QUERIES,
+        percentile: float = 0.99,
     ) -> Scenario:
         return cls("Server", seconds, min_queries, target_qps=rate, bound_ms=bound_ms, percentile=percentile)
 
@@ -234,11 +244,71 @@ def highest_valid_rate(
     return best, runs
 
 
-def server_run(target: Target, images: Sequence[bytes], p99_ms: float, seconds: float, log_dir: Path):
+def server_run(target: Target, images: Sequence[bytes], plan: LoadGenPlan, log_dir: Path):
     """`run(rate)` for highest_valid_rate: each rate's logs in log_dir/server_<rate>."""
 
     def run(rate: float) -> ScenarioResult:
         folder = log_dir / f"server_{rate:.1f}".replace(".", "_")
-        return run_scenario(target, images, Scenario.server(rate, p99_ms, seconds), folder)
+        scenario = Scenario.server(rate, plan.bound_ms, plan.server_seconds, plan.min_queries, plan.percentile)
+        return run_scenario(target, images, scenario, folder)
 
     return run
+
+
+def loadgen_figures(
+    sides: dict[str, tuple[Target, int, float]], images: Sequence[bytes], plan: LoadGenPlan, log_dir: Path, log=print
+) -> dict[str, dict]:
+    """For each side (name -> its adaptor, its best concurrency and the rate the
+    benchmark's closed loop measured there): LoadGen's Offline
+    throughput and the highest Poisson rate it judges VALID, each run's logs under
+    log_dir/<side>. Both sides see the same images and settings."""
+    figures = {}
+    for name, (target, concurrency, rate) in sides.items():
+        offline = run_offline(target, images, plan.offline_seconds, log_dir / name / "offline", concurrency, rate)
+        run = server_run(target, images, plan, log_dir / name)
+        best, runs = highest_valid_rate(
+            run, plan.low * offline.samples_per_s, plan.high * offline.samples_per_s, plan.steps
+        )
+        log(f"LoadGen, {name}: Offline {offline.samples_per_s:.1f} images/s, Server {_rate(best)} requests/s VALID")
+        figures[name] = {
+            "offline_images_per_s": round(offline.samples_per_s, 2) if offline.met else None,
+            "server_valid_rate": round(best.scheduled_per_s, 2) if best else None,
+            "server_p99_ms": round(best.p99_ms, 1) if best else None,  # LoadGen reports the p99 always
+            "server_runs": [[round(r.scheduled_per_s or 0, 2), r.met, round(r.p99_ms, 1)] for r in runs],
+            "percentile": plan.percentile,
+            "bound_ms": plan.bound_ms,
+        }
+    return figures
+
+
+def run_offline(target: Target, images: Sequence[bytes], seconds: float, log_dir: Path, concurrency: int, rate: float):
+    """Offline: LoadGen issues expected x seconds x 1.1 queries at once, VALID only if
+    answering them took `seconds`: expecting more than the side's measured `rate`
+    makes the run last at least that long."""
+    return run_scenario(target, images, Scenario.offline(seconds, rate * OFFLINE_MARGIN), log_dir, concurrency)
+
+
+def _rate(result: ScenarioResult | None) -> str:
+    return f"{result.scheduled_per_s:.1f}" if result and result.scheduled_per_s else "none"
+
+
+@dataclass(frozen=True)
+class LoadGenFigures:
+    """The benchmark's LoadGen keys: each side's results and ours over the peer's."""
+
+    loadgen: dict | None
+    loadgen_vs_peer_offline: float | None
+    loadgen_vs_peer_server: float | None
+
+
+def comparison(figures: dict[str, dict] | None, ours: str = "ours", theirs: str = "peer") -> LoadGenFigures:
+    """Ours over the peer's Offline throughput and highest valid Server rate; None where
+    a side has no valid result."""
+    if not figures:
+        return LoadGenFigures(None, None, None)
+
+    def ratio(key: str) -> float | None:
+        mine, peer = figures[ours][key], figures[theirs][key]
+        return round(mine / peer, 3) if mine and peer else None
+
+    return LoadGenFigures(figures, ratio("offline_images_per_s"), ratio("server_valid_rate"))

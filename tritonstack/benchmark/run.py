@@ -11,7 +11,8 @@ time goes (tritonstack.benchmark.single, .trace); an open loop at 70 % of satura
 the capacity under an SLO against an ideal queue (.ideal_queue); INT8's agreement
 with FP32; each library's CPU per image and the ceilings it sets (.cost); with the
 peer extra, a FastAPI + Pillow + ONNX Runtime service on the same classifier files
-(.vs_peer).
+(.vs_peer), and MLPerf's LoadGen against both sides: Offline, and the highest Poisson
+rate it judges VALID at a p99 bound (.loadgen; its logs beside the report).
 
 Every throughput ratio is the median of `repeats` interleaved rounds (A, B, A, B, ...
 in one run, so that drift on a shared machine hits both sides alike), written with
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import sys
 import tempfile
@@ -45,6 +47,13 @@ from tritonstack.benchmark.cost import cost_figures, serving_cost
 from tritonstack.benchmark.figures import BENCHMARK, Median, docstring_listing, report
 from tritonstack.benchmark.ideal_queue import ideal_capacity
 from tritonstack.benchmark.inprocess import inprocess_best_setting, inprocess_phase
+from tritonstack.benchmark.loadgen import (
+    LoadGenFigures,
+    PeerHttpTarget,
+    TritonHttpTarget,
+    comparison,
+    loadgen_figures,
+)
 from tritonstack.benchmark.phases import (
     Phase,
     capacity_at_slo,
@@ -99,18 +108,28 @@ class Trace:
     ensemble_trace_ms_p50: dict | None  # None on a given server: its trace file, if any, is not ours
 
 
-def run(settings: Settings, repository: Path, log=print, server: TritonServer | GivenServer | None = None) -> dict:
+def run(
+    settings: Settings,
+    repository: Path,
+    log=print,
+    server: TritonServer | GivenServer | None = None,
+    loadgen_dir: Path | None = None,
+) -> dict:
     """All measurements; on `server` if given (it must serve `repository`), else on
-    a server started and stopped here."""
+    a server started and stopped here. LoadGen's logs go to `loadgen_dir` (else they
+    are dropped with a temporary folder)."""
     images = weighted_images(400)
     log("in-process reference (DALI + ONNX Runtime, no server): the best thread/batch setting...")
     setting = inprocess_best_setting(repository, images, settings)
     machine = Machine(
-        settings.__dict__ | {"quick": settings is QUICK}, cpu_model(), cpu_flags(), os.cpu_count(), setting
+        dataclasses.asdict(settings) | {"quick": settings is QUICK}, cpu_model(), cpu_flags(), os.cpu_count(), setting
     )
     with tempfile.TemporaryDirectory(prefix="benchmark-") as folder:
         trace_file = Path(folder) / "trace.json"
-        served, by_model, client_times = _run_on_server(settings, repository, images, setting, log, server, trace_file)
+        logs = loadgen_dir or Path(folder) / "loadgen"
+        served, by_model, client_times = _run_on_server(
+            settings, repository, images, setting, log, server, trace_file, logs
+        )
         # The server has stopped: its trace file is complete.
         trace = Trace(trace_medians(trace_file, client_times) if client_times else None)
     log("INT8 vs FP32 classifier on the parity corpus (in process)...")
@@ -129,7 +148,14 @@ class ServerFigures:
 
 
 def _run_on_server(
-    settings: Settings, repository: Path, images: list[bytes], setting: dict, log, server, trace_file: Path
+    settings: Settings,
+    repository: Path,
+    images: list[bytes],
+    setting: dict,
+    log,
+    server,
+    trace_file: Path,
+    loadgen_dir: Path,
 ) -> tuple[list, dict[str, float], list[tuple[int, int]]]:
     """Every measurement through a server: the phases' results, each process role's CPU
     per image in the HTTP rounds (serving_cost's input), and the client's times of the
@@ -158,9 +184,26 @@ def _run_on_server(
         against: PeerOpenLoop | None = None
         if peer:
             against = peer_open_loop(server, peer, images, settings, slower_rate(rounds), log)
-        served = [rounded, state, single, looped, capacity, peer_figures(rounds, against)]
+        measured_by_loadgen = loadgen_phase(server, peer, images, concurrency, rounds, settings, loadgen_dir, log)
+        served = [rounded, state, single, looped, capacity, peer_figures(rounds, against), measured_by_loadgen]
         by_model = median_by_model(rounds.get("http", []))
         return served, by_model, traced_single_requests(server, settings.traced_requests) if own else []
+
+
+def loadgen_phase(
+    server, running_peer, images: list[bytes], concurrency: int, rounds, settings: Settings, log_dir: Path, log
+) -> LoadGenFigures:
+    """MLPerf's LoadGen, Offline and Server, against ours over HTTP and the peer, at the
+    concurrency that saturated ours and the same images (tritonstack.benchmark.loadgen)."""
+    if running_peer is None or settings.loadgen is None:
+        return comparison(None)
+    rates = {name: np.median([phase.images_per_s for phase in rounds[name]]) for name in ("http", "peer")}
+    sides = {
+        "ours": (TritonHttpTarget(server.http_url, DALI_ENSEMBLE), concurrency, rates["http"]),
+        "peer": (PeerHttpTarget(running_peer.url, CLASSIFIER), concurrency, rates["peer"]),
+    }
+    log(f"MLPerf LoadGen: Offline, then the highest VALID Server rate, logs in {log_dir}...")
+    return comparison(loadgen_figures(sides, images, settings.loadgen, log_dir, log))
 
 
 @contextlib.contextmanager

@@ -41,6 +41,30 @@ INT8_ENSEMBLE = contract.ensemble_name(INT8_PRESET)
 REQUEST_TIMEOUT_S = 60.0
 
 
+# LoadGen's early stopping judges a p99 only after ~460 queries all in time, more with a
+# few late ones: below that a Server run is INVALID whatever its latencies.
+SERVER_MIN_QUERIES = 800
+# The latency bound of LoadGen's Server runs: a p99 a user of an interactive service accepts.
+P99_BOUND_MS = 150.0
+
+
+@dataclass(frozen=True)
+class LoadGenPlan:
+    """What `loadgen_figures` runs for each side: Offline at the side's own best
+    concurrency, then the Server search between `low` and `high` times that Offline
+    throughput for the highest rate LoadGen judges VALID: its `percentile` latency under
+    `bound_ms`."""
+
+    bound_ms: float
+    offline_seconds: float
+    server_seconds: float
+    steps: int
+    low: float = 0.4
+    high: float = 1.0
+    percentile: float = 0.99
+    min_queries: int = SERVER_MIN_QUERIES
+
+
 @dataclass(frozen=True)
 class Settings:
     """How long each phase measures; warm-up runs before every measurement."""
@@ -55,6 +79,7 @@ class Settings:
     capacity_s: float = 8.0  # per capacity probe
     traced_requests: int = 100  # at concurrency 1 with Triton's tracing on
     open_loop_min_requests: int = 1000  # per open-loop phase: a p99 from ~10 slowest, not from one
+    loadgen: LoadGenPlan | None = None  # MLPerf's LoadGen against ours and the peer (benchmark/loadgen.py)
 
 
 FULL = Settings(
@@ -67,17 +92,36 @@ FULL = Settings(
     capacity_probes=6,
     capacity_s=20.0,
     traced_requests=300,
+    loadgen=LoadGenPlan(P99_BOUND_MS, offline_seconds=20.0, server_seconds=15.0, steps=5),
 )
 
 
 QUICK = Settings(
-    5.0, 1.0, (8, 24), ((8, 1, 1), (32, 1, 1), (8, 2, 2)), 10.0, repeats=3, capacity_probes=4, capacity_s=6.0
+    5.0,
+    1.0,
+    (8, 24),
+    ((8, 1, 1), (32, 1, 1), (8, 2, 2)),
+    10.0,
+    repeats=3,
+    capacity_probes=4,
+    capacity_s=6.0,
+    loadgen=LoadGenPlan(P99_BOUND_MS, offline_seconds=6.0, server_seconds=6.0, steps=3),
 )
 
 
 # For the test suite: every key, in the least time that still measures something.
 SMOKE = Settings(
-    0.6, 0.2, (4,), ((8, 2, 2),), 1.5, repeats=2, capacity_probes=1, capacity_s=1.0, open_loop_min_requests=0
+    0.6,
+    0.2,
+    (4,),
+    ((8, 2, 2),),
+    1.5,
+    repeats=2,
+    capacity_probes=1,
+    capacity_s=1.0,
+    open_loop_min_requests=0,
+    # The 90th percentile: LoadGen's early stopping is met by ~50 queries, not ~460.
+    loadgen=LoadGenPlan(P99_BOUND_MS, offline_seconds=0.5, server_seconds=0.5, steps=1, percentile=0.9, min_queries=48),
 )
 
 

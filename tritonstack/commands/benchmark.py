@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
             f"(rounds {results['regions_speedup_spread']})"
         )
         return 0 if results["errors"] == 0 else 1
-    results = benchmark_run.run(settings, args.model_repository.resolve(), log=log, server=server)
+    loadgen_dir = args.out.parent / f"{args.out.stem}_loadgen"  # LoadGen's own logs, kept beside the report
+    results = benchmark_run.run(settings, args.model_repository.resolve(), log, server, loadgen_dir)
     results["benchmark_seconds"] = time.monotonic() - started
     print(write_results(results, args.out))
     return 0 if results["errors"] == 0 else 1
