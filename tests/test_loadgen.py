@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tritonstack.benchmark.loadgen import (
     PeerHttpTarget,
     Scenario,
@@ -46,6 +48,27 @@ def test_the_result_is_read_from_loadgens_detail_log(tmp_path):
     result = read_result("Server", tmp_path, errors=3)
     assert (result.valid, result.samples_per_s, result.scheduled_per_s, result.p99_ms) == (False, 41.5, 42.0, 123.4)
     assert not result.met
+
+
+@pytest.mark.parametrize(("constraints_met", "short"), [(True, 38), (False, 0)])
+def test_the_queries_early_stopping_asked_for_are_read_when_nothing_else_failed(tmp_path, constraints_met, short):
+    (tmp_path / "mlperf_log_detail.txt").write_text(
+        "\n".join(
+            [
+                detail_line("result_validity", "INVALID"),
+                detail_line("result_completed_samples_per_sec", 46.2),
+                detail_line("result_99.00_percentile_latency_ns", 97_000_000),
+                detail_line("result_query_count", 800),
+                detail_line("result_perf_constraints_met", constraints_met),
+                detail_line("early_stopping_met", False),
+                detail_line(
+                    "early_stopping_result", " * Run unsuccessful.  * Would need to run at least 38 more queries"
+                ),
+            ]
+        )
+    )
+    result = read_result("Server", tmp_path)
+    assert (result.queries, result.queries_short) == (800, short)
 
 
 def test_the_last_record_of_a_key_wins():

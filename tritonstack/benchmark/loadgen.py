@@ -22,7 +22,9 @@ log's structured records, not recomputed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +41,14 @@ VALIDITY_KEY = "result_validity"
 P99_KEY = "result_99.00_percentile_latency_ns"
 RATE_KEYS = {"Offline": "result_samples_per_second", "Server": "result_completed_samples_per_sec"}
 SCHEDULED_KEY = "result_scheduled_samples_per_sec"
+QUERY_COUNT_KEY = "result_query_count"
+CONSTRAINTS_MET_KEY = "result_perf_constraints_met"
+EARLY_STOPPING_MET_KEY = "early_stopping_met"
+EARLY_STOPPING_KEY = "early_stopping_result"
+# A Server run that met everything but early stopping is run once more with what LoadGen
+# asked for, this many times over (the extra queries may be late too), at most MAX_QUERIES.
+EARLY_STOPPING_MARGIN = 2
+MAX_QUERIES = 4000
 REQUEST_TIMEOUT_S = 60.0
 # Offline: queries for this many times the rate measured before, so that they take at
 # least the minimum duration even if this run is a little faster.
@@ -134,6 +144,8 @@ class ScenarioResult:
     p99_ms: float
     errors: int  # queries the server answered with an error (LoadGen counts them as done)
     log_dir: Path
+    queries: int = 0  # how many LoadGen sent
+    queries_short: int = 0  # Server: more queries LoadGen's early stopping asked for, all else met
 
     @property
     def met(self) -> bool:
@@ -203,6 +215,10 @@ def read_result(scenario: str, log_dir: Path, errors: int = 0) -> ScenarioResult
     """The result LoadGen recorded in `log_dir`'s mlperf_log_detail.txt."""
     records = detail_records((log_dir / "mlperf_log_detail.txt").read_text())
     scheduled = records.get(SCHEDULED_KEY)
+    short = 0
+    if records.get(EARLY_STOPPING_MET_KEY) is False and records.get(CONSTRAINTS_MET_KEY) is True:
+        wanted = re.search(r"at least (\d+) more queries", str(records.get(EARLY_STOPPING_KEY, "")))
+        short = int(wanted[1]) if wanted else 0
     return ScenarioResult(
         scenario=scenario,
         valid=records[VALIDITY_KEY] == "VALID",
@@ -211,6 +227,8 @@ def read_result(scenario: str, log_dir: Path, errors: int = 0) -> ScenarioResult
         p99_ms=float(records[P99_KEY]) / 1e6,
         errors=errors,
         log_dir=log_dir,
+        queries=int(records.get(QUERY_COUNT_KEY, 0)),
+        queries_short=short,
     )
 
 
@@ -250,7 +268,12 @@ def server_run(target: Target, images: Sequence[bytes], plan: LoadGenPlan, log_d
     def run(rate: float) -> ScenarioResult:
         folder = log_dir / f"server_{rate:.1f}".replace(".", "_")
         scenario = Scenario.server(rate, plan.bound_ms, plan.server_seconds, plan.min_queries, plan.percentile)
-        return run_scenario(target, images, scenario, folder)
+        result = run_scenario(target, images, scenario, folder)
+        wanted = result.queries + EARLY_STOPPING_MARGIN * result.queries_short
+        if result.queries_short and wanted <= MAX_QUERIES:  # LoadGen's own recommendation, followed once
+            longer = dataclasses.replace(scenario, min_queries=wanted)
+            result = run_scenario(target, images, longer, folder.with_name(folder.name + "_longer"))
+        return result
 
     return run
 
