@@ -13,7 +13,7 @@ from tests.conftest import PROJECT_ROOT
 
 # A path inside the repository as text names it: tritonstack/serve/launcher.py, docs/memory.md#pools.
 PATH_REFERENCE = re.compile(
-    r"(?<![\w./-])((?:tritonstack|tests|loadtests|clients|deploy|docs|\.ci)/[\w./-]*\w\.(?:py|md|yaml|json|pbtxt|tpl|txt))"
+    r"(?<![\w./-])((?:tritonstack|tests|clients|deploy|docs|\.ci)/[\w./-]*\w\.(?:py|md|yaml|json|pbtxt|tpl|txt))"
     r"(#[\w-]+)?"
 )
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -121,7 +121,7 @@ def test_the_overload_figures_are_declared_for_the_lead_to_wire():
 
 
 def test_the_overload_phase_writes_exactly_its_declared_figures():
-    from tritonstack.benchmark.overload import PhaseResult
+    from tritonstack.benchmark.goodput import PhaseResult
 
     fields = {field.name for field in dataclasses.fields(PhaseResult)}
     assert fields == {figure.key for figure in figures.OVERLOAD}

@@ -45,7 +45,7 @@ BACKEND_SHARED = (
 )
 # Tools that run the stack and measure it: they may use every room; no room, shared
 # module or other tool imports them.
-TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics")
+TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics", "tritonstack.loadtests")
 # One module per sub-command (its parser and main): they may use every room and tool;
 # only the `tritonstack` entry point imports them.
 COMMANDS = "tritonstack.commands"
@@ -161,10 +161,9 @@ def test_every_command_module_has_parser_run_and_main():
 
 
 def runnable_modules() -> list[str]:
-    """Every module of the package and the load test with a `__main__` guard: what
-    `python -m` runs."""
+    """Every module of the package with a `__main__` guard: what `python -m` runs."""
     guard = re.compile(r"^if __name__ == .__main__.:", re.MULTILINE)
-    paths = [*PACKAGE.rglob("*.py"), *(PROJECT_ROOT / "loadtests").glob("*.py")]
+    paths = list(PACKAGE.rglob("*.py"))
     return sorted(module_name(path) for path in paths if guard.search(path.read_text()))
 
 
@@ -172,7 +171,7 @@ def test_every_runnable_module_runs_its_command_or_names_the_one_that_replaced_i
     """No silent entry point: `python -m X --help` prints a usage, or exits non-zero
     saying which `tritonstack ...` command to run instead."""
     modules = runnable_modules()
-    assert {"loadtests.headless", "tritonstack.benchmark.run", "tritonstack.commands.serve"} <= set(modules)
+    assert {"tritonstack.loadtests.headless", "tritonstack.benchmark.run", "tritonstack.commands.serve"} <= set(modules)
 
     def help_of(module: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -192,7 +191,6 @@ def test_no_sys_path_edits_outside_tests():
     """Modules import each other as a package."""
     sources = [
         *PACKAGE.rglob("*.py"),
-        *(PROJECT_ROOT / "loadtests").rglob("*.py"),
         *(PROJECT_ROOT / "clients").rglob("*.py"),
         PROJECT_ROOT / "build_pipelines.py",
     ]
@@ -204,7 +202,7 @@ def test_no_function_over_60_lines():
     """Short functions: a newcomer reads one on a screen."""
     sources = [
         path
-        for folder in ("tritonstack", "loadtests", "clients", "deploy", "tests")
+        for folder in ("tritonstack", "clients", "deploy", "tests")
         for path in (PROJECT_ROOT / folder).rglob("*.py")
     ]
     long = [
@@ -225,7 +223,7 @@ def test_few_modules_loose_at_the_package_root():
 
 def test_architecture_names_every_module_and_the_docstring_every_sub_package():
     layout = (PROJECT_ROOT / "docs" / "architecture.md").read_text()
-    modules = [*PACKAGE.rglob("*.py"), *(PROJECT_ROOT / "loadtests").glob("*.py")]
+    modules = list(PACKAGE.rglob("*.py"))
     unnamed = sorted(
         str(path.relative_to(PROJECT_ROOT))
         for path in modules
@@ -242,7 +240,6 @@ def test_architecture_names_every_module_and_the_docstring_every_sub_package():
 def test_no_module_outside_tests_over_500_lines():
     sources = [
         *PACKAGE.rglob("*.py"),
-        *(PROJECT_ROOT / "loadtests").rglob("*.py"),
         *(PROJECT_ROOT / "clients").rglob("*.py"),
         *(PROJECT_ROOT / "deploy").rglob("*.py"),
     ]

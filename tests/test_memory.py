@@ -131,7 +131,7 @@ def test_round_3_adds_under_2_mib_on_a_fresh_default_server(one_stub_repository)
 
 def test_the_dali_stub_runs_with_the_allocator_settings_it_was_given(dali_server):
     """By default the launcher gives the stubs DALI's host pool threshold
-    (backend_settings.stub_defaults) and nothing else; --compact-memory adds its glibc settings."""
+    (tritonstack.backends.settings.stub_defaults) and nothing else; --compact-memory adds its glibc settings."""
     name, server = dali_server
     environ = psutil.Process(stub_pid(server.pid, MODEL)).environ()
     keys = (DALI_HOST_POOL_ENV, MALLOC_TRIM_ENV, *STUB_ENVIRONMENT)

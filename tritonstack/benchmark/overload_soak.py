@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from tritonstack.benchmark.overload import (
+from tritonstack.benchmark.goodput import (
     Target,
     in_flight_bound,
     measure_capacity,

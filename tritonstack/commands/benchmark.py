@@ -12,13 +12,13 @@ from pathlib import Path
 
 from tritonstack import cli
 from tritonstack.benchmark import run as benchmark_run
-from tritonstack.benchmark.results import write_results
-from tritonstack.benchmark.settings import (
+from tritonstack.benchmark.phase_settings import (
     DALI_ENSEMBLE,
     FULL,
     QUICK,
     SMOKE,
 )
+from tritonstack.benchmark.results import write_results
 from tritonstack.client.preflight import check_model
 from tritonstack.client.retry import RetryPolicy
 from tritonstack.contract import admin_headers

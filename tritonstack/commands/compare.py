@@ -1,4 +1,4 @@
-"""`tritonstack compare`: the command line of tritonstack.benchmark.compare (see its docstring)."""
+"""`tritonstack compare`: the command line of tritonstack.benchmark.interleaved (see its docstring)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import time
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark import compare as comparison
-from tritonstack.benchmark.compare import SIDES, compare, environment_assignment, table
-from tritonstack.benchmark.settings import DALI_ENSEMBLE, INT8_ENSEMBLE
+from tritonstack.benchmark import interleaved
+from tritonstack.benchmark.interleaved import SIDES, compare, environment_assignment, table
+from tritonstack.benchmark.phase_settings import DALI_ENSEMBLE, INT8_ENSEMBLE
 from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.layout import LAYOUTS, REPOSITORY_LAYOUT
 from tritonstack.serve.supervision import RecyclePolicy, Supervision
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = cli.parser(comparison.__doc__)
+    parser = cli.parser(interleaved.__doc__)
     parser.add_argument("--a-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--b-repository", type=Path, help="default: A's")
     parser.add_argument("--a-env", type=environment_assignment, action="append", default=[], metavar="NAME=VALUE")

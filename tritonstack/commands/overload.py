@@ -1,4 +1,4 @@
-"""`tritonstack overload`: the command line of tritonstack.benchmark.overload, and with
+"""`tritonstack overload`: the command line of tritonstack.benchmark.goodput, and with
 --soak of tritonstack.benchmark.overload_soak (see their docstrings)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark import overload, overload_soak
+from tritonstack.benchmark import goodput, overload_soak
 from tritonstack.benchmark.phases import weighted_images
 from tritonstack.client.preflight import check_model
 from tritonstack.client.retry import RetryPolicy
@@ -19,15 +19,15 @@ from tritonstack.serve.target import given_endpoints, target_server
 
 
 def parser() -> argparse.ArgumentParser:
-    made = cli.parser(overload.__doc__)
+    made = cli.parser(goodput.__doc__)
     made.add_argument("--out", type=Path, required=True, help="JSON file to write")
     made.add_argument("--model", default=DEFAULT_MODEL)
     made.add_argument("--model-repository", type=Path, default=Path("model_repository"), help="served if no --url")
-    cli.add_options(made, overload.OverloadSettings)
+    cli.add_options(made, goodput.OverloadSettings)
     made.add_argument(
         "--within-capacity",
         action="store_true",
-        help=f"one open loop at {overload.WITHIN_CAPACITY:g}x the capacity instead of --multiples: "
+        help=f"one open loop at {goodput.WITHIN_CAPACITY:g}x the capacity instead of --multiples: "
         "what a busy hour refuses or answers late",
     )
     soak = made.add_argument_group("--soak: load swinging below and beyond capacity, every answer checked")
@@ -41,18 +41,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = cli.from_args(overload.OverloadSettings, args)
+    settings = cli.from_args(goodput.OverloadSettings, args)
     if args.within_capacity:
-        settings = dataclasses.replace(settings, multiples=(overload.WITHIN_CAPACITY,))
+        settings = dataclasses.replace(settings, multiples=(goodput.WITHIN_CAPACITY,))
     http_url, grpc_url, _ = given_endpoints(args.url, args.grpc_url, None)
     with target_server(args.model_repository, http_url, grpc_url, None) as server:
-        target = overload.Target(server.http_url, server.grpc_url, server.admin_headers("http"), server.pid)
-        for protocol in overload.PROTOCOLS if args.soak else settings.protocols:
+        target = goodput.Target(server.http_url, server.grpc_url, server.admin_headers("http"), server.pid)
+        for protocol in goodput.PROTOCOLS if args.soak else settings.protocols:
             check_model(target.url(protocol), protocol, args.model, admin_headers(protocol), RetryPolicy(retries=1))
         if args.soak:
             results = soak(args, settings, target, server.pid)
         else:
-            results = overload.run_overload(target, args.model, weighted_images(400), settings, log=cli_log)
+            results = goodput.run_overload(target, args.model, weighted_images(400), settings, log=cli_log)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"report: {args.out}")
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(phase["failed"] == 0 for phase in results["phases"]) else 1
 
 
-def soak(args, settings: overload.OverloadSettings, target: overload.Target, server_pid: int | None) -> dict:
+def soak(args, settings: goodput.OverloadSettings, target: goodput.Target, server_pid: int | None) -> dict:
     soak_settings = overload_soak.SoakSettings(
         seconds=args.soak_seconds,
         period_s=args.period_seconds,

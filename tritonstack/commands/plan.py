@@ -1,4 +1,4 @@
-"""`tritonstack plan`: the command line of tritonstack.benchmark.plan (see its docstring)."""
+"""`tritonstack plan`: the command line of tritonstack.benchmark.capacity_plan (see its docstring)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark import plan as planning
-from tritonstack.benchmark.plan import InfeasiblePlan, plan
+from tritonstack.benchmark import capacity_plan
+from tritonstack.benchmark.capacity_plan import InfeasiblePlan, plan
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = cli.parser(planning.__doc__)
+    parser = cli.parser(capacity_plan.__doc__)
     parser.add_argument("benchmark", type=Path, help="JSON written by tritonstack/benchmark --out")
     parser.add_argument("--target-rps", type=float, required=True, help="requests per second to serve")
     parser.add_argument("--p99-ms", type=float, required=True, help="p99 latency budget, ms")

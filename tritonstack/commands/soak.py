@@ -1,4 +1,4 @@
-"""`tritonstack soak`: the command line of tritonstack.diagnostics.soak (see its docstring)."""
+"""`tritonstack soak`: the command line of tritonstack.diagnostics.memory_growth (see its docstring)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.diagnostics import soak as soaking
-from tritonstack.diagnostics.soak import run_soak, summary
+from tritonstack.diagnostics import memory_growth
+from tritonstack.diagnostics.memory_growth import run_soak, summary
 from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.launcher import TritonServer
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = cli.parser(soaking.__doc__.split("\n\n")[0])
+    parser = cli.parser(memory_growth.__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=1800, help="seconds of load")
     parser.add_argument("--warmup", type=float, default=None, help="seconds left out of the slope (default: a quarter)")
     parser.add_argument("--workers", type=cli.positive_int, default=2, help="threads per protocol")

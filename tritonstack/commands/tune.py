@@ -1,4 +1,4 @@
-"""`tritonstack tune`: the command line of tritonstack.benchmark.tune (see its docstring)."""
+"""`tritonstack tune`: the command line of tritonstack.benchmark.layout_search (see its docstring)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark import tune, tune_output
+from tritonstack.benchmark import layout_search, tune_output
 from tritonstack.benchmark.phases import weighted_images
 from tritonstack.contract import DEFAULT_MODEL
 from tritonstack.rules.unbuilt import unservable_reason
@@ -17,26 +17,26 @@ from tritonstack.serve.server_config import ServerConfig
 
 
 def parser() -> argparse.ArgumentParser:
-    made = cli.parser(tune.__doc__)
+    made = cli.parser(layout_search.__doc__)
     made.add_argument("--model-repository", type=Path, default=Path("model_repository"), help="the one tuned")
     made.add_argument("--model", default=DEFAULT_MODEL, help="the ensemble whose steps are sized")
     made.add_argument("--out", type=Path, required=True, help="the new repository folder (must not exist)")
     made.add_argument("--report", type=Path, default=Path("reports/tune"), help="tune.json, tune.md, pareto.png")
-    cli.add_options(made, tune.TuneSettings)
+    cli.add_options(made, layout_search.TuneSettings)
     return made
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = cli.from_args(tune.TuneSettings, args)
+    settings = cli.from_args(layout_search.TuneSettings, args)
     _check_paths(args.model_repository, args.out)
     cores = read_cores()
     print(f"tuning {args.model} on {cores.describe()}, objective {settings.objective}, budget {settings.budget_s:g} s")
     with TritonServer(ServerConfig(args.model_repository)) as server:
-        start, results = tune.search(server, args.model, weighted_images(200), cores.usable, settings, print)
-    chosen = tune.best(results, settings)
+        start, results = layout_search.search(server, args.model, weighted_images(200), cores.usable, settings, print)
+    chosen = layout_search.best(results, settings)
     args.report.mkdir(parents=True, exist_ok=True)
     tune_output.save(args.report, results, chosen, tune_output.report(start, results, chosen, settings, cores.usable))
-    unmet = tune.unmet_bound(results, settings)
+    unmet = layout_search.unmet_bound(results, settings)
     if unmet:  # the report says what each candidate reached; no folder claims what none did
         print(f"report: {args.report / 'tune.md'}, {args.report / 'pareto.png'}")
         print(f"error: {unmet}", file=sys.stderr)
