@@ -5,7 +5,7 @@ On a fresh default server: three identical rounds of 1500
 requests, round 3 - round 2 under 2 MiB of the stub's anonymous memory (its shared
 memory is the Python backend's region: below). The dali backend counts DALI's pool pages
 when a mapping nearly full of them would otherwise take late first writes
-(tritonstack.backends.residency.py); without it, that run measured +0.82 then
+(tritonstack/backends/residency.py); without it, that run measured +0.82 then
 +2.56 MiB in rounds 3 and 4 (docs/memory.md).
 
 After a burst of full batches of the largest photos and two rounds (DALI's pool
