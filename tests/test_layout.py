@@ -261,9 +261,9 @@ def test_the_layout_reader_places_a_name_in_its_folder():
     tree = (
         "# Project layout\n```\ntritonstack/  the package\n  serve/      launcher.py,\n"
         + " " * 26
-        + "x.py\n  cli.py\n```"
+        + "limits.py\n  cli.py\n```"
     )
-    assert listed_paths(tree) == {"tritonstack/serve/launcher.py", "tritonstack/serve/x.py", "tritonstack/cli.py"}
+    assert listed_paths(tree) == {"tritonstack/serve/launcher.py", "tritonstack/serve/limits.py", "tritonstack/cli.py"}
 
 
 def test_no_two_modules_share_a_file_name_but_model_py():
