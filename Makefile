@@ -29,7 +29,13 @@ PYTEST_WORKERS ?= 2
 
 # Every extra of pyproject.toml (client, serve, build, loadtest, test), each version
 # pinned in constraints.txt.
+# The tritonserver wheel ships Python backend stubs for 3.8-3.13: a venv of another
+# Python cannot serve, so `make` stops at once, in one line, naming the range.
+SUPPORTED_PYTHON := import sys; v = sys.version_info[:2]; sys.exit(None if (3, 10) <= v <= (3, 13) else \
+	f"Python {v[0]}.{v[1]}: tritonstack serves on Python 3.10-3.13 (the backend stubs of the tritonserver wheel); run make PYTHON=python3.12")
+
 $(INSTALLED): constraints.txt pyproject.toml
+	@$$(test -x $(PY) && echo $(PY) || echo $(PYTHON)) -c '$(SUPPORTED_PYTHON)'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet pip==25.3 setuptools==84.2.1
 	$(PY) -m pip install --quiet --no-build-isolation -c constraints.txt -e ".[all]"

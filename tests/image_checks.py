@@ -229,7 +229,7 @@ def test_the_locust_image_drives_the_server_headless_for_a_bounded_run(container
             "--network",
             f"container:{container.name}",
             "--volume",
-            f"{PROJECT_ROOT / 'loadtests'}:/locust/loadtests:ro",
+            f"{PROJECT_ROOT / 'tritonstack' / 'loadtests'}:/locust/loadtests:ro",
             "--env",
             "PYTHONPATH=/locust",
             LOCUST_IMAGE,

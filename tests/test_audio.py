@@ -350,7 +350,7 @@ def test_audio_benchmark_writes_its_declared_figures(server):
     """`tritonstack benchmark --audio`'s measurement, its shortest phases, on the session server."""
     from tritonstack.benchmark.audio_cost import run_audio
     from tritonstack.benchmark.figures import AUDIO, written_keys
-    from tritonstack.benchmark.settings import SMOKE
+    from tritonstack.benchmark.phase_settings import SMOKE
 
     results = run_audio(server, SMOKE, log=lambda text: None)
     assert results["errors"] == 0
@@ -363,8 +363,8 @@ def test_audio_benchmark_writes_its_declared_figures(server):
 def test_locust_users_send_speech_and_check_its_segments(server, tmp_path, user):
     """`tritonstack loadtest --audio`: the sample clip to the audio preset, each answer
     checked for its three segments; a few seconds, bounded by a request count."""
-    from loadtests.report import final_stats
     from tritonstack.commands import loadtest
+    from tritonstack.loadtests.report import final_stats
 
     servers = ["--url", server.http_url, "--grpc-url", server.grpc_url, "--metrics-url", server.metrics_url]
     bounds = ["--shape", "closed", "--users", "2", "--run-time", "8", "--max-requests", "12"]

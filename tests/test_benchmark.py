@@ -8,13 +8,13 @@ import math
 
 import pytest
 
-from tritonstack.benchmark import phases, run, settings, single
+from tritonstack.benchmark import phase_settings, phases, run, single
 from tritonstack.benchmark import results as result_keys
 
 
 def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     loadgen_logs = tmp_path / "benchmark_loadgen"
-    results = run.run(settings.SMOKE, model_repository, log=lambda _: None, server=server, loadgen_dir=loadgen_logs)
+    results = run.run(phase_settings.SMOKE, model_repository, lambda _: None, server, loadgen_dir=loadgen_logs)
     out = tmp_path / "benchmark.json"
     result_keys.write_results(results, out)
     written = json.loads(out.read_text())
@@ -36,7 +36,7 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     assert 0 <= written["ensemble_overhead_share"] < 1
     assert set(single.HOPS) <= set(written["ensemble_hops_ms_p50"])
     assert 0 < written["grpc_round_trip_ms_p50"] < written["latency_ms_p50_concurrency_1"]
-    assert 0 <= written["capacity_at_slo"] <= settings.CAPACITY_MAX_FRACTION
+    assert 0 <= written["capacity_at_slo"] <= phase_settings.CAPACITY_MAX_FRACTION
     assert written["capacity_probes"] and all(probe["rate"] > 0 for probe in written["capacity_probes"])
     for suffix in ("", "_crops"):
         assert 0 <= written[f"int8_top1_agreement{suffix}"] <= 1 and 0 <= written[f"int8_top5_overlap{suffix}"] <= 5
@@ -110,7 +110,7 @@ def test_regions_benchmark_writes_its_figures(server):
     from tritonstack.benchmark.region_speedup import run_regions
 
     # Rounds of 3 s: a one-second round on a loaded machine may end before a photo's crops are answered.
-    written = run_regions(server, 4, dataclasses.replace(settings.SMOKE, seconds=3.0), log=lambda _: None)
+    written = run_regions(server, 4, dataclasses.replace(phase_settings.SMOKE, seconds=3.0), log=lambda _: None)
     assert written["boxes"] == 4 and written["errors"] == 0
     # A round that measured nothing is skipped, not every round.
     for key in ("regions_crops_per_s", "per_crop_crops_per_s", "regions_crops_per_cpu_s", "per_crop_crops_per_cpu_s"):

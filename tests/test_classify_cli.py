@@ -1,4 +1,4 @@
-"""clients/classify.py against the real server: one result per input file in
+"""`tritonstack classify` against the real server: one result per input file in
 every format and mode, error lines for broken files, exit codes, progress and
 summary on stderr."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clients import classify
+from tritonstack.commands import classify
 from tritonstack.samples.photos import PHOTOS, photo_path
 from tritonstack.serve.network import free_port
 
@@ -142,12 +142,13 @@ def test_no_image_files_exits_2(tmp_path, capsys):
     assert "no image, clip or audio files" in err
 
 
-def test_runs_as_a_script(server):
-    script = Path(classify.__file__)
+def test_runs_as_the_tritonstack_command(server):
     done = subprocess.run(
         [
             sys.executable,
-            str(script),
+            "-m",
+            "tritonstack",
+            "classify",
             str(photo_path("coffee.png")),
             "--url",
             server.grpc_url,

@@ -24,7 +24,6 @@ from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.network import free_port
 from tritonstack.serve.server_config import ServerConfig
 
-CLASSIFY = Path(__file__).resolve().parent.parent / "clients" / "classify.py"
 # Enough that the run is still sending when the first server stops after LINES_BEFORE_STOP
 # lines, and that most of it is left for the second server.
 IMAGES = 200
@@ -81,11 +80,13 @@ def successful_inferences(server: TritonServer) -> int:
 
 
 def start_folder_run(folder: Path, url: str, protocol: str, admin_key: str, options: list[str], stderr_path: Path):
-    """clients/classify.py on the folder, its results as JSON lines on stdout."""
+    """`tritonstack classify` on the folder, its results as JSON lines on stdout."""
     return subprocess.Popen(
         [
             sys.executable,
-            str(CLASSIFY),
+            "-m",
+            "tritonstack",
+            "classify",
             str(folder),
             "--url",
             url,

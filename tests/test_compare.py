@@ -1,4 +1,4 @@
-"""tritonstack/benchmark/compare.py measures two real servers in interleaved rounds and writes
+"""tritonstack/benchmark/interleaved.py measures two real servers in interleaved rounds and writes
 what it promises (the shortest settings: figures are rough, keys are real).
 Performance itself is never asserted here."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tritonstack.benchmark import compare
+from tritonstack.benchmark import interleaved
 from tritonstack.commands import compare as compare_command
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
@@ -40,7 +40,7 @@ def compared(repository, out, *load: str) -> dict:
 def test_two_servers_interleaved(lite0_repository, tmp_path, capsys):
     written = compared(lite0_repository, tmp_path / "compare.json", "--seconds", "1", "--concurrency", "4")
     figures = written["models"][ENSEMBLE]
-    for side in compare.SIDES:
+    for side in interleaved.SIDES:
         assert figures[f"{side}_images_per_s"] > 1 and figures[f"{side}_errors"] == 0
         assert 0 < figures[f"{side}_ms_p50"] <= figures[f"{side}_ms_p99"]
         assert "stub:preprocess_dali_efficientnet_lite0" in written["server_rss_mb_by_process"][side]
@@ -58,7 +58,7 @@ def test_an_open_loop_at_a_rate(lite0_repository, tmp_path):
     written = compared(lite0_repository, tmp_path / "compare.json", "--seconds", "1.5", "--rate", "20")
     assert written["settings"]["rate"] == 20 and written["settings"]["concurrency"] is None
     figures = written["models"][ENSEMBLE]
-    for side in compare.SIDES:  # an open loop sends rate x seconds requests, whatever the server does
+    for side in interleaved.SIDES:  # an open loop sends rate x seconds requests, whatever the server does
         assert 10 <= figures[f"{side}_images_per_s"] * 1.5 <= 40 and figures[f"{side}_errors"] == 0
     low, high = figures["b_over_a_ms_p99_spread"]
     assert 0 < low <= figures["b_over_a_ms_p99"] <= high
@@ -74,7 +74,7 @@ def test_the_same_server_twice_is_refused(lite0_repository, tmp_path):
         == 2
     )
     assert not (tmp_path / "x.json").exists()
-    assert compare.recycle_policy(0) is None and compare.recycle_policy(None) == compare.RecyclePolicy()
+    assert interleaved.recycle_policy(0) is None and interleaved.recycle_policy(None) == interleaved.RecyclePolicy()
 
 
 def test_a_rate_must_be_positive(lite0_repository, tmp_path):
@@ -97,7 +97,7 @@ def test_a_rate_must_be_positive(lite0_repository, tmp_path):
 
 
 def test_an_environment_assignment_needs_a_name():
-    assert compare.environment_assignment("A_B=1=2") == ("A_B", "1=2")
+    assert interleaved.environment_assignment("A_B=1=2") == ("A_B", "1=2")
     for text in ("NOVALUE", "=1", "1A=2"):
         with pytest.raises(Exception, match="NAME=VALUE"):
-            compare.environment_assignment(text)
+            interleaved.environment_assignment(text)

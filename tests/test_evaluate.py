@@ -1,4 +1,4 @@
-"""clients/evaluate.py on an ImageFolder-style set built from scikit-image's
+"""`tritonstack evaluate` on an ImageFolder-style set built from scikit-image's
 photos, against the real server."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import shutil
 import pytest
 from PIL import Image
 
-from clients import evaluate
+from tritonstack.commands import evaluate
 from tritonstack.samples.photos import photo_path
 
 

@@ -13,12 +13,12 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
-from loadtests import metrics
 from tests.conftest import TEST_STOP_GRACE_S
 from tests.processes import wait_for
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
-from tritonstack.diagnostics.soak import MixedLoad
+from tritonstack.diagnostics.memory_growth import MixedLoad
+from tritonstack.loadtests import metrics
 from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.layout import StepLayout, with_layout

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.conftest import PROJECT_ROOT
-from tritonstack.benchmark import audio_cost, compare, cost, figures, loadgen, region_speedup, results, run, vs_peer
+from tritonstack.benchmark import audio_cost, cost, figures, interleaved, loadgen, region_speedup, results, run, vs_peer
 
 # The phases' results that run.run() merges into the benchmark's report.
 BENCHMARK_PHASES = (
@@ -53,7 +53,7 @@ def test_a_group_declares_each_key_once_with_a_meaning(group):
         (BENCHMARK_PHASES, figures.BENCHMARK, WRITTEN_AFTER_THE_PHASES),
         ((region_speedup.RegionFigures,), figures.REGIONS, {"benchmark_seconds"}),
         ((audio_cost.AudioFigures,), figures.AUDIO, {"benchmark_seconds"}),
-        ((compare.ModelComparison,), figures.COMPARE, set()),
+        ((interleaved.ModelComparison,), figures.COMPARE, set()),
     ],
 )
 def test_the_phases_measure_exactly_the_declared_figures(phases, declared, outside):
@@ -122,7 +122,7 @@ def test_the_overload_figures_are_declared_for_the_lead_to_wire():
 
 
 def test_the_overload_phase_writes_exactly_its_declared_figures():
-    from tritonstack.benchmark.overload import PhaseResult
+    from tritonstack.benchmark.goodput import PhaseResult
 
     fields = {field.name for field in dataclasses.fields(PhaseResult)}
     assert fields == {figure.key for figure in figures.OVERLOAD}

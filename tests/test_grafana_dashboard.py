@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from loadtests.metrics import REFUSED_REASON
 from tests.chart import RELEASE, helm, one, render
 from tests.promql import exported_series, metric_names, parse, unexported
+from tritonstack.loadtests.metrics import REFUSED_REASON
 
 CONFIGMAP = f"{RELEASE}-image-classifier-grafana-dashboard"
 # Exported by Triton only where it sees a GPU (the server's user guide, metrics.md).

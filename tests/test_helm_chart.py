@@ -29,7 +29,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.image.build import LOCUST
-from loadtests.metrics import QUEUE_US, REFUSED_REASON, SUCCESS
 from tests.chart import (
     CHART,
     HELM,
@@ -51,6 +50,7 @@ from tritonstack import cli
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.commands import serve
 from tritonstack.contract import ADMIN_KEY_ENV, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL, is_video_model
+from tritonstack.loadtests.metrics import QUEUE_US, REFUSED_REASON, SUCCESS
 from tritonstack.samples.photos import PHOTOS, photo_bytes
 from tritonstack.serve.network import LOOPBACK, free_port
 from tritonstack.serve.process_tree import server_stubs
@@ -384,9 +384,11 @@ def test_locust_configmap_carries_the_projects_own_users():
     data = one(objects, "ConfigMap", f"{RELEASE}-image-classifier-locust")["data"]
     assert set(data) == set(LOADTEST_FILES)
     for name in LOADTEST_FILES:
-        assert data[name] == (PROJECT_ROOT / "loadtests" / name).read_text(), name
-    # Everything the mounted files import from loadtests/ is mounted too.
-    imported = {m for text in data.values() for m in re.findall(r"^from loadtests\.(\w+) import", text, re.M)}
+        assert data[name] == (PROJECT_ROOT / "tritonstack" / "loadtests" / name).read_text(), name
+    # Everything the mounted files import from tritonstack.loadtests is mounted too.
+    imported = {
+        m for text in data.values() for m in re.findall(r"^from tritonstack\.loadtests\.(\w+) import", text, re.M)
+    }
     assert {f"{m}.py" for m in imported} <= set(data)
     # What they import from the package (the corpus among it) is in the image's tritonstack.
     from_package = {m for text in data.values() for m in re.findall(r"^from (tritonstack[.\w]*) import", text, re.M)}

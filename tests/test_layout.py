@@ -45,7 +45,7 @@ BACKEND_SHARED = (
 )
 # Tools that run the stack and measure it: they may use every room; no room, shared
 # module or other tool imports them.
-TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics")
+TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics", "tritonstack.loadtests")
 # One module per sub-command (its parser and main): they may use every room and tool;
 # only the `tritonstack` entry point imports them.
 COMMANDS = "tritonstack.commands"
@@ -161,10 +161,9 @@ def test_every_command_module_has_parser_run_and_main():
 
 
 def runnable_modules() -> list[str]:
-    """Every module of the package and the load test with a `__main__` guard: what
-    `python -m` runs."""
+    """Every module of the package with a `__main__` guard: what `python -m` runs."""
     guard = re.compile(r"^if __name__ == .__main__.:", re.MULTILINE)
-    paths = [*PACKAGE.rglob("*.py"), *(PROJECT_ROOT / "loadtests").glob("*.py")]
+    paths = list(PACKAGE.rglob("*.py"))
     return sorted(module_name(path) for path in paths if guard.search(path.read_text()))
 
 
@@ -172,7 +171,7 @@ def test_every_runnable_module_runs_its_command_or_names_the_one_that_replaced_i
     """No silent entry point: `python -m X --help` prints a usage, or exits non-zero
     saying which `tritonstack ...` command to run instead."""
     modules = runnable_modules()
-    assert {"loadtests.headless", "tritonstack.benchmark.run", "tritonstack.commands.serve"} <= set(modules)
+    assert {"tritonstack.loadtests.headless", "tritonstack.benchmark.run", "tritonstack.commands.serve"} <= set(modules)
 
     def help_of(module: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -192,7 +191,6 @@ def test_no_sys_path_edits_outside_tests():
     """Modules import each other as a package."""
     sources = [
         *PACKAGE.rglob("*.py"),
-        *(PROJECT_ROOT / "loadtests").rglob("*.py"),
         *(PROJECT_ROOT / "clients").rglob("*.py"),
         PROJECT_ROOT / "build_pipelines.py",
     ]
@@ -204,7 +202,7 @@ def test_no_function_over_60_lines():
     """Short functions: a newcomer reads one on a screen."""
     sources = [
         path
-        for folder in ("tritonstack", "loadtests", "clients", "deploy", "tests")
+        for folder in ("tritonstack", "clients", "deploy", "tests")
         for path in (PROJECT_ROOT / folder).rglob("*.py")
     ]
     long = [
@@ -223,15 +221,35 @@ def test_few_modules_loose_at_the_package_root():
     assert len(loose) <= 6, loose
 
 
-def test_architecture_names_every_module_and_the_docstring_every_sub_package():
+NAME_COLUMN_END = 20  # the layout tree's names stop before this column, its descriptions start after
+
+
+def listed_paths(layout: str) -> set[str]:
+    """The files docs/architecture.md's layout tree names, by path: each `name.py` of a
+    line belongs to the innermost folder (`media/`, `  dali/`) opened above it."""
+    tree = layout.split("# Project layout", 1)[1].split("```")[1]
+    folders: list[tuple[int, str]] = []  # (indent, folder) from the root in
+    found = set()
+    for line in tree.splitlines():
+        head = re.match(r"( *)(\S+)", line)
+        if head and len(head[1]) < NAME_COLUMN_END:  # a line of the name column: a folder or a file
+            indent = len(head[1])
+            folders = [(i, f) for i, f in folders if i < indent]
+            folders += [(indent, head[2])] if head[2].endswith("/") else []
+        where = "".join(folder for _, folder in folders)
+        found.update(where + name for name in re.findall(r"(?<![\w/.])(\w+\.py)\b", line))
+    return found
+
+
+def test_architecture_lists_every_module_by_path_and_the_docstring_every_sub_package():
     layout = (PROJECT_ROOT / "docs" / "architecture.md").read_text()
-    modules = [*PACKAGE.rglob("*.py"), *(PROJECT_ROOT / "loadtests").glob("*.py")]
-    unnamed = sorted(
+    listed = listed_paths(layout)
+    unlisted = sorted(
         str(path.relative_to(PROJECT_ROOT))
-        for path in modules
-        if path.name != "__init__.py" and path.name not in layout and not path.name.startswith("shape_")
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py" and str(path.relative_to(PROJECT_ROOT)) not in listed
     )
-    assert unnamed == []
+    assert unlisted == []
     import tritonstack
 
     sub_packages = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
@@ -239,10 +257,24 @@ def test_architecture_names_every_module_and_the_docstring_every_sub_package():
     assert [name for name in sub_packages if f"`{name}/`" not in tritonstack.__doc__] == []
 
 
+def test_the_layout_reader_places_a_name_in_its_folder():
+    tree = (
+        "# Project layout\n```\ntritonstack/  the package\n  serve/      launcher.py,\n"
+        + " " * 26
+        + "limits.py\n  cli.py\n```"
+    )
+    assert listed_paths(tree) == {"tritonstack/serve/launcher.py", "tritonstack/serve/limits.py", "tritonstack/cli.py"}
+
+
+def test_no_two_modules_share_a_file_name_but_model_py():
+    """A name says which module it is: a command and its engine, two settings.py, never."""
+    names = [path.name for path in PACKAGE.rglob("*.py") if path.name not in ("__init__.py", "model.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
+
+
 def test_no_module_outside_tests_over_500_lines():
     sources = [
         *PACKAGE.rglob("*.py"),
-        *(PROJECT_ROOT / "loadtests").rglob("*.py"),
         *(PROJECT_ROOT / "clients").rglob("*.py"),
         *(PROJECT_ROOT / "deploy").rglob("*.py"),
     ]

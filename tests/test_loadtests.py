@@ -16,13 +16,13 @@ import threading
 import time
 import urllib.request
 
-from loadtests import headless, metrics
-from loadtests.load_options import LoadOptions
-from loadtests.report import GeneratorCpu, cpu_section, final_stats
 from tests.conftest import PROJECT_ROOT
 from tests.processes import wait_for
 from tritonstack import cli
 from tritonstack.commands import loadtest
+from tritonstack.loadtests import headless, metrics
+from tritonstack.loadtests.load_options import LoadOptions
+from tritonstack.loadtests.report import GeneratorCpu, cpu_section, final_stats
 from tritonstack.serve.network import free_port
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"

@@ -5,7 +5,7 @@ On a fresh default server: three identical rounds of 1500
 requests, round 3 - round 2 under 2 MiB of the stub's anonymous memory (its shared
 memory is the Python backend's region: below). The dali backend counts DALI's pool pages
 when a mapping nearly full of them would otherwise take late first writes
-(tritonstack.backends.residency.py); without it, that run measured +0.82 then
+(tritonstack/backends/residency.py); without it, that run measured +0.82 then
 +2.56 MiB in rounds 3 and 4 (docs/memory.md).
 
 After a burst of full batches of the largest photos and two rounds (DALI's pool
@@ -131,7 +131,7 @@ def test_round_3_adds_under_2_mib_on_a_fresh_default_server(one_stub_repository)
 
 def test_the_dali_stub_runs_with_the_allocator_settings_it_was_given(dali_server):
     """By default the launcher gives the stubs DALI's host pool threshold
-    (backend_settings.stub_defaults) and nothing else; --compact-memory adds its glibc settings."""
+    (tritonstack.backends.settings.stub_defaults) and nothing else; --compact-memory adds its glibc settings."""
     name, server = dali_server
     environ = psutil.Process(stub_pid(server.pid, MODEL)).environ()
     keys = (DALI_HOST_POOL_ENV, MALLOC_TRIM_ENV, *STUB_ENVIRONMENT)

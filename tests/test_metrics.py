@@ -3,10 +3,10 @@
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from loadtests import metrics
 from tests.processes import wait_for
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import RetryPolicy
+from tritonstack.loadtests import metrics
 from tritonstack.samples.photos import photo_bytes
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"

@@ -22,12 +22,10 @@ from PIL import Image
 from tritonclient.grpc import model_config_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
-from loadtests.metrics import REFUSED_REASON
-from loadtests.metrics import failures_by_reason as exported_failures
 from tests import repo_factory as rf
 from tests.conftest import TEST_STOP_GRACE_S, served_instances
 from tests.processes import wait_for
-from tritonstack.benchmark import overload, overload_soak
+from tritonstack.benchmark import goodput, overload_soak
 from tritonstack.benchmark.phases import weighted_images
 from tritonstack.build.presets import BuildOptions, preset_named
 from tritonstack.build.repository import classifier_config, dali_config, write_repository
@@ -46,6 +44,8 @@ from tritonstack.client.retry import (
 )
 from tritonstack.client.throttle import ClientThrottledError
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
+from tritonstack.loadtests.metrics import REFUSED_REASON
+from tritonstack.loadtests.metrics import failures_by_reason as exported_failures
 from tritonstack.objective import DEFAULT_OBJECTIVE_MS, OBJECTIVE_PARAMETER
 from tritonstack.repository_files import read_config
 from tritonstack.samples.photos import photo_bytes, photo_path, sample_jpeg
@@ -366,19 +366,19 @@ def quiet(text: str) -> None:
 @pytest.fixture(scope="module")
 def overload_target(admission_server):
     server = admission_server
-    return overload.Target(server.http_url, server.grpc_url, server.admin_headers("http"), server.pid)
+    return goodput.Target(server.http_url, server.grpc_url, server.admin_headers("http"), server.pid)
 
 
-@pytest.mark.parametrize("clients", overload.CLIENTS)
+@pytest.mark.parametrize("clients", goodput.CLIENTS)
 def test_the_overload_measurement_accounts_for_every_request(overload_target, clients):
     """`tritonstack overload`, short: at 3x the capacity measured first, every request
     ends in time, refused or late (none failed), the steps' own counters say what was
     computed, and the server is back to idle latency soon after. Stock clients, which
     send no `timeout`, are refused too: by the latency objective."""
-    settings = overload.OverloadSettings(
+    settings = goodput.OverloadSettings(
         seconds=4.0, multiples=(3.0,), protocols=("grpc",), capacity_s=3.0, clients=clients
     )
-    report = overload.run_overload(overload_target, FIRST_STEP_ENSEMBLE, weighted_images(40), settings, log=quiet)
+    report = goodput.run_overload(overload_target, FIRST_STEP_ENSEMBLE, weighted_images(40), settings, log=quiet)
     phase = report["phases"][0]
     assert report["capacity_rps"] > 0
     assert phase["failed"] == 0, phase["failures"]
@@ -388,7 +388,7 @@ def test_the_overload_measurement_accounts_for_every_request(overload_target, cl
     assert set(computed) == {FIRST_STEP, "efficientnet_lite0"}
     assert all(count >= phase["in_time"] for count in computed.values()), phase
     assert 0.0 <= phase["wasted_share"] <= 1.0, phase  # how much depends on the machine's load
-    assert phase["recovery_s"] < overload.RECOVERY_LIMIT_S, phase  # back to idle latency, not given up
+    assert phase["recovery_s"] < goodput.RECOVERY_LIMIT_S, phase  # back to idle latency, not given up
     assert phase["server_rss_growth_mb"] is not None and phase["clients"] == clients
     assert 0 <= phase["refused_by_client"] <= phase["refused"], phase  # our throttle's, none for stock clients
     assert clients == "ours" or phase["refused_by_client"] == 0, phase

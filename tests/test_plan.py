@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tritonstack.benchmark import plan, results
+from tritonstack.benchmark import capacity_plan, results
 from tritonstack.commands import plan as plan_command
 
 # One replica: saturates at 100 req/s, 20 ms unloaded; at 70 req/s p50 30 ms, p99 60 ms.
@@ -20,7 +20,7 @@ MEASURED = {
 
 
 def test_a_loose_budget_stays_at_the_measured_load():
-    result = plan.plan(MEASURED, target_rps=500, p99_budget_ms=120)
+    result = capacity_plan.plan(MEASURED, target_rps=500, p99_budget_ms=120)
     # p99(u) = 20 + k u/(1-u), k = 40 / (0.7/0.3) = 17.14; 120 ms allows u <= 0.854 ...
     assert result.model_utilization == pytest.approx(0.8537, abs=1e-4)
     # ... but nothing was measured past 0.7: 70 req/s per replica, ceil(500/70) = 8.
@@ -30,25 +30,25 @@ def test_a_loose_budget_stays_at_the_measured_load():
 
 
 def test_a_tight_budget_lowers_the_load_per_replica():
-    result = plan.plan(MEASURED, target_rps=500, p99_budget_ms=50)
+    result = capacity_plan.plan(MEASURED, target_rps=500, p99_budget_ms=50)
     # (50 - 20) / 17.14 = 1.75 = u/(1-u): u = 0.636, 63.6 req/s per replica.
     assert result.utilization == pytest.approx(1.75 / 2.75)
     assert result.replicas == math.ceil(500 / (100 * 1.75 / 2.75)) == 8
     # Waiting at u: 10 ms * 1.75 / (0.7/0.3) = 7.5 ms.
     assert result.target_queue_time_us == 7500
-    assert plan.plan(MEASURED, 60, 50).replicas == 1
+    assert capacity_plan.plan(MEASURED, 60, 50).replicas == 1
 
 
 def test_a_budget_below_the_unloaded_latency_is_infeasible():
-    with pytest.raises(plan.InfeasiblePlan):
-        plan.plan(MEASURED, 100, 15)
+    with pytest.raises(capacity_plan.InfeasiblePlan):
+        capacity_plan.plan(MEASURED, 100, 15)
 
 
 def test_plan_reads_only_keys_the_benchmark_promises():
     # REQUIRED_KEYS is what test_benchmark checks a real run writes.
-    assert set(plan.PLAN_KEYS) <= set(results.REQUIRED_KEYS), set(plan.PLAN_KEYS) - set(results.REQUIRED_KEYS)
+    assert set(capacity_plan.PLAN_KEYS) - set(results.REQUIRED_KEYS) == set()
     with pytest.raises(KeyError):
-        plan.plan({"server_images_per_s": 1.0}, 1, 100)
+        capacity_plan.plan({"server_images_per_s": 1.0}, 1, 100)
 
 
 def test_command_line_shows_the_arithmetic(tmp_path, capsys):

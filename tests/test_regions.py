@@ -398,8 +398,8 @@ def test_each_box_matches_its_pillow_crop_classified_in_process(regions_server, 
 
 @pytest.mark.parametrize("user", ["grpc", "http"])
 def test_locust_users_send_random_boxes_and_check_a_row_per_box(regions_server, tmp_path, user):
-    from loadtests.report import final_stats
     from tritonstack.commands import loadtest
+    from tritonstack.loadtests.report import final_stats
 
     servers = ["--url", regions_server.http_url, "--grpc-url", regions_server.grpc_url]
     bounds = ["--shape", "closed", "--users", "1", "--run-time", "60", "--max-requests", "6"]

@@ -1,4 +1,4 @@
-"""The DALI stub's pool residency (tritonstack.backends.residency.py): which
+"""The DALI stub's pool residency (tritonstack/backends/residency.py): which
 mappings it faults in, and that faulting in keeps their data, on this kernel."""
 
 from __future__ import annotations

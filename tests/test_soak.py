@@ -10,7 +10,7 @@ from tritonclient.utils import InferenceServerException
 
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
-from tritonstack.diagnostics.soak import MixedLoad, is_refusal_of_bad_data, run_soak, summary
+from tritonstack.diagnostics.memory_growth import MixedLoad, is_refusal_of_bad_data, run_soak, summary
 from tritonstack.samples.photos import bad_samples
 
 QUICK_S = 20

@@ -2,7 +2,7 @@
 server started with the benchmark's trace flags, one traced phase, the file it
 writes when it stops. The parts of each request add up to the client's latency."""
 
-from tritonstack.benchmark import settings, single
+from tritonstack.benchmark import phase_settings, single
 from tritonstack.benchmark.trace import PARTS, covered, read_traces, request_hops, trace_args
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig
@@ -17,7 +17,9 @@ def test_a_traced_phase_splits_each_request(lite0_repository, tmp_path):
     traces = read_traces(trace_file)
     # Only the traced phase: the untraced first request and readiness calls left no trace.
     assert len([t for t in traces.values() if t.parent_id is None]) == COUNT
-    hops = request_hops(traces, client_times, settings.DALI_ENSEMBLE, (settings.DALI_PREPROCESS, settings.CLASSIFIER))
+    hops = request_hops(
+        traces, client_times, phase_settings.DALI_ENSEMBLE, (phase_settings.DALI_PREPROCESS, phase_settings.CLASSIFIER)
+    )
     assert set(hops) == set(PARTS) and all(len(values) == COUNT for values in hops.values())
     for index, (sent, received) in enumerate(client_times):
         parts = {part: hops[part][index] for part in PARTS}

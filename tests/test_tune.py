@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tritonstack.benchmark.tune import (
+from tritonstack.benchmark.layout_search import (
     Layout,
     Measured,
     TuneSettings,

@@ -22,6 +22,7 @@ Those three never import each other. What they share:
 - `backends/`: our Python-based `dali` and `onnxruntime` backends and the settings
   the launcher hands them.
 
-The tools run the whole stack: `benchmark/` and `diagnostics/`; `commands/` holds one
+The tools run the whole stack: `benchmark/`, `diagnostics/` and `loadtests/` (Locust);
+`commands/` holds one
 command line per sub-command of `tritonstack` (`__main__`).
 """

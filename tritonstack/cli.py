@@ -80,7 +80,8 @@ def subcommand(commands, name: str, **kwargs) -> ArgumentParser:
 
 
 def add_debug_option(parser_: argparse.ArgumentParser) -> None:
-    parser_.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
+    action = parser_.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
+    action.declared_by = add_debug_option
 
 
 def positive_int(text: str) -> int:
@@ -234,9 +235,17 @@ class Option:
     def dest(self) -> str:
         return _dest(self.flag)
 
+    def prefixed(self, prefix: str) -> Option:
+        """The same option for one of several alike (compare's --a-layout, --b-layout)."""
+        if not prefix:
+            return self
+        help_ = f"{prefix.upper()}: {self.argparse.get('help', '')}".rstrip(": ")
+        return dataclasses.replace(self, flag=f"--{prefix}-{self.flag[2:]}", argparse={**self.argparse, "help": help_})
+
 
 def _dest(flag: str) -> str:
-    """argparse's name for a flag's value: --response-cache-mb -> response_cache_mb."""
+    """argparse's name for a flag's value: --response-cache-mb -> response_cache_mb (a
+    positional argument's flag is its name: `paths`)."""
     return flag.lstrip("-").replace("-", "_")
 
 
@@ -248,6 +257,7 @@ class Nested:
     cls: type
     off: Option | None = None
     none_if: Callable | None = None
+    prefix: str = ""  # its flags are --<prefix>-<flag>
 
 
 def option(default, flag: str, *, const=UNSET, convert=None, command_default=UNSET, group=None, **argparse_):
@@ -260,14 +270,24 @@ def option(default, flag: str, *, const=UNSET, convert=None, command_default=UNS
     return dataclasses.field(default=default, metadata={_OPTION: spec})
 
 
-def nested(cls: type, default=REQUIRED, *, default_factory=REQUIRED, off: str | None = None, off_help="", none_if=None):
-    """A field holding a `cls` whose options are this dataclass's too."""
+def nested(
+    cls: type,
+    default=REQUIRED,
+    *,
+    default_factory=REQUIRED,
+    off: str | None = None,
+    off_help="",
+    none_if=None,
+    prefix: str = "",
+):
+    """A field holding a `cls` whose options are this dataclass's too (`prefix`: each
+    flag as --<prefix>-<flag>, for one of two alike)."""
     off_option = Option(off, {"help": off_help}, const=None) if off else None
-    spec = Nested(cls, off_option, none_if)
+    spec = Nested(cls, off_option, none_if, prefix)
     return dataclasses.field(default=default, default_factory=default_factory, metadata={_NESTED: spec})
 
 
-def add_options(parser_: argparse.ArgumentParser, cls: type, defaults=None) -> None:
+def add_options(parser_: argparse.ArgumentParser, cls: type, defaults=None, prefix: str = "") -> None:
     """An argument for each option of the dataclass `cls` and of those it nests.
     `defaults`: an instance whose values the command line shows and uses as defaults
     (computed at run time: MemoryLimits.default()); else each field's default."""
@@ -277,21 +297,23 @@ def add_options(parser_: argparse.ArgumentParser, cls: type, defaults=None) -> N
         if _NESTED in field.metadata:
             spec = field.metadata[_NESTED]
             if spec.off:
-                _add(parser_, spec.off, None)
-            add_options(parser_, spec.cls, default)
+                _add(parser_, spec.off.prefixed(prefix), None)
+            add_options(parser_, spec.cls, default, spec.prefix or prefix)
         elif _OPTION in field.metadata:
-            spec = field.metadata[_OPTION]
+            spec = field.metadata[_OPTION].prefixed(prefix)
             if spec.group and spec.group not in groups:
                 groups[spec.group] = parser_.add_argument_group(spec.group.title, spec.group.description)
             _add(groups.get(spec.group, parser_), spec, default)
 
 
 def _add(parser_, spec: Option, default) -> None:
+    """The argparse argument, marked as declared here (tests/test_cli_options.py looks)."""
     if spec.const is not UNSET:
-        parser_.add_argument(spec.flag, action="store_true", **spec.argparse)
+        action = parser_.add_argument(spec.flag, action="store_true", **spec.argparse)
     else:
         shown = default if spec.command_default is UNSET else spec.command_default
-        parser_.add_argument(spec.flag, default=shown, **spec.argparse)
+        action = parser_.add_argument(spec.flag, default=shown, **spec.argparse)
+    action.declared_by = spec
 
 
 def _field_default(field: dataclasses.Field):
@@ -300,17 +322,17 @@ def _field_default(field: dataclasses.Field):
     return None if field.default is dataclasses.MISSING else field.default
 
 
-def from_args(cls: type, args: argparse.Namespace, **fixed):
+def from_args(cls: type, args: argparse.Namespace, prefix: str = "", **fixed):
     """A `cls` from parsed arguments; `fixed`: fields the command line does not set.
     A field whose option this parser does not have keeps its default."""
     values = {}
     for field in dataclasses.fields(cls):
         if field.name in fixed:
             continue
-        if _NESTED in field.metadata and any(hasattr(args, _dest(flag)) for flag in flags(field.metadata[_NESTED].cls)):
-            values[field.name] = _nested_value(field.metadata[_NESTED], args)
-        elif _OPTION in field.metadata and hasattr(args, field.metadata[_OPTION].dest):
-            spec = field.metadata[_OPTION]
+        if _NESTED in field.metadata and _given(field.metadata[_NESTED], args, prefix):
+            values[field.name] = _nested_value(field.metadata[_NESTED], args, prefix)
+        elif _OPTION in field.metadata and hasattr(args, field.metadata[_OPTION].prefixed(prefix).dest):
+            spec = field.metadata[_OPTION].prefixed(prefix)
             typed = getattr(args, spec.dest)
             if spec.const is UNSET:
                 values[field.name] = spec.convert(typed) if spec.convert else typed
@@ -319,18 +341,27 @@ def from_args(cls: type, args: argparse.Namespace, **fixed):
     return cls(**values, **fixed)
 
 
-def _nested_value(spec: Nested, args: argparse.Namespace):
-    if spec.off and getattr(args, spec.off.dest):
+def _given(spec: Nested, args: argparse.Namespace, prefix: str) -> bool:
+    """Whether this parser has any of the nested dataclass's options."""
+    own = spec.prefix or prefix
+    return any(hasattr(args, _dest(Option(flag, {}).prefixed(own).flag)) for flag in flags(spec.cls))
+
+
+def _nested_value(spec: Nested, args: argparse.Namespace, prefix: str = ""):
+    own = spec.prefix or prefix
+    if spec.off and getattr(args, spec.off.prefixed(own).dest):
         return None
-    value = from_args(spec.cls, args)
+    value = from_args(spec.cls, args, own)
     return None if spec.none_if and spec.none_if(value) else value
 
 
-def to_argv(options) -> list[str]:
+def to_argv(options, fields: tuple[str, ...] | None = None) -> list[str]:
     """The command line that from_args turns back into `options` (for a process that
-    parses its own: Locust's workers); options without a `convert`."""
+    parses its own: Locust's workers); options without a `convert`. `fields`: only these."""
     argv = []
     for field in dataclasses.fields(options):
+        if fields is not None and field.name not in fields:
+            continue
         spec = field.metadata.get(_OPTION)
         value = getattr(options, field.name)
         if spec is None or value is None:
@@ -352,3 +383,57 @@ def flags(cls: type) -> list[str]:
         elif _OPTION in field.metadata:
             found.append(field.metadata[_OPTION].flag)
     return found
+
+
+def mirror(owner: type, name: str, default=UNSET, **argparse_):
+    """A field set as the dataclass `owner`'s field `name` is (its flag, type, choices,
+    convert), with another default or help: one option taken by another command as well
+    (compare's sides mirror serve's)."""
+    source = next(field for field in dataclasses.fields(owner) if field.name == name)
+    spec = source.metadata[_OPTION]
+    spec = dataclasses.replace(spec, argparse={**spec.argparse, **argparse_}, command_default=UNSET, group=None)
+    return dataclasses.field(default=_field_default(source) if default is UNSET else default, metadata={_OPTION: spec})
+
+
+def out_option(default=None, *, help: str, **argparse_):
+    """--out, the one file or folder a command writes: a Path everywhere, its default
+    and meaning each command's (required where it has no default)."""
+    required = {"required": True} if default is REQUIRED else {}
+    return option(None if default is REQUIRED else default, "--out", type=Path, help=help, **required, **argparse_)
+
+
+# --- option groups more than one command takes: declared here, once ---
+
+DEFAULT_REPOSITORY = Path("model_repository")  # the folder the command runs in, as `make` runs it
+
+
+@dataclasses.dataclass(frozen=True)
+class RepositoryOption:
+    """The model repository a command serves or writes."""
+
+    model_repository: Path = option(
+        DEFAULT_REPOSITORY,
+        "--model-repository",
+        type=Path,
+        help="the model repository (a server started here serves it)",
+    )
+
+
+RUNNING_SERVER = Group("a running server instead of starting one (e.g. the NGC container)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerAddress:
+    """A running Triton to use instead of starting one: its HTTP and gRPC addresses."""
+
+    url: str | None = option(None, "--url", group=RUNNING_SERVER, help="HTTP host:port (or http://host:port)")
+    grpc_url: str | None = option(None, "--grpc-url", group=RUNNING_SERVER, help="gRPC host:port (or grpc://host:port)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerEndpoints(ServerAddress):
+    """ServerAddress and the server's Prometheus endpoint, for what it says of itself."""
+
+    metrics_url: str | None = option(
+        None, "--metrics-url", group=RUNNING_SERVER, help="host:port or http://host:port/metrics"
+    )

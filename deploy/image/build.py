@@ -89,7 +89,8 @@ class ImageSpec:
 
 SERVE = ImageSpec(PROJECT_ROOT / "deploy" / "image" / "Dockerfile", "serve,client", repository=True)
 # The chart's Locust pods: the client package, Locust, gevent, scikit-image (its photos
-# are the corpus); the users (loadtests/) are mounted from the chart's ConfigMap.
+# are the corpus) and the users (tritonstack/loadtests/, in the client package); the
+# chart mounts the locustfile from its ConfigMap.
 LOCUST = ImageSpec(PROJECT_ROOT / "deploy" / "locust" / "Dockerfile", "client", ("locust", "gevent", "scikit-image"))
 
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tritonstack.benchmark.figures import AUDIO, Median, report
+from tritonstack.benchmark.phase_settings import Settings
 from tritonstack.benchmark.phases import Phase, closed_loop, interleaved, ratios, server_cpu_seconds
 from tritonstack.benchmark.results import cpu_model
-from tritonstack.benchmark.settings import Settings
 from tritonstack.build.vad_graph import SAMPLE_RATE, sequence_model_path
 from tritonstack.contract import DEFAULT_AUDIO_MODEL
 from tritonstack.samples.speech import sample_speech, sample_track

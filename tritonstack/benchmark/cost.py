@@ -35,8 +35,8 @@ import onnxruntime as ort
 from tritonstack.benchmark import peer
 from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.inprocess import dali_preprocessing
+from tritonstack.benchmark.phase_settings import CLASSIFIER, DALI_PREPROCESS, DALI_PRESET, INT8_PRESET
 from tritonstack.benchmark.phases import interleaved, ratios
-from tritonstack.benchmark.settings import CLASSIFIER, DALI_PREPROCESS, DALI_PRESET, INT8_PRESET
 from tritonstack.build.model_files import VERSION
 from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.presets import preset_named

@@ -64,7 +64,7 @@ def _promised_median(key: str, unit: str, meaning: str, **declared) -> Figure:
 
 
 _MACHINE = (
-    Figure("settings", "", "the phases' durations and rounds (tritonstack/benchmark/settings.py)"),
+    Figure("settings", "", "the phases' durations and rounds (tritonstack/benchmark/phase_settings.py)"),
     _promised("cpu_model", "", "the CPU, as /proc/cpuinfo names it"),
     _promised("cpu_flags", "", "the CPU's instruction-set extensions that change which kernels run"),
     _promised("cpu_count", "cores", "the cores this process sees"),

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from tritonstack.benchmark import gpu_check
+from tritonstack.benchmark.phase_settings import DALI_ENSEMBLE, DALI_PREPROCESS, Settings
 from tritonstack.benchmark.phases import load_client, measured_phase
-from tritonstack.benchmark.settings import DALI_ENSEMBLE, DALI_PREPROCESS, Settings
 from tritonstack.build.classifiers import CLEAR_MARGIN
 from tritonstack.serve.launcher import ServerStartError, TritonServer
 

@@ -12,8 +12,8 @@ import numpy as np
 import onnxruntime as ort
 from nvidia.dali import Pipeline
 
+from tritonstack.benchmark.phase_settings import CLASSIFIER, DALI_PREPROCESS, Settings
 from tritonstack.benchmark.phases import Phase
-from tritonstack.benchmark.settings import CLASSIFIER, DALI_PREPROCESS, Settings
 from tritonstack.contract import pad_batch
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import aiohttp
 import mlperf_loadgen as lg
 
-from tritonstack.benchmark.settings import SERVER_MIN_QUERIES, LoadGenPlan
+from tritonstack.benchmark.phase_settings import SERVER_MIN_QUERIES, LoadGenPlan
 
 # The records of mlperf_log_detail.txt that a result is read from.
 DETAIL_PREFIX = ":::MLLOG "

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from tritonstack.benchmark.overload import (
+from tritonstack import cli
+from tritonstack.benchmark.goodput import (
     Target,
     in_flight_bound,
     measure_capacity,
@@ -52,12 +53,15 @@ WARMUP_CYCLES = 2
 # An answer differs from the same image's at idle by float rounding of other batch
 # sizes (~1e-6); another image's probabilities differ by far more.
 ANSWER_TOLERANCE = 0.01
+SOAK_OPTIONS = cli.Group("--soak: load swinging below and beyond capacity, every answer checked")
 
 
 @dataclass(frozen=True)
 class SoakSettings:
-    seconds: float = 300.0
-    period_s: float = 30.0  # each load level's
+    seconds: float = cli.option(300.0, "--soak-seconds", type=cli.positive_float, group=SOAK_OPTIONS)
+    period_s: float = cli.option(  # each load level's
+        30.0, "--period-seconds", type=cli.positive_float, group=SOAK_OPTIONS
+    )
     multiples: tuple[float, float] = (0.5, 2.0)
     deadline_s: float = 1.0
     grace_s: float = 1.0  # an answer or a refusal is due by the deadline + this

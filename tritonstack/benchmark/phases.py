@@ -12,7 +12,7 @@ import numpy as np
 
 from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.peer import PEER_PROTOCOL, PeerClient
-from tritonstack.benchmark.settings import CAPACITY_MAX_FRACTION, DALI_ENSEMBLE, REQUEST_TIMEOUT_S, Settings
+from tritonstack.benchmark.phase_settings import CAPACITY_MAX_FRACTION, DALI_ENSEMBLE, REQUEST_TIMEOUT_S, Settings
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY
 from tritonstack.samples.corpus import WeightedSampler, build_corpus

@@ -29,9 +29,9 @@ import numpy as np
 from PIL import Image
 
 from tritonstack.benchmark.figures import REGIONS, Median, report
+from tritonstack.benchmark.phase_settings import DALI_ENSEMBLE, Settings
 from tritonstack.benchmark.phases import Phase, closed_loop, interleaved, ratios, server_cpu_seconds
 from tritonstack.benchmark.results import cpu_model
-from tritonstack.benchmark.settings import DALI_ENSEMBLE, Settings
 from tritonstack.contract import DEFAULT_REGIONS_MODEL
 from tritonstack.media.regions import oriented_size, random_boxes
 from tritonstack.samples.corpus import build_corpus

@@ -54,6 +54,21 @@ from tritonstack.benchmark.loadgen import (
     comparison,
     loadgen_figures,
 )
+from tritonstack.benchmark.phase_settings import (
+    CAPACITY_MAX_FRACTION,
+    CLASSIFIER,
+    DALI_ENSEMBLE,
+    DALI_PREPROCESS,
+    DALI_PRESET,
+    INT8_ENSEMBLE,
+    INT8_PRESET,
+    OPEN_LOOP_LOAD,
+    PIL_ENSEMBLE,
+    PIL_PREPROCESS,
+    QUICK,
+    SLO_P50_MULTIPLE,
+    Settings,
+)
 from tritonstack.benchmark.phases import (
     Phase,
     capacity_at_slo,
@@ -69,21 +84,6 @@ from tritonstack.benchmark.phases import (
     weighted_images,
 )
 from tritonstack.benchmark.results import cpu_flags, cpu_model, versions
-from tritonstack.benchmark.settings import (
-    CAPACITY_MAX_FRACTION,
-    CLASSIFIER,
-    DALI_ENSEMBLE,
-    DALI_PREPROCESS,
-    DALI_PRESET,
-    INT8_ENSEMBLE,
-    INT8_PRESET,
-    OPEN_LOOP_LOAD,
-    PIL_ENSEMBLE,
-    PIL_PREPROCESS,
-    QUICK,
-    SLO_P50_MULTIPLE,
-    Settings,
-)
 from tritonstack.benchmark.single import grpc_round_trip_ms, single_requests, trace_medians, traced_single_requests
 from tritonstack.benchmark.trace import trace_args
 from tritonstack.benchmark.vs_peer import PeerOpenLoop, peer_figures, peer_measures, peer_open_loop, slower_rate

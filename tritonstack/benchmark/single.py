@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from tritonstack.benchmark.phase_settings import CLASSIFIER, DALI_ENSEMBLE, DALI_PREPROCESS, REQUEST_TIMEOUT_S
 from tritonstack.benchmark.phases import Phase, typical_image
-from tritonstack.benchmark.settings import CLASSIFIER, DALI_ENSEMBLE, DALI_PREPROCESS, REQUEST_TIMEOUT_S
 from tritonstack.benchmark.trace import read_traces, request_hops, traced
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY

@@ -27,8 +27,7 @@ import numpy as np
 
 from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.peer import PEER_PROTOCOL
-from tritonstack.benchmark.phases import Phase, interleaved, measured_phase, open_loop, ratios, url_for
-from tritonstack.benchmark.settings import (
+from tritonstack.benchmark.phase_settings import (
     CLASSIFIER,
     DALI_ENSEMBLE,
     INT8_CLASSIFIER,
@@ -36,6 +35,7 @@ from tritonstack.benchmark.settings import (
     OPEN_LOOP_LOAD,
     Settings,
 )
+from tritonstack.benchmark.phases import Phase, interleaved, measured_phase, open_loop, ratios, url_for
 
 # round name -> (side, protocol, model); our side's HTTP round is the benchmark's own "http".
 PEER_ROUNDS = {

@@ -5,6 +5,7 @@ tritonstack.benchmark.audio_cost alone."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -12,13 +13,13 @@ from pathlib import Path
 
 from tritonstack import cli
 from tritonstack.benchmark import run as benchmark_run
-from tritonstack.benchmark.results import write_results
-from tritonstack.benchmark.settings import (
+from tritonstack.benchmark.phase_settings import (
     DALI_ENSEMBLE,
     FULL,
     QUICK,
     SMOKE,
 )
+from tritonstack.benchmark.results import write_results
 from tritonstack.client.preflight import check_model
 from tritonstack.client.retry import RetryPolicy
 from tritonstack.contract import admin_headers
@@ -26,75 +27,82 @@ from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.target import GivenServer, given_endpoints
 
 
-def parser() -> argparse.ArgumentParser:
-    parser = cli.parser(benchmark_run.__doc__)
-    parser.add_argument("--quick", action="store_true", help="short phases: at most 4 minutes on 2 cores")
-    parser.add_argument("--smoke", action="store_true", help="shortest phases (tests): every key, rough figures")
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument(
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions(cli.ServerEndpoints, cli.RepositoryOption):
+    """The repository is what the server serves; its model.dali and model.onnx the
+    in-process reference."""
+
+    quick: bool = cli.option(False, "--quick", help="short phases: at most 4 minutes on 2 cores")
+    smoke: bool = cli.option(False, "--smoke", help="shortest phases (tests): every key, rough figures")
+    out: Path = cli.out_option(cli.REQUIRED, help="JSON file to write")
+    regions: int | None = cli.option(
+        None,
         "--regions",
         type=cli.positive_int,
         metavar="N",
         help="only the regions benchmark: an image and N boxes per request against each crop sent alone "
         "(crops/s of each and the speed-up, tritonstack.benchmark.region_speedup)",
     )
-    parser.add_argument(
+    audio: bool = cli.option(
+        False,
         "--audio",
-        action="store_true",
         help="only the audio benchmark: the speech-segments preset served against silero-vad in-process on the "
         "same clip (audio seconds per second and per CPU second, tritonstack.benchmark.audio_cost)",
     )
-    parser.add_argument(
-        "--model-repository",
-        type=Path,
-        default=Path("model_repository"),
-        help="what the server serves; model.dali and model.onnx for the in-process reference",
+    server_pid: int | None = cli.option(
+        None,
+        "--server-pid",
+        type=int,
+        group=cli.RUNNING_SERVER,
+        help="tritonserver's process id on this host, for CPU and memory",
     )
-    running = parser.add_argument_group("a running server instead of starting one (e.g. the NGC container)")
-    running.add_argument("--url", help="HTTP host:port (or http://host:port)")
-    running.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port; default: --url's host:port)")
-    running.add_argument("--metrics-url", help="host:port or http://host:port/metrics")
-    running.add_argument("--server-pid", type=int, help="tritonserver's process id on this host, for CPU and memory")
-    return parser
+
+
+def parser() -> argparse.ArgumentParser:
+    made = cli.parser(benchmark_run.__doc__)
+    cli.add_options(made, BenchmarkOptions)
+    return made
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = SMOKE if args.smoke else QUICK if args.quick else FULL
-    reason = unservable_reason(args.model_repository)
+    options = cli.from_args(BenchmarkOptions, args)
+    settings = SMOKE if options.smoke else QUICK if options.quick else FULL
+    reason = unservable_reason(options.model_repository)
     if reason:
         raise cli.UsageError(reason)
     # A given server is used as it is (once it answers); else run() starts one after the in-process reference.
-    http_url, grpc_url, metrics_url = given_endpoints(args.url, args.grpc_url, args.metrics_url)
-    server = GivenServer(http_url, grpc_url or http_url, metrics_url, args.server_pid) if http_url else None
+    http_url, grpc_url, metrics_url = given_endpoints(options.url, options.grpc_url, options.metrics_url)
+    server = GivenServer(http_url, grpc_url or http_url, metrics_url, options.server_pid) if http_url else None
     if server:
         for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
             check_model(url, protocol, DALI_ENSEMBLE, admin_headers(protocol), RetryPolicy(retries=1))
     started = time.monotonic()
     log = lambda text: print(text, flush=True)  # noqa: E731
-    if args.audio:
-        results = _on_server(_audio_run, settings, args.model_repository.resolve(), server, log)
+    if options.audio:
+        results = _on_server(_audio_run, settings, options.model_repository.resolve(), server, log)
         results["benchmark_seconds"] = time.monotonic() - started
-        _write(results, args.out)
+        _write(results, options.out)
         print(
-            f"{args.out}: served {results['served_audio_s_per_s']:.1f} audio s/s, in-process "
+            f"{options.out}: served {results['served_audio_s_per_s']:.1f} audio s/s, in-process "
             f"{results['inprocess_audio_s_per_s']:.1f}; CPU per audio second served / in-process "
             f"x{results['cost_ratio']:.2f} (rounds {results['cost_ratio_spread']})"
         )
         return 0 if results["errors"] == 0 else 1
-    if args.regions:
-        results = _regions(args.regions, settings, args.model_repository.resolve(), server, log)
+    if options.regions:
+        results = _regions(options.regions, settings, options.model_repository.resolve(), server, log)
         results["benchmark_seconds"] = time.monotonic() - started
-        _write(results, args.out)
+        _write(results, options.out)
         print(
-            f"{args.out}: {results['regions_crops_per_s']:.1f} crops/s in regions requests of {args.regions} boxes, "
+            f"{options.out}: {results['regions_crops_per_s']:.1f} crops/s in regions requests of "
+            f"{options.regions} boxes, "
             f"{results['per_crop_crops_per_s']:.1f} crops/s one per request: x{results['regions_speedup']:.2f} "
             f"(rounds {results['regions_speedup_spread']})"
         )
         return 0 if results["errors"] == 0 else 1
-    loadgen_dir = args.out.parent / f"{args.out.stem}_loadgen"  # LoadGen's own logs, kept beside the report
-    results = benchmark_run.run(settings, args.model_repository.resolve(), log, server, loadgen_dir)
+    loadgen_dir = options.out.parent / f"{options.out.stem}_loadgen"  # LoadGen's own logs, kept beside the report
+    results = benchmark_run.run(settings, options.model_repository.resolve(), log, server, loadgen_dir)
     results["benchmark_seconds"] = time.monotonic() - started
-    print(write_results(results, args.out))
+    print(write_results(results, options.out))
     return 0 if results["errors"] == 0 else 1
 
 

@@ -6,8 +6,8 @@ the audio preset when the repository has them, stop the server."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from pathlib import Path
 
 from tritonstack import cli
 from tritonstack.client.classifier import ClassifierClient
@@ -17,30 +17,35 @@ from tritonstack.samples.photos import PHOTOS, SAMPLE_CLIP, collage, photo_bytes
 from tritonstack.serve.launcher import TritonServer
 
 
+@dataclasses.dataclass(frozen=True)
+class DemoOptions(cli.RepositoryOption):
+    model: str = cli.option(DEFAULT_MODEL, "--model", help="the image model the photos go to")
+
+
 def parser() -> argparse.ArgumentParser:
-    parser = cli.parser(__doc__)
-    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--model", default=DEFAULT_MODEL)
-    return parser
+    made = cli.parser(__doc__)
+    cli.add_options(made, DemoOptions)
+    return made
 
 
 def run(args: argparse.Namespace) -> int:
-    print(f"starting tritonserver on {args.model_repository} ...", flush=True)
-    with TritonServer(args.model_repository) as server:
+    options = cli.from_args(DemoOptions, args)
+    print(f"starting tritonserver on {options.model_repository} ...", flush=True)
+    with TritonServer(options.model_repository) as server:
         print(f"ready: HTTP {server.http_url}, gRPC {server.grpc_url}\n")
         for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
-            with ClassifierClient(url, protocol, args.model) as client:
-                print(f"== {args.model} over {protocol.upper()} ==")
+            with ClassifierClient(url, protocol, options.model) as client:
+                print(f"== {options.model} over {protocol.upper()} ==")
                 for name in PHOTOS:
                     top = client.classify([photo_bytes(name)], top_k=5)[0]
                     ranked = ", ".join(f"{p.label} ({p.score:.3f})" for p in top)
                     print(f"  {name:<22} {ranked}")
                 print()
-        if (args.model_repository / DEFAULT_VIDEO_MODEL / CONFIG_FILENAME).exists():
+        if (options.model_repository / DEFAULT_VIDEO_MODEL / CONFIG_FILENAME).exists():
             show_clip(server)
-        if (args.model_repository / DEFAULT_REGIONS_MODEL / CONFIG_FILENAME).exists():
+        if (options.model_repository / DEFAULT_REGIONS_MODEL / CONFIG_FILENAME).exists():
             show_collage(server)
-        if (args.model_repository / DEFAULT_AUDIO_MODEL / CONFIG_FILENAME).exists():
+        if (options.model_repository / DEFAULT_AUDIO_MODEL / CONFIG_FILENAME).exists():
             show_speech(server)
     print("server stopped")
     return 0

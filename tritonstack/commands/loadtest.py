@@ -1,4 +1,4 @@
-"""`tritonstack loadtest`: the command line of loadtests.headless (see its docstring)."""
+"""`tritonstack loadtest`: the command line of tritonstack.loadtests.headless (see its docstring)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-from loadtests import headless as loadtest_run
-from loadtests import metrics
-from loadtests.headless import (
+from tritonstack import cli
+from tritonstack.client.retry import PROTOCOL_NAMES
+from tritonstack.contract import DEFAULT_AUDIO_MODEL, DEFAULT_MODEL, DEFAULT_REGIONS_MODEL
+from tritonstack.loadtests import headless as loadtest_run
+from tritonstack.loadtests import metrics
+from tritonstack.loadtests.headless import (
     DEFAULT_RUN_TIME_S,
-    PROJECT_ROOT,
     SHAPE_FILES,
     USER_CLASSES,
     fit_run_time,
@@ -20,11 +22,8 @@ from loadtests.headless import (
     protocols,
     run_locust,
 )
-from loadtests.load_options import LoadOptions
-from loadtests.report import PlotLabels, RunSummary, write_report
-from tritonstack import cli
-from tritonstack.client.retry import PROTOCOL_NAMES
-from tritonstack.contract import DEFAULT_AUDIO_MODEL, DEFAULT_MODEL, DEFAULT_REGIONS_MODEL
+from tritonstack.loadtests.load_options import LoadOptions
+from tritonstack.loadtests.report import PlotLabels, RunSummary, write_report
 from tritonstack.serve.target import given_endpoints, target_server
 
 
@@ -40,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
         help="its Prometheus endpoint (host:port or http://host:port/metrics), for the server-side breakdown",
     )
     made.add_argument(
-        "--model-repository", default=str(PROJECT_ROOT / "model_repository"), help="served when no --url is given"
+        "--model-repository", type=Path, default=Path("model_repository"), help="served when no --url is given"
     )
     cli.add_options(made, LoadOptions)
     made.add_argument("--user", choices=sorted(USER_CLASSES), default="grpc", help="protocol of the users")
@@ -96,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     http_url, grpc_url, metrics_url = given_endpoints(args.url, args.grpc_url, args.metrics_url)
     with target_server(args.model_repository, http_url, grpc_url, metrics_url) as target:
         preflight(args, target.http_url, target.grpc_url)
-        out = args.out or PROJECT_ROOT / "reports" / time.strftime("loadtest-%Y%m%d-%H%M%S")
+        out = args.out or Path("reports") / time.strftime("loadtest-%Y%m%d-%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
         prefix = out / "locust"
         metrics_url = target.metrics_url

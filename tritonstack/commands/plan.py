@@ -1,28 +1,35 @@
-"""`tritonstack plan`: the command line of tritonstack.benchmark.plan (see its docstring)."""
+"""`tritonstack plan`: the command line of tritonstack.benchmark.capacity_plan (see its docstring)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark import plan as planning
-from tritonstack.benchmark.plan import InfeasiblePlan, plan
+from tritonstack.benchmark import capacity_plan
+from tritonstack.benchmark.capacity_plan import InfeasiblePlan, plan
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    benchmark: Path = cli.option(None, "benchmark", type=Path, help="JSON written by `tritonstack benchmark --out`")
+    target_rps: float = cli.option(None, "--target-rps", type=float, required=True, help="requests per second to serve")
+    p99_ms: float = cli.option(None, "--p99-ms", type=float, required=True, help="p99 latency budget, ms")
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = cli.parser(planning.__doc__)
-    parser.add_argument("benchmark", type=Path, help="JSON written by tritonstack/benchmark --out")
-    parser.add_argument("--target-rps", type=float, required=True, help="requests per second to serve")
-    parser.add_argument("--p99-ms", type=float, required=True, help="p99 latency budget, ms")
-    return parser
+    made = cli.parser(capacity_plan.__doc__)
+    cli.add_options(made, PlanOptions)
+    return made
 
 
 def run(args: argparse.Namespace) -> int:
+    options = cli.from_args(PlanOptions, args)
     try:
-        result = plan(json.loads(args.benchmark.read_text()), args.target_rps, args.p99_ms)
+        result = plan(json.loads(options.benchmark.read_text()), options.target_rps, options.p99_ms)
     except InfeasiblePlan as error:
         print(f"infeasible: {error}")
         return 1

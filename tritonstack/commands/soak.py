@@ -1,52 +1,63 @@
-"""`tritonstack soak`: the command line of tritonstack.diagnostics.soak (see its docstring)."""
+"""`tritonstack soak`: the command line of tritonstack.diagnostics.memory_growth (see its docstring)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.diagnostics import soak as soaking
-from tritonstack.diagnostics.soak import run_soak, summary
+from tritonstack.diagnostics import memory_growth
+from tritonstack.diagnostics.memory_growth import run_soak, summary
 from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.launcher import TritonServer
 
 
-def parser() -> argparse.ArgumentParser:
-    parser = cli.parser(soaking.__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=1800, help="seconds of load")
-    parser.add_argument("--warmup", type=float, default=None, help="seconds left out of the slope (default: a quarter)")
-    parser.add_argument("--workers", type=cli.positive_int, default=2, help="threads per protocol")
-    parser.add_argument("--bad-ratio", type=float, default=0.25, help="share of broken images sent")
-    parser.add_argument("--max-requests", type=cli.positive_int, default=1_000_000, help="stop after this many")
-    parser.add_argument("--period", type=float, default=1.0, help="seconds between memory samples")
-    parser.add_argument(
-        "--model-repository",
-        type=Path,
-        default=Path("model_repository"),
-        help="served by a server of the soak's own, on free loopback ports",
+@dataclasses.dataclass(frozen=True)
+class SoakOptions(cli.RepositoryOption):
+    """The repository is served by a server of the soak's own, on free loopback ports."""
+
+    duration: float = cli.option(1800, "--duration", type=float, help="seconds of load")
+    warmup: float | None = cli.option(
+        None, "--warmup", type=float, help="seconds left out of the slope (default: a quarter)"
     )
-    parser.add_argument("--out", type=Path, default=Path("reports/soak.json"), help="JSON report")
-    return parser
+    workers: int = cli.option(2, "--workers", type=cli.positive_int, help="threads per protocol")
+    bad_ratio: float = cli.option(0.25, "--bad-ratio", type=float, help="share of broken images sent")
+    max_requests: int = cli.option(1_000_000, "--max-requests", type=cli.positive_int, help="stop after this many")
+    period: float = cli.option(1.0, "--period", type=float, help="seconds between memory samples")
+    out: Path = cli.out_option(Path("reports/soak.json"), help="JSON report")
+
+
+def parser() -> argparse.ArgumentParser:
+    made = cli.parser(memory_growth.__doc__.split("\n\n")[0])
+    cli.add_options(made, SoakOptions)
+    return made
 
 
 def run(args: argparse.Namespace) -> int:
-    reason = unservable_reason(args.model_repository)
+    options = cli.from_args(SoakOptions, args)
+    reason = unservable_reason(options.model_repository)
     if reason:
         raise cli.UsageError(reason)
-    if args.duration <= 0 or not 0 <= args.bad_ratio <= 1:
+    if options.duration <= 0 or not 0 <= options.bad_ratio <= 1:
         raise cli.OptionError("--duration must be above 0 and --bad-ratio between 0 and 1")
-    with TritonServer(args.model_repository) as server:
+    with TritonServer(options.model_repository) as server:
         report = run_soak(
-            server, args.duration, args.warmup, args.workers, args.bad_ratio, args.period, args.max_requests
+            server,
+            options.duration,
+            options.warmup,
+            options.workers,
+            options.bad_ratio,
+            options.period,
+            options.max_requests,
         )
         report["supervisor_reloads"] = [model for _, model in server.supervisor.reloads]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(report, indent=1))
     print(summary(report))
-    print(f"report: {args.out}")
+    print(f"report: {options.out}")
     return 0 if report["passed"] else 1
 
 

@@ -1,13 +1,14 @@
-"""`tritonstack tune`: the command line of tritonstack.benchmark.tune (see its docstring)."""
+"""`tritonstack tune`: the command line of tritonstack.benchmark.layout_search (see its docstring)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark import tune, tune_output
+from tritonstack.benchmark import layout_search, tune_output
 from tritonstack.benchmark.phases import weighted_images
 from tritonstack.contract import DEFAULT_MODEL
 from tritonstack.rules.unbuilt import unservable_reason
@@ -16,35 +17,45 @@ from tritonstack.serve.layout import read_cores
 from tritonstack.serve.server_config import ServerConfig
 
 
+@dataclasses.dataclass(frozen=True)
+class TuneOptions(cli.RepositoryOption):
+    """The repository is the one tuned."""
+
+    model: str = cli.option(DEFAULT_MODEL, "--model", help="the ensemble whose steps are sized")
+    out: Path = cli.out_option(cli.REQUIRED, help="the new repository folder (must not exist)")
+    report: Path = cli.option(Path("reports/tune"), "--report", type=Path, help="tune.json, tune.md, pareto.png")
+    settings: layout_search.TuneSettings = cli.nested(
+        layout_search.TuneSettings, default_factory=layout_search.TuneSettings
+    )
+
+
 def parser() -> argparse.ArgumentParser:
-    made = cli.parser(tune.__doc__)
-    made.add_argument("--model-repository", type=Path, default=Path("model_repository"), help="the one tuned")
-    made.add_argument("--model", default=DEFAULT_MODEL, help="the ensemble whose steps are sized")
-    made.add_argument("--out", type=Path, required=True, help="the new repository folder (must not exist)")
-    made.add_argument("--report", type=Path, default=Path("reports/tune"), help="tune.json, tune.md, pareto.png")
-    cli.add_options(made, tune.TuneSettings)
+    made = cli.parser(layout_search.__doc__)
+    cli.add_options(made, TuneOptions)
     return made
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = cli.from_args(tune.TuneSettings, args)
-    _check_paths(args.model_repository, args.out)
+    options = cli.from_args(TuneOptions, args)
+    settings = options.settings
+    _check_paths(options.model_repository, options.out)
     cores = read_cores()
-    print(f"tuning {args.model} on {cores.describe()}, objective {settings.objective}, budget {settings.budget_s:g} s")
-    with TritonServer(ServerConfig(args.model_repository)) as server:
-        start, results = tune.search(server, args.model, weighted_images(200), cores.usable, settings, print)
-    chosen = tune.best(results, settings)
-    args.report.mkdir(parents=True, exist_ok=True)
-    tune_output.save(args.report, results, chosen, tune_output.report(start, results, chosen, settings, cores.usable))
-    unmet = tune.unmet_bound(results, settings)
+    model, report = options.model, options.report
+    print(f"tuning {model} on {cores.describe()}, objective {settings.objective}, budget {settings.budget_s:g} s")
+    with TritonServer(ServerConfig(options.model_repository)) as server:
+        start, results = layout_search.search(server, model, weighted_images(200), cores.usable, settings, print)
+    chosen = layout_search.best(results, settings)
+    report.mkdir(parents=True, exist_ok=True)
+    tune_output.save(report, results, chosen, tune_output.report(start, results, chosen, settings, cores.usable))
+    unmet = layout_search.unmet_bound(results, settings)
     if unmet:  # the report says what each candidate reached; no folder claims what none did
-        print(f"report: {args.report / 'tune.md'}, {args.report / 'pareto.png'}")
+        print(f"report: {options.report / 'tune.md'}, {options.report / 'pareto.png'}")
         print(f"error: {unmet}", file=sys.stderr)
         return 1
-    tune_output.write_repository(args.model_repository, args.out, args.model, chosen.layout)
+    tune_output.write_repository(options.model_repository, options.out, options.model, chosen.layout)
     print(f"chosen: {chosen.layout.describe()} ({chosen.images_per_s:.1f} images/s)")
-    print(f"wrote {args.out}; tritonstack build {' '.join(chosen.layout.build_flags())}")
-    print(f"report: {args.report / 'tune.md'}, {args.report / 'pareto.png'}")
+    print(f"wrote {options.out}; tritonstack build {' '.join(chosen.layout.build_flags())}")
+    print(f"report: {options.report / 'tune.md'}, {options.report / 'pareto.png'}")
     return 0
 
 

@@ -1,1 +1,1 @@
-../../../../../loadtests/__init__.py
+../../../../../tritonstack/loadtests/__init__.py

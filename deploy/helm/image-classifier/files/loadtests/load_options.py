@@ -1,1 +1,1 @@
-../../../../../loadtests/load_options.py
+../../../../../tritonstack/loadtests/load_options.py

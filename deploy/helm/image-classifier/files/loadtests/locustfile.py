@@ -1,1 +1,1 @@
-../../../../../loadtests/locustfile.py
+../../../../../tritonstack/loadtests/locustfile.py

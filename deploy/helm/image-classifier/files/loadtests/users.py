@@ -1,1 +1,1 @@
-../../../../../loadtests/users.py
+../../../../../tritonstack/loadtests/users.py

@@ -68,6 +68,10 @@ LEADING = 3
 P99_CONFIDENCE = 0.95
 
 
+# The BuildOptions a layout sets; the rest keep the build's defaults.
+LAYOUT_BUILD_FIELDS = ("instances", "classifier_instances", "num_threads", "intra_op_threads", "classifier_batch")
+
+
 @dataclasses.dataclass(frozen=True, order=True)
 class Layout:
     dali_instances: int
@@ -76,12 +80,18 @@ class Layout:
     classifier_threads: int
     classifier_batch: int  # 0: the dynamic batcher forms no preferred batch
 
+    def build_options(self) -> BuildOptions:
+        return BuildOptions(
+            instances=self.dali_instances,
+            num_threads=self.dali_threads,
+            classifier_instances=self.classifier_instances,
+            intra_op_threads=self.classifier_threads,
+            classifier_batch=self.classifier_batch,
+        )
+
     def build_flags(self) -> list[str]:
-        return [
-            *("--instances", str(self.dali_instances), "--num-threads", str(self.dali_threads)),
-            *("--classifier-instances", str(self.classifier_instances)),
-            *("--intra-op-threads", str(self.classifier_threads), "--classifier-batch", str(self.classifier_batch)),
-        ]
+        """The `tritonstack build` flags that build this layout, as BuildOptions declares them."""
+        return cli.to_argv(self.build_options(), fields=LAYOUT_BUILD_FIELDS)
 
     def describe(self) -> str:
         return (

@@ -25,11 +25,11 @@ from locust import events
 from locust.runners import STATE_STOPPED, STATE_STOPPING, WorkerRunner
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
-from loadtests.load_options import LoadOptions
+from tritonstack import cli
+from tritonstack.loadtests.load_options import LoadOptions
 
 # The users Locust runs: found here because they are imported here.
-from loadtests.users import GrpcUser, HttpUser  # noqa: F401
-from tritonstack import cli
+from tritonstack.loadtests.users import GrpcUser, HttpUser  # noqa: F401
 from tritonstack.samples.corpus import build_corpus
 
 # How often the request-count bound is checked: a run overshoots --max-requests by

@@ -34,11 +34,12 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritonstack import cli
 from tritonstack.benchmark.figures import COMPARE, SIDES, Median, report
+from tritonstack.benchmark.phase_settings import DALI_ENSEMBLE, INT8_ENSEMBLE
 from tritonstack.benchmark.phases import (
     Phase,
     closed_loop,
@@ -59,6 +60,86 @@ def environment_assignment(text: str) -> tuple[str, str]:
     if not equals or not name.isidentifier():
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, not {text!r}")
     return name, value
+
+
+@dataclass(frozen=True)
+class Side:
+    """What one side of the comparison serves and how: serve's options, mirrored
+    (--a-layout, --b-layout, ...)."""
+
+    repository: Path | None = cli.option(None, "--repository", type=Path, help="the model repository served")
+    env: tuple[tuple[str, str], ...] = cli.option(
+        (),
+        "--env",
+        type=environment_assignment,
+        action="append",
+        command_default=[],
+        convert=tuple,
+        metavar="NAME=VALUE",
+        help="added to the server's environment",
+    )
+    recycle_above_mib: float | None = cli.mirror(
+        RecyclePolicy,
+        "above_mib",
+        default=None,
+        metavar="MIB",
+        help=f"the stub recycling bound (0: off; default: the launcher's, {RecyclePolicy.above_mib:g})",
+    )
+    front_nice: int = cli.mirror(
+        Supervision, "front_nice", help="nice value for ensembles' first steps (0: as any other stub)"
+    )
+    server_args: tuple[str, ...] = cli.option(
+        (),
+        "--server-arg",
+        action="append",
+        command_default=[],
+        convert=tuple,
+        metavar="FLAG",
+        help="a tritonserver flag, after the launcher's (the last of a flag wins), e.g. "
+        "--b-server-arg=--metrics-config=summary_latencies=false",
+    )
+    layout: str = cli.mirror(
+        ServerConfig,
+        "layout",
+        default=REPOSITORY_LAYOUT,
+        help="the repository's own, or sized from the CPUs this process may use (`tritonstack serve --layout`)",
+    )
+    response_cache_bytes: int = cli.mirror(
+        ServerConfig, "response_cache_bytes", help="the response cache (for repositories built with --response-cache)"
+    )
+
+    def same_as(self, other: Side) -> bool:
+        """Whether the two sides would serve alike: nothing given to tell them apart."""
+        return other.repository is None and not self.env and not other.env and replace(self, repository=None) == other
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    a: Side = cli.nested(Side, default_factory=lambda: Side(repository=cli.DEFAULT_REPOSITORY), prefix="a")
+    b: Side = cli.nested(Side, default_factory=Side, prefix="b")
+    models: tuple[str, ...] = cli.option(  # (): the default pair, model_names
+        (),
+        "--model",
+        action="append",
+        command_default=None,
+        convert=lambda names: tuple(names or ()),
+        help=f"default: {DALI_ENSEMBLE} and {INT8_ENSEMBLE}",
+    )
+    rounds: int = cli.option(5, "--rounds", type=cli.positive_int, help="at least 3: a median and a spread")
+    seconds: float = cli.option(8.0, "--seconds", type=float, help="measured per side, model and round")
+    warmup_s: float = cli.option(1.0, "--warmup-s", type=float)
+    concurrency: int = cli.option(24, "--concurrency", type=cli.positive_int, help="single-image requests in flight")
+    rate: float | None = cli.option(
+        None, "--rate", type=cli.positive_float, help="an open loop instead: Poisson arrivals, requests/s"
+    )
+    out: Path = cli.out_option(cli.REQUIRED, help="JSON file to write")
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return self.models or (DALI_ENSEMBLE, INT8_ENSEMBLE)
+
+    def repositories(self) -> dict[str, Path]:
+        return {"a": self.a.repository.resolve(), "b": (self.b.repository or self.a.repository).resolve()}
 
 
 def interleaved_sides(measure, models: list[str], rounds: int, log=print) -> dict[tuple[str, str], list[Phase]]:
@@ -131,19 +212,16 @@ def recycle_policy(above_mib: float | None) -> RecyclePolicy | None:
     return RecyclePolicy(above_mib=above_mib) if above_mib > 0 else None
 
 
-def _server_configs(args: argparse.Namespace, repositories: dict[str, Path]) -> dict[str, ServerConfig]:
-    return {
-        side: ServerConfig(
-            repositories[side],
-            extra_args=tuple(getattr(args, f"{side}_server_arg", ())),
-            response_cache_bytes=getattr(args, f"{side}_response_cache_mb", 0) * 2**20,
-            layout=getattr(args, f"{side}_layout", REPOSITORY_LAYOUT),
-        )
-        for side in SIDES
-    }
+def _server_config(side: Side, repository: Path) -> ServerConfig:
+    return ServerConfig(
+        repository,
+        extra_args=side.server_args,
+        response_cache_bytes=side.response_cache_bytes,
+        layout=side.layout,
+    )
 
 
-def _measure(args: argparse.Namespace, servers: dict[str, TritonServer], images: list[bytes]):
+def _measure(args: CompareSettings, servers: dict[str, TritonServer], images: list[bytes]):
     """measure(side, model, round): one phase, an open loop at --rate or a closed loop."""
 
     def measure(side: str, model: str, round_index: int) -> Phase:
@@ -157,23 +235,22 @@ def _measure(args: argparse.Namespace, servers: dict[str, TritonServer], images:
     return measure
 
 
-def compare(args: argparse.Namespace, log=print) -> dict:
+def compare(args: CompareSettings, log=print) -> dict:
     images = weighted_images(400)
-    repositories = {"a": args.a_repository.resolve(), "b": (args.b_repository or args.a_repository).resolve()}
-    environments = {"a": dict(args.a_env), "b": dict(args.b_env)}
-    recycles = {"a": recycle_policy(args.a_recycle_above_mib), "b": recycle_policy(args.b_recycle_above_mib)}
-    supervisions = {
-        side: Supervision(recycle=recycles[side], front_nice=getattr(args, f"{side}_front_nice")) for side in SIDES
-    }
-    configs = _server_configs(args, repositories)
+    sides = {"a": args.a, "b": args.b}
+    repositories = args.repositories()
+    environments = {side: dict(sides[side].env) for side in SIDES}
+    recycles = {side: recycle_policy(sides[side].recycle_above_mib) for side in SIDES}
+    supervisions = {side: Supervision(recycle=recycles[side], front_nice=sides[side].front_nice) for side in SIDES}
+    configs = {side: _server_config(sides[side], repositories[side]) for side in SIDES}
     with contextlib.ExitStack() as stack:
         servers = {
             side: stack.enter_context(TritonServer(configs[side], supervisions[side], environment=environments[side]))
             for side in SIDES
         }
         load = f"Poisson arrivals at {args.rate:g}/s" if args.rate else f"{args.concurrency} in flight"
-        log(f"{args.rounds} rounds of {', '.join(args.model)} at {load}, {args.seconds:g} s per side...")
-        phases = interleaved_sides(_measure(args, servers, images), args.model, args.rounds, log)
+        log(f"{args.rounds} rounds of {', '.join(args.model_names)} at {load}, {args.seconds:g} s per side...")
+        phases = interleaved_sides(_measure(args, servers, images), list(args.model_names), args.rounds, log)
         memory = {side: server_rss_mb_by_process(servers[side]) for side in SIDES}
     return {
         **{
@@ -194,7 +271,7 @@ def compare(args: argparse.Namespace, log=print) -> dict:
             "concurrency": None if args.rate else args.concurrency,
             "rate": args.rate,
         },
-        "models": summary(phases, args.model),
+        "models": summary(phases, list(args.model_names)),
         "server_rss_mb_by_process": memory,
         "server_rss_mb": {side: sum(memory[side].values()) if memory[side] else None for side in SIDES},
     }

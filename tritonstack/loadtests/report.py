@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from loadtests.metrics import ModelBreakdown, markdown_table  # noqa: E402
+from tritonstack.loadtests.metrics import ModelBreakdown, markdown_table  # noqa: E402
 
 AGGREGATED = "Aggregated"
 PERCENTILES = ("50%", "95%", "99%")

@@ -9,7 +9,7 @@ can plot them against the number of users. `--run-time` bounds the ramp too
 
 from locust import LoadTestShape
 
-from loadtests.load_options import DEFAULT_STEP_S
+from tritonstack.loadtests.load_options import DEFAULT_STEP_S
 
 
 class StepRamp(LoadTestShape):

@@ -27,16 +27,15 @@ from pathlib import Path
 
 import psutil
 
-from loadtests.load_options import DEFAULT_STEP_S, LoadOptions
-from loadtests.report import GeneratorCpu
 from tritonstack import cli
 from tritonstack.client.preflight import ModelError, check_model
 from tritonstack.client.retry import RetryPolicy
 from tritonstack.contract import admin_headers
+from tritonstack.loadtests.load_options import DEFAULT_STEP_S, LoadOptions
+from tritonstack.loadtests.report import GeneratorCpu
 from tritonstack.serve.network import LOOPBACK, free_port
 
 LOADTESTS = Path(__file__).resolve().parent
-PROJECT_ROOT = LOADTESTS.parent
 SHAPE_FILES = {
     "closed": [],
     "step": [LOADTESTS / "shape_step_ramp.py"],
@@ -191,13 +190,11 @@ def run_locust(args, http_url: str, grpc_url: str, prefix: Path) -> tuple[int, l
     master_port = free_port() if args.workers else None
     processes = {
         "master" if master_port else "local": subprocess.Popen(
-            master_command(args, http_url, grpc_url, prefix, master_port), cwd=PROJECT_ROOT
+            master_command(args, http_url, grpc_url, prefix, master_port)
         )
     }
     for index in range(args.workers):
-        processes[f"worker {index + 1}"] = subprocess.Popen(
-            worker_command(args, grpc_url, master_port), cwd=PROJECT_ROOT
-        )
+        processes[f"worker {index + 1}"] = subprocess.Popen(worker_command(args, grpc_url, master_port))
     meter = CpuMeter(processes)
     deadline = time.monotonic() + planned_seconds(args) + STOP_GRACE_S + (WORKER_CONNECT_S if args.workers else 0)
     try:
