@@ -32,8 +32,10 @@ from pathlib import Path
 
 import aiohttp
 import mlperf_loadgen as lg
+import tritonclient.http as httpclient
 
 from tritonstack.benchmark.phase_settings import SERVER_MIN_QUERIES, LoadGenPlan
+from tritonstack.contract import pad_batch
 
 # The records of mlperf_log_detail.txt that a result is read from.
 DETAIL_PREFIX = ":::MLLOG "
@@ -56,28 +58,22 @@ OFFLINE_MARGIN = 1.3
 
 
 class TritonHttpTarget:
-    """KServe v2 over HTTP with the image as a binary tensor, top-5 classification asked:
-    what Triton's stock HTTP client sends."""
+    """KServe v2 over HTTP, the image as a binary tensor and the top 5 asked for: the body
+    Triton's stock HTTP client builds (tritonclient's generate_request_body), as the
+    Locust users send it."""
 
     def __init__(self, url: str, model: str, input_name: str = "INPUT", output_name: str = "OUTPUT"):
         self.endpoint = f"http://{url}/v2/models/{model}/infer"
         self.input_name, self.output_name = input_name, output_name
 
     def request(self, image: bytes) -> tuple[bytes, dict[str, str]]:
-        header = {
-            "inputs": [
-                {
-                    "name": self.input_name,
-                    "shape": [1, len(image)],
-                    "datatype": "UINT8",
-                    "parameters": {"binary_data_size": len(image)},
-                }
-            ],
-            "outputs": [{"name": self.output_name, "parameters": {"classification": 5}}],
-        }
-        encoded = json.dumps(header).encode()
-        headers = {"Inference-Header-Content-Length": str(len(encoded)), "Content-Type": "application/octet-stream"}
-        return encoded + image, headers
+        batch = pad_batch([image])
+        tensor = httpclient.InferInput(self.input_name, list(batch.shape), "UINT8")
+        tensor.set_data_from_numpy(batch, binary_data=True)
+        output = httpclient.InferRequestedOutput(self.output_name, binary_data=True, class_count=5)
+        body, header_length = httpclient.InferenceServerClient.generate_request_body([tensor], outputs=[output])
+        headers = {"Inference-Header-Content-Length": str(header_length), "Content-Type": "application/octet-stream"}
+        return body, headers
 
 
 class PeerHttpTarget:
