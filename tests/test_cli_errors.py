@@ -17,8 +17,8 @@ from tritonstack.contract import ADMIN_KEY_ENV
 from tritonstack.samples.photos import photo_path
 from tritonstack.serve.network import free_port
 
-CLASSIFY = PROJECT_ROOT / "clients" / "classify.py"
-EVALUATE = PROJECT_ROOT / "clients" / "evaluate.py"
+CLASSIFY = ("-m", "tritonstack", "classify")
+EVALUATE = ("-m", "tritonstack", "evaluate")
 BUILD = PROJECT_ROOT / "build_pipelines.py"
 COFFEE = str(photo_path("coffee.png"))
 
@@ -46,14 +46,14 @@ def one_line_error(done: subprocess.CompletedProcess, *words: str, code: int = 2
 @pytest.mark.parametrize("form", ["http://{http}", "{http}", "grpc://{grpc}"])
 def test_every_address_form_is_accepted(server, form):
     url = form.format(http=server.http_url, grpc=server.grpc_url)
-    done = run(CLASSIFY, COFFEE, "--url", url, "--top-k", "1")
+    done = run(*CLASSIFY, COFFEE, "--url", url, "--top-k", "1")
     assert done.returncode == 0, done.stderr
     assert "espresso" in done.stdout
 
 
 def test_http_client_on_the_grpc_port(server):
     one_line_error(
-        run(CLASSIFY, COFFEE, "--url", server.grpc_url),
+        run(*CLASSIFY, COFFEE, "--url", server.grpc_url),
         f"{server.grpc_url} does not answer HTTP",
         "gRPC port",
         f"grpc://{server.grpc_url}",
@@ -62,24 +62,24 @@ def test_http_client_on_the_grpc_port(server):
 
 def test_grpc_client_on_the_http_port(server):
     one_line_error(
-        run(CLASSIFY, COFFEE, "--url", f"grpc://{server.http_url}"),
+        run(*CLASSIFY, COFFEE, "--url", f"grpc://{server.http_url}"),
         f"{server.http_url} does not answer gRPC",
         "HTTP port",
     )
 
 
 def test_scheme_and_protocol_that_disagree():
-    one_line_error(run(CLASSIFY, COFFEE, "--url", "grpc://127.0.0.1:8001", "--protocol", "http"), "disagree")
+    one_line_error(run(*CLASSIFY, COFFEE, "--url", "grpc://127.0.0.1:8001", "--protocol", "http"), "disagree")
 
 
 def test_unsupported_scheme_and_address_without_port():
-    one_line_error(run(CLASSIFY, COFFEE, "--url", "https://127.0.0.1:8000"), "https:// is not supported")
-    one_line_error(run(CLASSIFY, COFFEE, "--url", "127.0.0.1"), "expected host:port")
+    one_line_error(run(*CLASSIFY, COFFEE, "--url", "https://127.0.0.1:8000"), "https:// is not supported")
+    one_line_error(run(*CLASSIFY, COFFEE, "--url", "127.0.0.1"), "expected host:port")
 
 
 def test_unknown_model_lists_the_image_classifiers(server):
     line = one_line_error(
-        run(CLASSIFY, COFFEE, "--url", server.http_url, "--model", "resnet50", key=server.admin_key),
+        run(*CLASSIFY, COFFEE, "--url", server.http_url, "--model", "resnet50", key=server.admin_key),
         "model 'resnet50' not found",
         "available image classifiers:",
         "ensemble_dali_efficientnet_lite0",
@@ -89,7 +89,7 @@ def test_unknown_model_lists_the_image_classifiers(server):
 
 def test_unknown_model_without_the_admin_key_says_how_to_list_them(server):
     one_line_error(
-        run(CLASSIFY, COFFEE, "--url", f"grpc://{server.grpc_url}", "--model", "resnet50"),
+        run(*CLASSIFY, COFFEE, "--url", f"grpc://{server.grpc_url}", "--model", "resnet50"),
         "model 'resnet50' not found",
         f"${ADMIN_KEY_ENV}",
     )
@@ -99,7 +99,7 @@ def test_a_model_that_does_not_take_encoded_images(server, tmp_path):
     (tmp_path / "espresso").mkdir()
     shutil.copy(photo_path("coffee.png"), tmp_path / "espresso" / "coffee.png")
     one_line_error(
-        run(EVALUATE, tmp_path, "--url", server.http_url, "--model", "efficientnet_lite0"),
+        run(*EVALUATE, tmp_path, "--url", server.http_url, "--model", "efficientnet_lite0"),
         "model 'efficientnet_lite0' takes FP32",
         "not encoded images",
     )
@@ -107,7 +107,7 @@ def test_a_model_that_does_not_take_encoded_images(server, tmp_path):
 
 def test_a_preprocessing_model_is_not_a_classifier(server):
     one_line_error(
-        run(CLASSIFY, COFFEE, "--url", server.http_url, "--model", "preprocess_dali_efficientnet_lite0"),
+        run(*CLASSIFY, COFFEE, "--url", server.http_url, "--model", "preprocess_dali_efficientnet_lite0"),
         "takes encoded images but answers FP32",
         "not class scores",
     )
@@ -115,30 +115,30 @@ def test_a_preprocessing_model_is_not_a_classifier(server):
 
 def test_missing_file_and_folder():
     one_line_error(
-        run(CLASSIFY, "/nonexistent/photo.jpg", "--url", "127.0.0.1:1"),
+        run(*CLASSIFY, "/nonexistent/photo.jpg", "--url", "127.0.0.1:1"),
         "/nonexistent/photo.jpg: no such file or folder",
     )
-    one_line_error(run(EVALUATE, "/nonexistent", "--url", "127.0.0.1:1"), "/nonexistent: no such folder")
+    one_line_error(run(*EVALUATE, "/nonexistent", "--url", "127.0.0.1:1"), "/nonexistent: no such folder")
 
 
 def test_a_class_folder_that_names_no_class(server, tmp_path):
     (tmp_path / "not a class").mkdir()
     shutil.copy(photo_path("coffee.png"), tmp_path / "not a class" / "coffee.png")
-    one_line_error(run(EVALUATE, tmp_path, "--url", server.http_url), "'not a class' is neither a label")
+    one_line_error(run(*EVALUATE, tmp_path, "--url", server.http_url), "'not a class' is neither a label")
 
 
 def test_bad_option_is_one_line_naming_it():
-    one_line_error(run(CLASSIFY, COFFEE, "--top-k", "0"), "--top-k: must be at least 1", "--help")
-    one_line_error(run(EVALUATE, "x", "--retries", "-1"), "--retries: must be 0 or more")
+    one_line_error(run(*CLASSIFY, COFFEE, "--top-k", "0"), "--top-k: must be at least 1", "--help")
+    one_line_error(run(*EVALUATE, "x", "--retries", "-1"), "--retries: must be 0 or more")
 
 
 def test_no_server():
     url = f"127.0.0.1:{free_port()}"
-    one_line_error(run(CLASSIFY, COFFEE, "--url", url, "--retries", "0"), f"no Triton server at {url}", "make serve")
+    one_line_error(run(*CLASSIFY, COFFEE, "--url", url, "--retries", "0"), f"no Triton server at {url}", "make serve")
 
 
 def test_debug_shows_the_traceback(server):
-    done = run(CLASSIFY, COFFEE, "--url", server.http_url, "--model", "resnet50", "--debug")
+    done = run(*CLASSIFY, COFFEE, "--url", server.http_url, "--model", "resnet50", "--debug")
     assert done.returncode == 1
     assert "Traceback" in done.stderr and "ModelError" in done.stderr
 
@@ -147,7 +147,7 @@ def test_a_closed_pipe_ends_quietly(server, tmp_path):
     for n in range(12):
         shutil.copy(photo_path("rocket.jpg"), tmp_path / f"{n}.jpg")
     process = subprocess.Popen(
-        [sys.executable, str(CLASSIFY), str(tmp_path), "--url", server.http_url, "--top-k", "1"],
+        [sys.executable, *CLASSIFY, str(tmp_path), "--url", server.http_url, "--top-k", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -206,7 +206,7 @@ def test_benchmark_and_soak_mistakes(tmp_path):
 
 
 def test_help_shows_defaults():
-    done = run(CLASSIFY, "--help")
+    done = run(*CLASSIFY, "--help")
     assert done.returncode == 0
     text = " ".join(done.stdout.split())
     assert "(default: 5)" in text and "(default: ensemble_dali_efficientnet_lite0)" in text

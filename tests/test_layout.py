@@ -448,7 +448,9 @@ def test_client_extra_installs_alone_and_classifies(tmp_path, server):
     result = subprocess.run(
         [
             str(python),
-            str(PROJECT_ROOT / "clients" / "classify.py"),
+            "-m",
+            "tritonstack",
+            "classify",
             "--url",
             server.http_url,
             "--format",
