@@ -94,10 +94,11 @@ async def closed_loop(
     send=None,
 ) -> Phase:
     """`concurrency` requests always in flight, one image each, for `seconds` after
-    warm-up; the requests that ended in that window count. `send(client, item)`: what
-    one request of `images`' items is, when not the probabilities of one encoded image."""
+    warm-up; the requests that ended in that window count (window_phase). `send(client,
+    item)`: what one request of `images`' items is, when not the probabilities of one
+    encoded image."""
     send = send or (lambda client, image: client.probabilities([image]))
-    phase = Phase()
+    ended: list[Ended] = []
     async with load_client(url, protocol, model) as client:
         loop = asyncio.get_running_loop()
         measure_from = loop.time() + warmup_s
@@ -114,20 +115,37 @@ async def closed_loop(
                     ok = True
                 except Exception:
                     ok = False
-                # Counted by when it ended: the window's completions, whenever sent. Counting
-                # only those sent in it and done in it missed about `concurrency` requests
-                # a window (1.3 % of a 10 s overload capacity at 16 in flight).
-                done = loop.time()
-                if measure_from <= done <= end:
-                    if ok:
-                        phase.latencies_s.append(done - sent)
-                    else:
-                        phase.errors += 1
+                ended.append(Ended(sent, loop.time(), ok))
 
         cpu = time.process_time()
         await asyncio.gather(*(worker(offset) for offset in range(concurrency)))
-        phase.seconds = seconds
-        phase.client_cpu_s = time.process_time() - cpu
+        client_cpu_s = time.process_time() - cpu
+    phase = window_phase(ended, measure_from, end)
+    phase.client_cpu_s = client_cpu_s
+    return phase
+
+
+@dataclass(frozen=True)
+class Ended:
+    """One request of a closed loop: when it was sent and ended (the loop's clock), and
+    whether it was answered."""
+
+    sent: float
+    done: float
+    ok: bool
+
+
+def window_phase(ended: list[Ended], measure_from: float, end: float) -> Phase:
+    """The requests that ended within [measure_from, end], whenever sent: a window's
+    completions. Counting only those sent in it and done in it would miss about
+    `concurrency` requests a window (1.3 % of a 10 s overload capacity at 16 in flight)."""
+    phase = Phase(seconds=end - measure_from)
+    for request in ended:
+        if measure_from <= request.done <= end:
+            if request.ok:
+                phase.latencies_s.append(request.done - request.sent)
+            else:
+                phase.errors += 1
     return phase
 
 
