@@ -1,15 +1,19 @@
 """The benchmark's formulas on known inputs (tritonstack/benchmark/): the closed loop's
-window, images per CPU-second, capacity against the ideal queue. A flipped ratio, a
+window, images per CPU-second, capacity against the ideal queue, the interval of a
+median and the verdict it gives a target, the peer's open-loop seeds. A flipped ratio, a
 wrong window or a dropped term fails here. Pure: no server."""
 
 from __future__ import annotations
 
 import pytest
 
+from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.ideal_queue import ideal_capacity
-from tritonstack.benchmark.phases import Ended, Phase, window_phase
+from tritonstack.benchmark.phases import Ended, Phase, interleaved, window_phase
+from tritonstack.benchmark.results import TARGETS, target_verdict, targets_with_verdict
 from tritonstack.benchmark.run import capacity_against_ideal
 from tritonstack.benchmark.settings import CAPACITY_MAX_FRACTION
+from tritonstack.benchmark.vs_peer import seeded_rounds
 
 
 def test_a_closed_loop_counts_the_requests_that_ended_in_its_window_whenever_sent():
@@ -57,3 +61,51 @@ def test_capacity_vs_ideal_queue_is_the_measured_fraction_over_the_ideal_one():
     # An SLO the floor alone misses: no ideal capacity, no ratio rather than a division by 0.
     missed = capacity_against_ideal(slo_ms=10.0, fraction=0.0, probes=probes, floor_ms=15.0, probe_s=6.0)
     assert missed.ideal_queue_capacity == 0.0 and missed.capacity_vs_ideal_queue is None
+
+
+def test_a_median_carries_a_bootstrap_interval_narrower_than_its_spread_with_more_rounds():
+    nine = Median.of([5.0, 1.0, 9.0, 2.0, 8.0, 3.0, 7.0, 4.0, 6.0])
+    assert (nine.value, nine.spread, nine.n) == (5.0, [1.0, 9.0], 9)
+    # A resampled median of 9 lands on the lowest or highest value in 0.2 % of draws,
+    # at or below the second in 3 %: the 95 % interval is [2, 8], not the spread.
+    assert nine.interval == [2.0, 8.0]
+    assert Median.of([1.0, 2.0, 3.0, 4.0, 5.0]).interval == [1.0, 5.0]  # with 5, as wide as the rounds
+    assert Median.of([2.0]).interval is None and Median.of([2.0]).n == 1  # one round: no interval
+    assert Median.of([0.9, 1.0, 1.1, 1.2, 1.3]).interval == Median.of([1.3, 1.2, 1.1, 1.0, 0.9]).interval  # seeded
+
+
+@pytest.mark.parametrize(
+    ("value", "interval", "sense", "target", "verdict"),
+    [
+        (1.03, [1.01, 1.05], ">=", 1.0, "met"),
+        (1.03, [0.98, 1.06], ">=", 1.0, "inconclusive"),  # the median above, the interval across
+        (0.97, [0.98, 1.06], ">=", 1.0, "inconclusive"),
+        (0.95, [0.93, 0.99], ">=", 1.0, "missed"),
+        (0.8, [0.7, 0.9], "<=", 1.0, "met"),
+        (0.9, [0.8, 1.1], "<=", 1.0, "inconclusive"),
+        (1.2, [1.1, 1.3], "<=", 1.0, "missed"),
+        (1.2, None, "<=", 1.0, "missed"),  # a single measure: its value decides
+        (0.9, None, ">=", 1.0, "missed"),
+    ],
+)
+def test_a_target_is_met_or_missed_only_by_its_whole_interval(value, interval, sense, target, verdict):
+    assert target_verdict(value, interval, sense, target) == verdict
+
+
+def test_the_report_lists_inconclusive_targets_with_interval_and_n():
+    results = {key: None for key in TARGETS}
+    results |= {"vs_peer_throughput": 1.031, "vs_peer_throughput_interval": [0.98, 1.06], "vs_peer_throughput_n": 5}
+    results |= {"vs_peer_cpu": 1.2, "vs_peer_cpu_interval": [1.1, 1.3], "vs_peer_cpu_n": 5}
+    assert targets_with_verdict(results, "inconclusive") == [
+        "vs_peer_throughput = 1.031, 95 % interval [0.98, 1.06], n = 5 (target >= 1.0)"
+    ]
+    assert targets_with_verdict(results, "missed") == [
+        "vs_peer_cpu = 1.2, 95 % interval [1.1, 1.3], n = 5 (target <= 1.0)"
+    ]
+
+
+def test_the_peers_open_loop_rounds_share_arrivals_within_a_round_and_not_across():
+    seeds: list[tuple[str, int]] = []
+    measures = seeded_rounds(("ours", "peer"), lambda side, seed: seeds.append((side, seed)))
+    interleaved(measures, repeats=3, log=lambda _: None)
+    assert seeds == [("ours", 0), ("peer", 0), ("ours", 1), ("peer", 1), ("ours", 2), ("peer", 2)]

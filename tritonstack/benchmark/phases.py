@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.peer import PEER_PROTOCOL, PeerClient
 from tritonstack.benchmark.settings import CAPACITY_MAX_FRACTION, DALI_ENSEMBLE, REQUEST_TIMEOUT_S, Settings
 from tritonstack.client.aio import AsyncClassifierClient
@@ -264,13 +263,6 @@ def interleaved(measures: dict[str, Callable[[], Phase]], repeats: int, log=prin
 def ratios(numerators: list[float | None], denominators: list[float | None]) -> list[float]:
     """Per round; a round with an empty or unmeasurable side gives no ratio."""
     return [a / b for a, b in zip(numerators, denominators) if a is not None and b]
-
-
-def write_median(results: dict, key: str, values: list[float]) -> None:
-    """`key` = the median of `values`, `<key>_spread` = [min, max]; None for both
-    when nothing was measured (a Median written into a dict)."""
-    median = Median.of(values)
-    results[key], results[f"{key}_spread"] = median.value, median.spread
 
 
 def current_saturation(server, images: list[bytes], concurrency: int, settings: Settings) -> Phase:

@@ -15,8 +15,9 @@ peer extra, a FastAPI + Pillow + ONNX Runtime service on the same classifier fil
 
 Every throughput ratio is the median of `repeats` interleaved rounds (A, B, A, B, ...
 in one run, so that drift on a shared machine hits both sides alike), written with
-`<key>_spread`: [min, max] over the rounds; the rates are the medians of the same
-rounds. Compare the spreads, not one run's medians.
+`<key>_interval` (a 95 % bootstrap interval of the median), `<key>_n` (the rounds) and
+`<key>_spread` ([min, max] over them); the rates are the medians of the same rounds.
+A target whose interval straddles it is listed as inconclusive, not met.
 
 The load comes from asyncio clients (tritonstack.client.aio) in this process: one
 event loop keeps many single-image requests in flight at a small CPU cost, which
