@@ -30,7 +30,8 @@ class Phase:
     warmup_s: float | None = None  # set with server_cpu_s
     images: int | None = None  # when not one per latency (the in-process reference)
     offered_rate: float | None = None  # an open loop's requests/s
-    server_cpu_by_model_s: dict[str, float] | None = None  # ours: tritonserver and each model's stubs
+    # Ours: tritonserver, each model's stubs, and the rest (process_tree.cpu_by_role_between).
+    server_cpu_by_model_s: dict[str, float] | None = None
 
     @property
     def images_per_s(self) -> float:
@@ -244,7 +245,7 @@ def measured_phase(
     phase.server_cpu_s, phase.warmup_s = server_cpu_seconds(server) - cpu, settings.warmup_s
     if ours:
         after = process_tree.cpu_seconds_by_model(server.pid)
-        phase.server_cpu_by_model_s = {name: after[name] - by_model.get(name, 0.0) for name in after}
+        phase.server_cpu_by_model_s = process_tree.cpu_by_role_between(by_model, after, phase.server_cpu_s)
     return phase
 
 
