@@ -11,8 +11,8 @@ from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.ideal_queue import ideal_capacity
 from tritonstack.benchmark.phases import Ended, Phase, interleaved, window_phase
 from tritonstack.benchmark.results import TARGETS, target_verdict, targets_with_verdict
-from tritonstack.benchmark.run import capacity_against_ideal
-from tritonstack.benchmark.settings import CAPACITY_MAX_FRACTION
+from tritonstack.benchmark.run import ROUND_CPU_RATIOS, ROUND_RATIOS, capacity_against_ideal, round_figures
+from tritonstack.benchmark.settings import CAPACITY_MAX_FRACTION, Settings
 from tritonstack.benchmark.vs_peer import seeded_rounds
 
 
@@ -109,3 +109,35 @@ def test_the_peers_open_loop_rounds_share_arrivals_within_a_round_and_not_across
     measures = seeded_rounds(("ours", "peer"), lambda side, seed: seeds.append((side, seed)))
     interleaved(measures, repeats=3, log=lambda _: None)
     assert seeds == [("ours", 0), ("peer", 0), ("ours", 1), ("peer", 1), ("ours", 2), ("peer", 2)]
+
+
+def rate_phase(images_per_s: float, images_per_cpu_s: float) -> Phase:
+    """A 10 s round (2 s of warm-up) at `images_per_s`, its server at `images_per_cpu_s`."""
+    return Phase(
+        latencies_s=[0.05] * round(images_per_s * 10),
+        seconds=10.0,
+        warmup_s=2.0,
+        server_cpu_s=images_per_s * 12 / images_per_cpu_s,
+        client_cpu_s=3.0,
+    )
+
+
+def test_each_round_ratio_is_its_numerator_over_its_denominator_per_round():
+    """Every ratio of run.ROUND_RATIOS and ROUND_CPU_RATIOS from rounds whose rates are
+    known: each numerator twice its denominator in images/s, thrice in images/CPU-s
+    (a swapped ratio reads 0.5 or 0.33)."""
+    names = {name for pair in (*ROUND_RATIOS.values(), *ROUND_CPU_RATIOS.values()) for name in pair}
+    rates = {"inprocess": 100.0, "grpc": 200.0, "http": 400.0, "pil_ensemble": 100.0}
+    rates |= {"dali_preprocess": 800.0, "pil_preprocess": 400.0, "int8_ensemble": 400.0}
+    per_cpu = {"inprocess": 100.0, "grpc": 300.0, "dali_preprocess": 900.0, "pil_preprocess": 300.0}
+    rounds = {name: [rate_phase(rates[name], per_cpu.get(name, 50.0))] * 3 for name in names}
+    figures = round_figures(rounds, Settings(10.0, 2.0, (8,), (), 10.0), saturation_errors=1)
+    for key in ROUND_RATIOS:
+        assert getattr(figures, key).value == pytest.approx(2.0), key
+        assert getattr(figures, key).n == 3, key
+    for key in ROUND_CPU_RATIOS:
+        assert getattr(figures, key).value == pytest.approx(3.0), key
+    assert figures.server_images_per_s.value == pytest.approx(200.0)
+    assert figures.server_images_per_cpu_s.value == pytest.approx(300.0)
+    assert figures.client_cpu_share == pytest.approx(0.25)  # 3 CPU-s over 12 s
+    assert figures.errors == 1
