@@ -1,4 +1,4 @@
-"""The benchmark writes every key it promises, medians within their spreads, on the
+"""The benchmark writes every key it promises, each median of every round, on the
 session's real server (the shortest settings: figures are rough, keys are real).
 Performance itself is never asserted here."""
 
@@ -25,9 +25,9 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
         if isinstance(written[key], float):
             assert math.isfinite(written[key]), key
     assert written["errors"] == 0
-    for key in result_keys.RATIO_KEYS:  # a median of the rounds lies within their [min, max]
-        low, high = written[f"{key}_spread"]
-        assert low <= written[key] <= high, key
+    for key in result_keys.RATIO_KEYS:  # every round measured both sides of every ratio
+        assert written[f"{key}_n"] == phase_settings.SMOKE.repeats, key
+    assert isinstance(written["inconclusive_targets"], list)
     for rate in run.ROUND_RATES:
         assert written[rate] > 1, rate
     assert written["p99_over_p50"] >= 1
@@ -36,7 +36,6 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     assert 0 <= written["ensemble_overhead_share"] < 1
     assert set(single.HOPS) <= set(written["ensemble_hops_ms_p50"])
     assert 0 < written["grpc_round_trip_ms_p50"] < written["latency_ms_p50_concurrency_1"]
-    assert 0 <= written["capacity_at_slo"] <= phase_settings.CAPACITY_MAX_FRACTION
     assert written["capacity_probes"] and all(probe["rate"] > 0 for probe in written["capacity_probes"])
     for suffix in ("", "_crops"):
         assert 0 <= written[f"int8_top1_agreement{suffix}"] <= 1 and 0 <= written[f"int8_top5_overlap{suffix}"] <= 5
@@ -65,14 +64,9 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
         assert "Result is" in (loadgen_logs / side / "offline" / "mlperf_log_summary.txt").read_text()
 
 
-def test_a_ratio_is_the_median_of_its_rounds_and_skips_empty_ones():
-    results = {}
+def test_a_ratio_is_taken_per_round_and_skips_empty_ones():
     values = phases.ratios([10.0, 0.0, 30.0, None, 12.0], [5.0, 5.0, 0.0, 4.0, 4.0])
     assert values == [2.0, 0.0, 3.0]  # a zero or missing denominator gives no ratio, not a crash
-    phases.write_median(results, "r", values)
-    assert results == {"r": 2.0, "r_spread": [0.0, 3.0]}
-    phases.write_median(results, "empty", [])
-    assert results["empty"] is None and results["empty_spread"] is None
 
 
 def test_capacity_search_is_a_bounded_bisection():
@@ -101,7 +95,7 @@ def test_a_missed_ratio_names_the_ceiling_this_cpu_sets():
         "dali_vs_pil_ensemble": 1.6,
         "dali_vs_pil_ensemble_ceiling": 1.13,
     }
-    assert result_keys.missed_targets(results) == [
+    assert result_keys.targets_with_verdict(results, "missed") == [
         "int8_vs_fp32_ensemble = 1.2 (target >= 1.5; this CPU's ceiling 1.38)"
     ]
 
@@ -114,9 +108,7 @@ def test_regions_benchmark_writes_its_figures(server):
     assert written["boxes"] == 4 and written["errors"] == 0
     # A round that measured nothing is skipped, not every round.
     for key in ("regions_crops_per_s", "per_crop_crops_per_s", "regions_crops_per_cpu_s", "per_crop_crops_per_cpu_s"):
-        low, high = written[f"{key}_spread"]
-        assert 0 < low <= written[key] <= high, key
+        assert written[f"{key}_n"] >= 1 and written[f"{key}_spread"][0] > 0, key
     for key in ("regions_speedup", "regions_speedup_per_cpu_s"):
         if written[key] is not None:  # None: no round measured both sides
-            low, high = written[f"{key}_spread"]
-            assert 0 < low <= written[key] <= high, key
+            assert written[f"{key}_spread"][0] > 0, key

@@ -382,18 +382,15 @@ def test_the_overload_measurement_accounts_for_every_request(overload_target, cl
     phase = report["phases"][0]
     assert report["capacity_rps"] > 0
     assert phase["failed"] == 0, phase["failures"]
-    assert phase["sent"] == phase["in_time"] + phase["refused"] + phase["late"] > 0
-    assert phase["in_time"] > 0 and phase["refused"] > 0, phase  # served some, shed the excess
+    ended = ("in_time", "refused", "refused_by_client", "late")
+    assert phase["sent"] == sum(phase[key] for key in ended) > 0, phase
+    assert phase["in_time"] > 0 and phase["refused"] > 0, phase  # served some, the server shed the excess
     computed = phase["computed_by_step"]
     assert set(computed) == {FIRST_STEP, "efficientnet_lite0"}
     assert all(count >= phase["in_time"] for count in computed.values()), phase
-    assert 0.0 <= phase["wasted_share"] <= 1.0, phase  # how much depends on the machine's load
     assert phase["recovery_s"] < goodput.RECOVERY_LIMIT_S, phase  # back to idle latency, not given up
     assert phase["server_rss_growth_mb"] is not None and phase["clients"] == clients
-    assert 0 <= phase["refused_by_client"] <= phase["refused"], phase  # our throttle's, none for stock clients
-    assert clients == "ours" or phase["refused_by_client"] == 0, phase
-    server_refused = phase["refused"] - phase["refused_by_client"]
-    assert (phase["server_refused_ms_p99"] is not None) == (server_refused > 0), phase
+    assert clients == "ours" or phase["refused_by_client"] == 0, phase  # stock clients have no throttle
 
 
 def test_the_overload_soak_checks_every_answer_and_leaves_none_unresolved(admission_server, overload_target):
@@ -407,7 +404,7 @@ def test_the_overload_soak_checks_every_answer_and_leaves_none_unresolved(admiss
     assert report["unresolved"] == 0 and report["wrong"] == 0 and report["failed"] == 0, report["periods"]
     assert report["in_time"] > 0
     assert report["memory"]["passed"] is None  # 8 s is too short to judge the memory
-    assert report["passed"]
+    assert report["passed"] is None  # and a memory not judged is not a pass
 
 
 def test_the_overload_soak_tells_a_wrong_answer_and_an_unresolved_request_apart():

@@ -42,6 +42,7 @@ from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.presets import preset_named
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 from tritonstack.repository_files import ONNX_MODEL_FILENAME
+from tritonstack.serve import process_tree
 
 BATCH = 8
 IMAGES = 64  # 8 batches a measure: short enough to interleave every library each round
@@ -163,7 +164,8 @@ def serving_cost(served: dict[str, float], floors: dict[str, float]) -> ServingC
     if "tritonserver" in served:
         overhead["tritonserver"] = served["tritonserver"]
     known = all(name in served for name in steps) and all(library in floors for library in steps.values())
-    total = served.get("tritonserver", 0.0) + sum(served.get(name, 0.0) for name in steps)
+    # The whole tree's: a stub that exited within the rounds is in REST (process_tree).
+    total = sum(served.get(name, 0.0) for name in ("tritonserver", *steps, process_tree.REST))
     floor = sum(floors.get(library, 0.0) for library in steps.values())
     peer_preprocess = floors.get("pil_8bit")
     return ServingCost(

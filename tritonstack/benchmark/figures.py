@@ -2,8 +2,8 @@
 ceiling where it has them, and one line of meaning.
 
 A phase returns a frozen dataclass whose field names are the keys it measures (a
-`Median` field is written as `<key>` and `<key>_spread`); `report` merges the phases'
-results once, and refuses a key that is not declared here or that two phases write.
+`Median` field is written as `<key>`, `<key>_spread`, `<key>_interval` and `<key>_n`);
+`report` merges the phases' results once, and refuses a key that is not declared here or that two phases write.
 results.py's required keys, targets and ceilings, run.py's docstring and the tables of
 docs/performance.md ("Every figure") are read from these declarations.
 """
@@ -18,23 +18,57 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import scipy.stats
 
 SIDES = ("a", "b")  # `tritonstack compare`'s two servers
 
 
+# The interval of a median over rounds: a seeded percentile bootstrap, so that the same
+# rounds give the same interval. Percentile rather than BCa: BCa's jackknife is
+# undefined for the few, often tied, values of 5 rounds.
+CONFIDENCE = 0.95
+RESAMPLES = 9999
+BOOTSTRAP_SEED = 0
+
+
 @dataclass(frozen=True)
 class Median:
-    """The median of per-round values and their [min, max]; None for both when nothing
-    was measured (a round whose side measured nothing gives no value)."""
+    """The median of per-round values, their [min, max] (`spread`), a 95 % bootstrap
+    interval of the median (`interval`, None under 2 values) and how many there were
+    (`n`); None for each when nothing was measured (a round whose side measured nothing
+    gives no value)."""
 
-    value: float | dict | None
-    spread: list | dict | None
+    value: float | None
+    spread: list | None
+    interval: list | None = None
+    n: int = 0
 
     @classmethod
     def of(cls, values: list[float]) -> Median:
         if not values:
             return cls(None, None)
-        return cls(float(np.median(values)), [float(min(values)), float(max(values))])
+        spread = [float(min(values)), float(max(values))]
+        return cls(float(np.median(values)), spread, median_interval(values), len(values))
+
+    def written(self, key: str) -> dict:
+        """Its keys in a report."""
+        return {key: self.value, f"{key}_spread": self.spread, f"{key}_interval": self.interval, f"{key}_n": self.n}
+
+
+def median_interval(values: list[float]) -> list[float] | None:
+    """The 95 % percentile-bootstrap interval of the median of `values`; None under
+    2 values, where resampling has nothing to vary."""
+    if len(values) < 2:
+        return None
+    result = scipy.stats.bootstrap(
+        (np.asarray(values, dtype=float),),
+        np.median,
+        confidence_level=CONFIDENCE,
+        n_resamples=RESAMPLES,
+        method="percentile",
+        rng=np.random.default_rng(BOOTSTRAP_SEED),
+    )
+    return [float(result.confidence_interval.low), float(result.confidence_interval.high)]
 
 
 @dataclass(frozen=True)
@@ -47,7 +81,7 @@ class Figure:
     meaning: str
     target: tuple[str, float] | None = None  # (">=" or "<=", value)
     ceiling: str | None = None  # the key of the most this CPU allows it (tritonstack/benchmark/cost.py)
-    spread: bool = False  # a Median: written with `<key>_spread`, [min, max] over the rounds
+    spread: bool = False  # a Median: written with `<key>_spread` ([min, max]), `<key>_interval` and `<key>_n`
     promised: bool = False
 
 
@@ -219,7 +253,10 @@ _LOADGEN = (
 
 _WRITTEN_AFTER = (
     Figure("benchmark_seconds", "s", "the whole run (the command line adds it)"),
-    Figure("missed_targets", "", "each target not met, with this CPU's ceiling where it has one"),
+    Figure(
+        "missed_targets", "", "each target not met (its interval wholly on the wrong side), with this CPU's ceiling"
+    ),
+    Figure("inconclusive_targets", "", "each target whose 95 % interval straddles it: neither met nor missed"),
 )
 
 # `tritonstack benchmark`: one JSON object.
@@ -298,22 +335,22 @@ OVERLOAD = (
     Figure("deadline_s", "s", "every request's deadline (ours send it as Triton's timeout too)"),
     Figure("sent", "requests", "all requests sent"),
     Figure("in_time", "requests", "answered before the deadline"),
-    Figure("refused", "requests", "the server said no before the deadline, or our client's throttle did"),
-    Figure("refused_by_client", "requests", "of those, refused by our client's throttle before sending"),
+    Figure("refused", "requests", "the server said no before the deadline"),
+    Figure("refused_by_client", "requests", "refused at once by our client's throttle, never sent"),
     Figure("late", "requests", "no answer before the deadline, or one after it"),
     Figure("failed", "requests", "anything else"),
     Figure("failures", "", "the failed requests' errors, counted"),
     Figure("refused_share", "fraction", "refused / sent"),
+    Figure("refused_by_client_share", "fraction", "refused_by_client / sent"),
     Figure("late_share", "fraction", "late / sent"),
     Figure("goodput_rps", "requests/s", "answered in time per second"),
     Figure("goodput_share", "fraction", "answered in time / (capacity x seconds)"),
     Figure("wasted_share", "fraction", "the worst step's computed images that reached nobody in time"),
     Figure("computed_by_step", "images", "each step's inference_count over the phase"),
-    Figure("answered_ms_p99", "ms", "p99 of answers in time"),
-    Figure("refused_ms_p99", "ms", "p99 of refusals"),
-    Figure("server_refused_ms_p99", "ms", "p99 of the server's refusals (our client's throttle left out)"),
+    Figure("answered_ms_p99", "ms", "p99 of every answer, late ones included"),
+    Figure("refused_ms_p99", "ms", "p99 of the server's refusals"),
     Figure("idle_ms", "ms", "a lone request's latency before the load"),
-    Figure("recovery_s", "s", "from the last send until a lone request is back within twice idle_ms"),
+    Figure("recovery_s", "s", "wall time from the last send until a lone request is answered within twice idle_ms"),
     Figure("server_rss_growth_mb", "MiB", "tritonserver's process tree right after the load, less before it"),
 )
 
@@ -328,7 +365,7 @@ OVERLOAD_SOAK = (
     Figure("failed", "requests", "anything else"),
     Figure("failures", "", "the failed requests' errors, counted"),
     Figure("goodput_share", "fraction", "answered in time / (capacity x period)"),
-    Figure("answered_ms_p99", "ms", "p99 of answers in time"),
+    Figure("answered_ms_p99", "ms", "p99 of every answer, late ones included"),
     Figure("refused_ms_p99", "ms", "p99 of refusals"),
 )
 
@@ -344,9 +381,16 @@ GROUPS = {
 SUMMED = "errors"  # every phase counts its own failures; the report holds their sum
 
 
+MEDIAN_SUFFIXES = ("_spread", "_interval", "_n")
+
+
 def written_keys(figures: tuple[Figure, ...]) -> tuple[str, ...]:
-    """Every key a report of these figures holds: each figure's, and its `_spread`."""
-    return tuple(key for figure in figures for key in (figure.key, *([f"{figure.key}_spread"] * figure.spread)))
+    """Every key a report of these figures holds: each figure's, and a Median's others."""
+    return tuple(
+        key
+        for figure in figures
+        for key in (figure.key, *(figure.key + suffix for suffix in MEDIAN_SUFFIXES if figure.spread))
+    )
 
 
 def report(figures: tuple[Figure, ...], *parts) -> dict:
@@ -365,7 +409,7 @@ def report(figures: tuple[Figure, ...], *parts) -> dict:
                 raise KeyError(f"{key} is written by two phases")
             if isinstance(value, Median) != declared[key].spread:
                 raise TypeError(f"{key}: a Median exactly where the registry declares a spread")
-            written |= {key: value.value, f"{key}_spread": value.spread} if isinstance(value, Median) else {key: value}
+            written |= value.written(key) if isinstance(value, Median) else {key: value}
     order = written_keys(figures)
     return dict(sorted(written.items(), key=lambda item: order.index(item[0])))
 
@@ -392,7 +436,7 @@ def _target_text(figure: Figure) -> str:
 def markdown_table(figures: tuple[Figure, ...]) -> str:
     rows = ["| key | unit | target | meaning |", "|---|---|---|---|"]
     for figure in figures:
-        key = f"`{figure.key}`" + (" [spread]" if figure.spread else "")
+        key = f"`{figure.key}`" + (" [median]" if figure.spread else "")
         rows.append(f"| {key} | {figure.unit} | {_target_text(figure)} | {figure.meaning} |")
     return "\n".join(rows)
 

@@ -14,22 +14,24 @@ stock`) only stop waiting then, as most callers do. Every request ends one way:
 
 - in time: answered (200) before its deadline;
 - refused: the server said no (a full queue, or its timeout passed while queued:
-  HTTP 503 / gRPC UNAVAILABLE) before the deadline, or our client's throttle did
-  before sending (tritonstack.client.throttle: a server refusing more than a fifth
-  of the requests is spared some);
+  HTTP 503 / gRPC UNAVAILABLE) before the deadline;
+- refused by our client: its throttle said no at once, never sending it
+  (tritonstack.client.throttle: a server refusing more than a fifth of the requests
+  is spared some), counted apart: an instant refusal is not the server's;
 - late: no answer before the deadline (the client gave up), or one after it;
 - failed: anything else (a wrong status, a broken connection).
 
 It writes, per protocol and multiple:
 - goodput_share: answered in time / (capacity x seconds): 1.0 is all the capacity
   serving requests that someone still waits for;
+- refused_share, refused_by_client_share, late_share: of all requests sent;
 - wasted_share: of the images each step of the ensemble computed (Triton's own
   inference counters, read after the backlog drained), the share that did not reach
   a client in time, the worst step's;
-- answered_ms_p99, refused_ms_p99: latency of answers and of refusals;
-  server_refused_ms_p99: of the server's refusals alone (our client's are at once);
-- recovery_s: from the last send until a lone request is answered within twice the
-  idle latency again.
+- answered_ms_p99: latency of every answer, late ones included; refused_ms_p99: of
+  the server's refusals;
+- recovery_s: wall seconds from the last send until a lone request has been answered
+  within twice the idle latency again.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import asyncio
 import contextlib
 import functools
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -70,34 +73,42 @@ RECOVERY_FACTOR = 2.0  # "back to idle": a lone request within twice the idle la
 class Outcomes:
     """How the requests of one open loop ended; latencies from the scheduled send."""
 
-    in_time_s: list[float] = field(default_factory=list)
-    refused_s: list[float] = field(default_factory=list)
-    refused_by_server_s: list[float] = field(default_factory=list)  # of refused_s: the server's
-    late: int = 0
+    deadline_s: float
+    answered_s: list[float] = field(default_factory=list)  # every answer, in time or late
+    refused_by_server_s: list[float] = field(default_factory=list)  # before the deadline
+    refused_by_client: int = 0  # our client's throttle: never sent, refused at once
+    gave_up: int = 0  # no answer, nor refusal, before the deadline: the client stopped waiting
     failed: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # a few kinds, for the report
 
     @property
-    def refused_by_client(self) -> int:
-        """Of refused_s, our client's throttle's: never sent."""
-        return len(self.refused_s) - len(self.refused_by_server_s)
+    def in_time(self) -> int:
+        return sum(latency <= self.deadline_s for latency in self.answered_s)
+
+    @property
+    def late(self) -> int:
+        """No answer before the deadline: an answer after it, or none at all."""
+        return len(self.answered_s) - self.in_time + self.gave_up
 
     @property
     def sent(self) -> int:
-        return len(self.in_time_s) + len(self.refused_s) + self.late + self.failed
+        """Every request the loop made, our client's self-refusals included."""
+        refused = len(self.refused_by_server_s) + self.refused_by_client
+        return len(self.answered_s) + refused + self.gave_up + self.failed
 
-    def record(self, latency_s: float, deadline_s: float, error: BaseException | None) -> None:
-        refused = error is not None and (is_refusal(error) or is_expired(error))
-        if error is not None and not refused and not is_timeout(error):
+    def record(self, latency_s: float, error: BaseException | None) -> None:
+        if error is None:
+            self.answered_s.append(latency_s)
+        elif isinstance(error, ClientThrottledError):
+            self.refused_by_client += 1
+        elif (is_refusal(error) or is_expired(error)) and latency_s <= self.deadline_s:
+            self.refused_by_server_s.append(latency_s)
+        elif is_refusal(error) or is_expired(error) or is_timeout(error):
+            self.gave_up += 1  # a refusal after the deadline reaches nobody who still waits
+        else:
             self.failed += 1
             kind = f"{type(error).__name__}: {str(error)[:80]}"
             self.failures[kind] = self.failures.get(kind, 0) + 1
-        elif (error is None or refused) and latency_s <= deadline_s:
-            (self.refused_s if refused else self.in_time_s).append(latency_s)
-            if refused and not isinstance(error, ClientThrottledError):
-                self.refused_by_server_s.append(latency_s)
-        else:  # no answer before the deadline, or one after it
-            self.late += 1
 
 
 def p99_ms(latencies_s: list[float]) -> float | None:
@@ -139,7 +150,7 @@ async def deadline_open_loop(
 ) -> tuple[Outcomes, float]:
     """Poisson arrivals at `rate` for `seconds`, each request with `deadline_s`; the
     outcomes and the loop's time of the last send (loop.time())."""
-    outcomes = Outcomes()
+    outcomes = Outcomes(deadline_s)
     offsets = poisson_offsets(rate, seconds, np.random.default_rng(seed))
     opener = stock_client if clients == "stock" else our_client
     async with opener(url, protocol, model, deadline_s, in_flight_bound(rate, deadline_s)) as classify:
@@ -151,7 +162,7 @@ async def deadline_open_loop(
                 await asyncio.wait_for(classify(images[index % len(images)]), deadline_s + 0.5)
             except Exception as raised:  # every outcome is counted, none raised
                 error = raised
-            outcomes.record(loop.time() - scheduled, deadline_s, error)
+            outcomes.record(loop.time() - scheduled, error)
 
         last_send = await on_schedule(offsets, one)
     return outcomes, last_send
@@ -246,17 +257,18 @@ async def idle_latency_s(url: str, protocol: str, model: str, image: bytes, requ
 
 
 async def recovery_seconds(
-    url: str, protocol: str, model: str, image: bytes, idle_s: float, since: float
+    probe: Callable[[], Awaitable[float | None]], idle_s: float, since: float, clock: Callable[[], float]
 ) -> tuple[float, int]:
-    """Seconds from `since` (loop.time() of the last send) until a lone request is
-    answered within RECOVERY_FACTOR x the idle latency, and the probes answered."""
-    loop = asyncio.get_running_loop()
+    """Wall seconds from `since` (`clock`'s time of the last send) until a lone request,
+    `probe()` (its latency, None when it failed), is answered within RECOVERY_FACTOR x
+    the idle latency, that answer included: what a user waits for the server to be
+    itself again. And the probes answered."""
     answered = 0
-    while loop.time() - since < RECOVERY_LIMIT_S:
-        latency = await lone_latency_s(url, protocol, model, image)
+    while clock() - since < RECOVERY_LIMIT_S:
+        latency = await probe()
         answered += latency is not None
         if latency is not None and latency <= RECOVERY_FACTOR * idle_s:
-            return max(0.0, loop.time() - since - latency), answered
+            return clock() - since, answered
         await asyncio.sleep(0.05)
     return RECOVERY_LIMIT_S, answered
 
@@ -304,6 +316,7 @@ class PhaseResult:
     failed: int
     failures: dict
     refused_share: float
+    refused_by_client_share: float
     late_share: float
     goodput_rps: float
     goodput_share: float
@@ -311,7 +324,6 @@ class PhaseResult:
     computed_by_step: dict
     answered_ms_p99: float | None
     refused_ms_p99: float | None
-    server_refused_ms_p99: float | None
     idle_ms: float
     recovery_s: float
     server_rss_growth_mb: float | None
@@ -339,40 +351,75 @@ def overload_phase(
             url, protocol, model, images, rate, seconds, settings.deadline_s, seed, settings.clients
         )
         rss_loaded = target.rss_mib()  # the backlog's peak: right after the last send
-        return outcomes, rss_loaded, await recovery_seconds(url, protocol, model, images[0], idle_s, last_send)
+        probe = functools.partial(lone_latency_s, url, protocol, model, images[0])
+        clock = asyncio.get_running_loop().time
+        return outcomes, rss_loaded, await recovery_seconds(probe, idle_s, last_send, clock)
 
     outcomes, rss_loaded, (recovery, probes) = asyncio.run(load_then_recover())
     after = settled_counts(target.http_url, steps, target.headers)
-    computed = {step: after[step] - before[step] for step in steps}
-    answered, sent = len(outcomes.in_time_s), max(outcomes.sent, 1)
-    result = PhaseResult(
-        protocol=protocol,
-        clients=settings.clients,
-        multiple=multiple,
-        offered_rps=rate,
-        seconds=seconds,
-        deadline_s=settings.deadline_s,
+    result = phase_result(
+        outcomes,
+        Load(protocol, settings.clients, multiple, capacity, seconds),
+        computed={step: after[step] - before[step] for step in steps},
+        probes=probes,
+        idle_s=idle_s,
+        recovery_s=recovery,
+        rss_growth_mb=None if rss_before is None or rss_loaded is None else rss_loaded - rss_before,
+    )
+    return figures.report(figures.OVERLOAD, result)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one open loop offered: over which protocol and clients, at what multiple of
+    which capacity (requests/s), for how long."""
+
+    protocol: str
+    clients: str
+    multiple: float
+    capacity: float
+    seconds: float
+
+
+def phase_result(
+    outcomes: Outcomes,
+    load: Load,
+    computed: dict[str, int],
+    probes: int,
+    idle_s: float,
+    recovery_s: float,
+    rss_growth_mb: float | None,
+) -> PhaseResult:
+    """The figures of one open loop from how its requests ended; `computed`: each step's
+    images over the phase, `probes`: the recovery's answered requests (computed too)."""
+    in_time, sent = outcomes.in_time, max(outcomes.sent, 1)
+    return PhaseResult(
+        protocol=load.protocol,
+        clients=load.clients,
+        multiple=load.multiple,
+        offered_rps=load.multiple * load.capacity,
+        seconds=load.seconds,
+        deadline_s=outcomes.deadline_s,
         sent=outcomes.sent,
-        in_time=answered,
-        refused=len(outcomes.refused_s),
+        in_time=in_time,
+        refused=len(outcomes.refused_by_server_s),
         refused_by_client=outcomes.refused_by_client,
         late=outcomes.late,
         failed=outcomes.failed,
         failures=outcomes.failures,
-        refused_share=len(outcomes.refused_s) / sent,
+        refused_share=len(outcomes.refused_by_server_s) / sent,
+        refused_by_client_share=outcomes.refused_by_client / sent,
         late_share=outcomes.late / sent,
-        goodput_rps=answered / seconds,
-        goodput_share=answered / (capacity * seconds),
-        wasted_share=wasted_share(answered + probes, computed),
+        goodput_rps=in_time / load.seconds,
+        goodput_share=in_time / (load.capacity * load.seconds),
+        wasted_share=wasted_share(in_time + probes, computed),
         computed_by_step=computed,
-        answered_ms_p99=p99_ms(outcomes.in_time_s),
-        refused_ms_p99=p99_ms(outcomes.refused_s),
-        server_refused_ms_p99=p99_ms(outcomes.refused_by_server_s),
+        answered_ms_p99=p99_ms(outcomes.answered_s),
+        refused_ms_p99=p99_ms(outcomes.refused_by_server_s),
         idle_ms=idle_s * 1000,
-        recovery_s=recovery,
-        server_rss_growth_mb=None if rss_before is None or rss_loaded is None else rss_loaded - rss_before,
+        recovery_s=recovery_s,
+        server_rss_growth_mb=rss_growth_mb,
     )
-    return figures.report(figures.OVERLOAD, result)
 
 
 def wasted_share(answered_in_time: int, computed: dict[str, int]) -> float:
@@ -441,27 +488,13 @@ def ms_text(value: float | None) -> str:
     return f"{value:.0f} ms" if value is not None else "-"
 
 
-def by_client_text(phase: dict) -> str:
-    """The refusals our client's throttle made, for the log line (", 812 by our client")."""
-    return f", {phase['refused_by_client']} by our client" if phase.get("refused_by_client") else ""
-
-
-def refused_p99_text(phase: dict) -> str:
-    """The refusals' p99, and the server's alone where our client refused some at once
-    ("377 ms, the server's 452 ms")."""
-    text = ms_text(phase["refused_ms_p99"])
-    if phase.get("refused_by_client"):
-        text += f", the server's {ms_text(phase['server_refused_ms_p99'])}"
-    return text
-
-
 def phase_line(phase: dict) -> str:
     ms = ms_text
     return (
         f"goodput {phase['goodput_share']:.2f} of capacity, wasted {phase['wasted_share']:.2f}, "
-        f"in time {phase['in_time']}, refused {phase['refused']} ({phase['refused_share']:.1%}"
-        f"{by_client_text(phase)}), "
+        f"in time {phase['in_time']}, refused by the server {phase['refused']} ({phase['refused_share']:.1%}), "
+        f"by our client at once {phase['refused_by_client']} ({phase['refused_by_client_share']:.1%}), "
         f"late {phase['late']} ({phase['late_share']:.1%}), failed {phase['failed']}; "
-        f"p99 answered {ms(phase['answered_ms_p99'])}, refused {refused_p99_text(phase)}; "
+        f"p99 answered {ms(phase['answered_ms_p99'])}, refused {ms(phase['refused_ms_p99'])}; "
         f"recovered in {phase['recovery_s']:.1f} s"
     )

@@ -15,6 +15,7 @@ from nvidia.dali import Pipeline
 from tritonstack.benchmark.phase_settings import CLASSIFIER, DALI_PREPROCESS, Settings
 from tritonstack.benchmark.phases import Phase
 from tritonstack.contract import pad_batch
+from tritonstack.serve import process_tree
 
 
 def inprocess_best_setting(repository: Path, images: list[bytes], settings: Settings) -> dict:
@@ -49,6 +50,9 @@ def dali_preprocessing(repository: Path, batch: int, threads: int) -> Pipeline:
 
 
 def _inprocess_run(repository, images, batch, dali_threads, ort_threads, settings) -> Phase:
+    # The threads already running (the server's supervisor and restarter, gRPC's): not
+    # the reference's; this thread and those DALI and ONNX Runtime start below are.
+    others = set(process_tree.thread_cpu_seconds()) - {threading.get_native_id()}
     pipeline = dali_preprocessing(repository, batch, dali_threads)
     options = ort.SessionOptions()
     options.intra_op_num_threads = ort_threads
@@ -72,7 +76,7 @@ def _inprocess_run(repository, images, batch, dali_threads, ort_threads, setting
 
     producer = threading.Thread(target=preprocess, daemon=True)
     producer.start()
-    done, started, cpu_started = 0, None, None
+    done, started, cpu_started, threads_started = 0, None, None, None
     deadline = time.perf_counter() + settings.warmup_s + settings.seconds
     # Past the deadline still until two batches were timed: a loaded machine must
     # not leave the phase empty (a rate of 0 and a ratio that divides by it).
@@ -80,10 +84,11 @@ def _inprocess_run(repository, images, batch, dali_threads, ort_threads, setting
         session.run(None, {"input": handoff.get()})
         if started is None and time.perf_counter() > deadline - settings.seconds:
             started = time.perf_counter()  # warm-up over: count from here
-            cpu_started = time.process_time()  # every thread of this process: DALI's and ONNX Runtime's
+            cpu_started, threads_started = process_tree.own_cpu_seconds(), process_tree.thread_cpu_seconds()
         elif started is not None:
             done += batch
-    seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+    seconds, process_s = time.perf_counter() - started, process_tree.own_cpu_seconds() - cpu_started
+    cpu_s = process_tree.cpu_seconds_without(process_s, threads_started, process_tree.thread_cpu_seconds(), others)
     stop.set()
     while handoff.get() is not None:
         pass

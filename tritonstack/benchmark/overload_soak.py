@@ -16,9 +16,13 @@ deadline, to see what the server does with every request. It passes when:
   image's at idle (a batch that mixed requests up would not be);
 - nothing failed but refusals;
 - the memory is flat: each server process's RSS at the end of each low-load period,
-  once the backlog has drained, grows less than MAX_GROWTH_PCT from the second cycle
-  to the last (the first is warm-up; see memory_verdict), when the server runs on this
-  host. The peaks between are reported: they hold the backlog.
+  once the backlog has drained, grows less than MAX_GROWTH_PCT from the third cycle
+  to the last (the first WARMUP_CYCLES, two, are warm-up; see memory_verdict). The peaks
+  between are reported: they hold the backlog.
+
+A memory not judged (a run too short for MIN_JUDGED_TROUGHS troughs after the warm-up,
+or a server on another host) is not a pass: `passed` is then None, and the command
+exits 1.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ class PeriodTally:
 
     multiple: float
     in_time_s: list[float] = field(default_factory=list)
-    answered_late: int = 0  # after the deadline, within the grace
+    answered_late_s: list[float] = field(default_factory=list)  # after the deadline, within the grace
     refused_s: list[float] = field(default_factory=list)
     unresolved: int = 0  # neither answer nor refusal within the deadline + grace
     wrong: int = 0
@@ -96,7 +100,7 @@ class PeriodTally:
         elif error is None and latency_s <= settings.deadline_s:
             self.in_time_s.append(latency_s)
         elif error is None and latency_s <= due:
-            self.answered_late += 1
+            self.answered_late_s.append(latency_s)
         elif error is None or is_timeout(error) or is_refusal(error) or is_expired(error):
             self.unresolved += 1  # resolved too late, or not at all
         else:
@@ -108,14 +112,14 @@ class PeriodTally:
         return {
             "multiple": self.multiple,
             "in_time": len(self.in_time_s),
-            "answered_late": self.answered_late,
+            "answered_late": len(self.answered_late_s),
             "refused": len(self.refused_s),
             "unresolved": self.unresolved,
             "wrong": self.wrong,
             "failed": self.failed,
             "failures": self.failures,
             "goodput_share": len(self.in_time_s) / (capacity * period_s),
-            "answered_ms_p99": p99_ms(self.in_time_s),
+            "answered_ms_p99": p99_ms(self.in_time_s + self.answered_late_s),  # every answer, as a user waits
             "refused_ms_p99": p99_ms(self.refused_s),
         }
 
@@ -240,8 +244,16 @@ def run_overload_soak(
         **totals,
         **problems,
         "memory": memory,
-        "passed": not any(problems.values()) and (memory is None or memory["passed"] is not False),
+        "passed": soak_verdict(problems, memory),
     }
+
+
+def soak_verdict(problems: dict[str, int], memory: dict | None) -> bool | None:
+    """False on any problem or a memory that grew; None when the memory was not judged
+    (too short a run, a server elsewhere): not a pass; True only when all was judged."""
+    if any(problems.values()) or (memory is not None and memory["passed"] is False):
+        return False
+    return True if memory is not None and memory["passed"] is True else None
 
 
 def period_line(period: dict) -> str:
@@ -271,5 +283,6 @@ def summary(report: dict) -> str:
         )
     else:
         lines.append("  memory: not watched (the server runs elsewhere)")
-    lines.append("  PASSED" if report["passed"] else "  FAILED")
+    verdicts = {True: "  PASSED", False: "  FAILED", None: "  NOT PASSED: the memory was not judged"}
+    lines.append(verdicts[report["passed"]])
     return "\n".join(lines)

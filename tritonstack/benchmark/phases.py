@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.peer import PEER_PROTOCOL, PeerClient
 from tritonstack.benchmark.phase_settings import CAPACITY_MAX_FRACTION, DALI_ENSEMBLE, REQUEST_TIMEOUT_S, Settings
 from tritonstack.client.aio import AsyncClassifierClient
@@ -31,7 +30,8 @@ class Phase:
     warmup_s: float | None = None  # set with server_cpu_s
     images: int | None = None  # when not one per latency (the in-process reference)
     offered_rate: float | None = None  # an open loop's requests/s
-    server_cpu_by_model_s: dict[str, float] | None = None  # ours: tritonserver and each model's stubs
+    # Ours: tritonserver, each model's stubs, and the rest (process_tree.cpu_by_role_between).
+    server_cpu_by_model_s: dict[str, float] | None = None
 
     @property
     def images_per_s(self) -> float:
@@ -94,10 +94,11 @@ async def closed_loop(
     send=None,
 ) -> Phase:
     """`concurrency` requests always in flight, one image each, for `seconds` after
-    warm-up; the requests that ended in that window count. `send(client, item)`: what
-    one request of `images`' items is, when not the probabilities of one encoded image."""
+    warm-up; the requests that ended in that window count (window_phase). `send(client,
+    item)`: what one request of `images`' items is, when not the probabilities of one
+    encoded image."""
     send = send or (lambda client, image: client.probabilities([image]))
-    phase = Phase()
+    ended: list[Ended] = []
     async with load_client(url, protocol, model) as client:
         loop = asyncio.get_running_loop()
         measure_from = loop.time() + warmup_s
@@ -114,20 +115,37 @@ async def closed_loop(
                     ok = True
                 except Exception:
                     ok = False
-                # Counted by when it ended: the window's completions, whenever sent. Counting
-                # only those sent in it and done in it missed about `concurrency` requests
-                # a window (1.3 % of a 10 s overload capacity at 16 in flight).
-                done = loop.time()
-                if measure_from <= done <= end:
-                    if ok:
-                        phase.latencies_s.append(done - sent)
-                    else:
-                        phase.errors += 1
+                ended.append(Ended(sent, loop.time(), ok))
 
         cpu = time.process_time()
         await asyncio.gather(*(worker(offset) for offset in range(concurrency)))
-        phase.seconds = seconds
-        phase.client_cpu_s = time.process_time() - cpu
+        client_cpu_s = time.process_time() - cpu
+    phase = window_phase(ended, measure_from, end)
+    phase.client_cpu_s = client_cpu_s
+    return phase
+
+
+@dataclass(frozen=True)
+class Ended:
+    """One request of a closed loop: when it was sent and ended (the loop's clock), and
+    whether it was answered."""
+
+    sent: float
+    done: float
+    ok: bool
+
+
+def window_phase(ended: list[Ended], measure_from: float, end: float) -> Phase:
+    """The requests that ended within [measure_from, end], whenever sent: a window's
+    completions. Counting only those sent in it and done in it would miss about
+    `concurrency` requests a window (1.3 % of a 10 s overload capacity at 16 in flight)."""
+    phase = Phase(seconds=end - measure_from)
+    for request in ended:
+        if measure_from <= request.done <= end:
+            if request.ok:
+                phase.latencies_s.append(request.done - request.sent)
+            else:
+                phase.errors += 1
     return phase
 
 
@@ -227,7 +245,7 @@ def measured_phase(
     phase.server_cpu_s, phase.warmup_s = server_cpu_seconds(server) - cpu, settings.warmup_s
     if ours:
         after = process_tree.cpu_seconds_by_model(server.pid)
-        phase.server_cpu_by_model_s = {name: after[name] - by_model.get(name, 0.0) for name in after}
+        phase.server_cpu_by_model_s = process_tree.cpu_by_role_between(by_model, after, phase.server_cpu_s)
     return phase
 
 
@@ -246,13 +264,6 @@ def interleaved(measures: dict[str, Callable[[], Phase]], repeats: int, log=prin
 def ratios(numerators: list[float | None], denominators: list[float | None]) -> list[float]:
     """Per round; a round with an empty or unmeasurable side gives no ratio."""
     return [a / b for a, b in zip(numerators, denominators) if a is not None and b]
-
-
-def write_median(results: dict, key: str, values: list[float]) -> None:
-    """`key` = the median of `values`, `<key>_spread` = [min, max]; None for both
-    when nothing was measured (a Median written into a dict)."""
-    median = Median.of(values)
-    results[key], results[f"{key}_spread"] = median.value, median.spread
 
 
 def current_saturation(server, images: list[bytes], concurrency: int, settings: Settings) -> Phase:

@@ -63,7 +63,8 @@ def cpu_flags() -> list[str]:
 # Read from the registry (tritonstack/benchmark/figures.py): a key, target or ceiling is declared there.
 REQUIRED_KEYS = written_keys(tuple(figure for figure in BENCHMARK if figure.promised))
 
-# The promised medians of rounds: each with `<key>_spread`, [min, max] over the rounds.
+# The promised medians of rounds: each with `<key>_spread` ([min, max] over the rounds),
+# `<key>_interval` (a 95 % bootstrap interval of the median) and `<key>_n`.
 RATIO_KEYS = tuple(figure.key for figure in BENCHMARK if figure.promised and figure.spread)
 
 TARGETS = {figure.key: figure.target for figure in BENCHMARK if figure.target}
@@ -72,25 +73,47 @@ TARGETS = {figure.key: figure.target for figure in BENCHMARK if figure.target}
 CEILINGS = {figure.key: figure.ceiling for figure in BENCHMARK if figure.ceiling}
 
 
-def missed_targets(results: dict) -> list[str]:
-    missed = []
+def target_verdict(value: float, interval: list | None, sense: str, target: float) -> str:
+    """ "met", "missed", or "inconclusive" where the interval straddles the target: a
+    median of a few rounds on the right side is not yet a met target. Without an
+    interval (a single measure), the value alone decides."""
+    low, high = interval if interval is not None else (value, value)
+    if sense == ">=":
+        return "met" if low >= target else "missed" if high < target else "inconclusive"
+    return "met" if high <= target else "missed" if low > target else "inconclusive"
+
+
+def target_text(results: dict, key: str) -> str:
+    """ "vs_peer_throughput = 1.031, 95 % interval [0.98, 1.06], n = 5 (target >= 1.0" """
+    sense, target = TARGETS[key]
+    interval, n = results.get(f"{key}_interval"), results.get(f"{key}_n")
+    measured = f", 95 % interval [{interval[0]:.4g}, {interval[1]:.4g}], n = {n}" if interval else ""
+    return f"{key} = {results[key]:.4g}{measured} (target {sense} {target}"
+
+
+def targets_with_verdict(results: dict, verdict: str) -> list[str]:
+    """The targets whose verdict is `verdict`, each as a line: the value, its interval
+    and n, the target, and for a missed one this CPU's ceiling where it has one."""
+    lines = []
     for key, (sense, target) in TARGETS.items():
         value = results[key]
         if value is None:  # not measurable here (a server on another host)
             continue
-        if (sense == ">=" and value < target) or (sense == "<=" and value > target):
-            ceiling = results.get(CEILINGS.get(key, ""))
-            beyond = f"; this CPU's ceiling {ceiling:.3g}" if ceiling is not None else ""
-            missed.append(f"{key} = {value:.4g} (target {sense} {target}{beyond})")
-    return missed
+        if target_verdict(value, results.get(f"{key}_interval"), sense, target) != verdict:
+            continue
+        ceiling = results.get(CEILINGS.get(key, ""))
+        beyond = f"; this CPU's ceiling {ceiling:.3g}" if ceiling is not None and verdict == "missed" else ""
+        lines.append(f"{target_text(results, key)}{beyond})")
+    return lines
 
 
 def write_results(results: dict, out: Path) -> str:
-    """Add the missed targets, write the JSON file, return its text."""
+    """Add the missed and inconclusive targets, write the JSON file, return its text."""
     missing = [key for key in REQUIRED_KEYS if key not in results]
     if missing:
         raise KeyError(f"benchmark results lack {missing}")
-    results["missed_targets"] = missed_targets(results)
+    results["missed_targets"] = targets_with_verdict(results, "missed")
+    results["inconclusive_targets"] = targets_with_verdict(results, "inconclusive")
     text = json.dumps(results, indent=2, default=float) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

@@ -16,8 +16,9 @@ rate it judges VALID at a p99 bound (.loadgen; its logs beside the report).
 
 Every throughput ratio is the median of `repeats` interleaved rounds (A, B, A, B, ...
 in one run, so that drift on a shared machine hits both sides alike), written with
-`<key>_spread`: [min, max] over the rounds; the rates are the medians of the same
-rounds. Compare the spreads, not one run's medians.
+`<key>_interval` (a 95 % bootstrap interval of the median), `<key>_n` (the rounds) and
+`<key>_spread` ([min, max] over them); the rates are the medians of the same rounds.
+A target whose interval straddles it is listed as inconclusive, not met.
 
 The load comes from asyncio clients (tritonstack.client.aio) in this process: one
 event loop keeps many single-image requests in flight at a small CPU cost, which
@@ -420,8 +421,16 @@ def capacity_figures(
     slo_ms = SLO_P50_MULTIPLE * single_p50
     log(f"capacity: the highest Poisson rate whose p99 stays under {slo_ms:.1f} ms...")
     fraction, probes = capacity_at_slo(server, images, concurrency, slo_ms, settings)
+    return capacity_against_ideal(slo_ms, fraction, probes, single_p50, settings.capacity_s)
+
+
+def capacity_against_ideal(
+    slo_ms: float, fraction: float, probes: list[dict], floor_ms: float, probe_s: float
+) -> CapacityFigures:
+    """The measured capacity over the ideal queue's at the probes' median saturation,
+    the single-request latency `floor_ms`, the same SLO and probe length."""
     saturation = float(np.median([probe["saturation"] for probe in probes]))
-    ideal = ideal_capacity(saturation, single_p50, slo_ms, settings.capacity_s, CAPACITY_MAX_FRACTION)
+    ideal = ideal_capacity(saturation, floor_ms, slo_ms, probe_s, CAPACITY_MAX_FRACTION)
     errors = sum(probe["errors"] for probe in probes)
     return CapacityFigures(slo_ms, fraction, probes, ideal, fraction / ideal if ideal else None, errors)
 

@@ -9,17 +9,19 @@ process tree (tritonserver and its stubs; uvicorn and its workers). Its figures
 
 - peer_images_per_s, peer_cpu_ms_per_image, vs_peer_throughput (ours / the peer's
   images per second), vs_peer_cpu (our CPU per image / the peer's: below 1 is
-  cheaper), each with its spread; the same with `int8_` for the INT8 preset against
+  cheaper), each a Median of the rounds (interval, n, spread); the same with `int8_` for the INT8 preset against
   the peer serving the same INT8 ONNX file;
 - vs_peer_latency: p50 and p99 of both at saturation (the closed-loop rounds), and
-  in an open loop at OPEN_LOOP_LOAD of the slower side's saturation, the same
-  Poisson arrivals for both, `repeats` interleaved times; vs_peer_open_loop_p99,
+  in an open loop at OPEN_LOOP_LOAD of the slower side's saturation, `repeats`
+  interleaved rounds, both sides the same Poisson arrivals in a round, each round
+  others; vs_peer_open_loop_p99,
   our p99 over the peer's in that open loop (per round: median and spread).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -126,6 +128,14 @@ def slower_rate(rounds: dict[str, list[Phase]]) -> float:
     return min(ours or 0.0, theirs or 0.0)
 
 
+def seeded_rounds(sides, measure: Callable[[str, int], Phase]) -> dict[str, Callable[[], Phase]]:
+    """`measure(side, seed)` for each side, the seed the round's index: both sides see
+    the same Poisson arrivals in a round (the same query set), and each round others,
+    so that the rounds sample the arrivals too."""
+    seeds = {side: itertools.count() for side in sides}
+    return {side: (lambda side=side: measure(side, next(seeds[side]))) for side in sides}
+
+
 def peer_open_loop(server, peer, images: list[bytes], settings: Settings, slower: float, log) -> PeerOpenLoop | None:
     """Both at the same Poisson rate, OPEN_LOOP_LOAD of the slower's saturation
     (`slower`); None when a side measured nothing."""
@@ -141,7 +151,7 @@ def peer_open_loop(server, peer, images: list[bytes], settings: Settings, slower
         loop = open_loop(url_for(target, protocol), model, images, rate, seconds, settings.warmup_s, seed, protocol)
         return asyncio.run(loop)
 
-    rounds = interleaved({side: (lambda side=side: measure(side, seed=7)) for side in sides}, settings.repeats, log)
+    rounds = interleaved(seeded_rounds(sides, measure), settings.repeats, log)
     latency: dict = {"rate": rate}
     for side, phases in rounds.items():
         measured = [phase for phase in phases if phase.latencies_s]

@@ -113,15 +113,58 @@ def tree_rss_mib(pid: int | None) -> float | None:
 
 
 def tree_cpu_seconds(pid: int | None) -> float:
-    """CPU time (user + system) of a server and its descendants so far."""
+    """CPU time (user + system) of a server and its descendants so far, the exited ones
+    included: a zombie's own times, and a reaped one's in its parent's record of its
+    waited-for children. A stub that exits mid-measure keeps its CPU seconds in the sum."""
     total = 0.0
     for process in process_tree(pid) if pid else []:
         try:
             times = process.cpu_times()
-            total += times.user + times.system
+            total += times.user + times.system + times.children_user + times.children_system
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+# The role of the CPU that cpu_seconds_by_model's roles do not hold over a span: processes
+# that exited within it (their last seconds are known only to the tree's sum) and any
+# descendant that is no stub.
+REST = "rest"
+
+
+def cpu_by_role_between(before: dict[str, float], after: dict[str, float], tree_s: float) -> dict[str, float]:
+    """Each role's CPU seconds between two readings of cpu_seconds_by_model (a role
+    that appeared in between: all of its own), and REST: the tree's CPU over the same
+    span (`tree_s`, from tree_cpu_seconds) less theirs, when above a tick's rounding."""
+    spans = {name: after[name] - before.get(name, 0.0) for name in after}
+    rest = tree_s - sum(spans.values())
+    return spans | ({REST: rest} if rest > CPU_TICK_S else {})
+
+
+# /proc's CPU times are in clock ticks; readings of several processes taken one after
+# the other differ by a few.
+CPU_TICK_S = 0.05
+
+
+def thread_cpu_seconds() -> dict[int, float]:
+    """CPU time (user + system) so far of each live thread of this process, by native id."""
+    return {thread.id: thread.user_time + thread.system_time for thread in psutil.Process().threads()}
+
+
+def own_cpu_seconds() -> float:
+    """CPU time (user + system) of this process so far, its exited threads included."""
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
+
+
+def cpu_seconds_without(
+    process_s: float, threads_before: dict[int, float], threads_after: dict[int, float], excluded: set[int]
+) -> float:
+    """This process's CPU over a span (`process_s`) less what the `excluded` threads
+    spent in it (threads_* from thread_cpu_seconds): what the other threads did. An
+    excluded thread gone by the end keeps its last reading."""
+    spent = sum(threads_after.get(tid, threads_before[tid]) - threads_before[tid] for tid in excluded)
+    return process_s - spent
 
 
 # The memory criterion of both soaks (tritonstack soak, tritonstack overload --soak): a
