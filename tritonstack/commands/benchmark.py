@@ -32,7 +32,7 @@ class BenchmarkOptions(cli.ServerEndpoints, cli.RepositoryOption):
     """The repository is what the server serves; its model.dali and model.onnx the
     in-process reference."""
 
-    quick: bool = cli.option(False, "--quick", help="short phases: at most 4 minutes on 2 cores")
+    quick: bool = cli.option(False, "--quick", help="short phases: about 10 minutes on 2 cores, LoadGen included")
     smoke: bool = cli.option(False, "--smoke", help="shortest phases (tests): every key, rough figures")
     out: Path = cli.out_option(cli.REQUIRED, help="JSON file to write")
     regions: int | None = cli.option(
