@@ -41,6 +41,13 @@ def test_each_ratio_is_taken_within_a_round_before_the_median():
     assert peer_figures(rounds, open_loop=None).vs_peer_throughput.value == pytest.approx(2.0)  # 2, 1, 2
 
 
+def test_the_peers_own_concurrency_is_reported_and_its_saturation_failures_counted():
+    rounds = {"http": [phase(120, 8.0)], "peer": [phase(100, 10.0)]}
+    figures = peer_figures(rounds, open_loop=None, saturation=(16, 3))
+    assert (figures.peer_best_concurrency, figures.errors) == (16, 3)
+    assert peer_figures(rounds, open_loop=None).peer_best_concurrency is None
+
+
 def test_a_side_not_measured_gives_no_figure_rather_than_a_wrong_one():
     figures = peer_figures({"http": [phase(120, 8.0)]}, open_loop=None)
     assert figures.vs_peer_throughput.value is None and figures.vs_peer_cpu.value is None

@@ -222,6 +222,9 @@ _COST = (
 )
 
 _PEER = (
+    _promised(
+        "peer_best_concurrency", "requests", "the peer's in flight that saturated it (ours: server_best_concurrency)"
+    ),
     _promised_median("peer_images_per_s", "images/s", "the FastAPI peer serving the FP32 classifier"),
     _promised_median("peer_cpu_ms_per_image", "CPU ms", "the peer's CPU per image (uvicorn and its workers)"),
     _promised_median("vs_peer_throughput", "ratio", "ours / the peer's images per second", target=(">=", 1.0)),

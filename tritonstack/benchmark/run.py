@@ -87,7 +87,14 @@ from tritonstack.benchmark.phases import (
 from tritonstack.benchmark.results import cpu_flags, cpu_model, versions
 from tritonstack.benchmark.single import grpc_round_trip_ms, single_requests, trace_medians, traced_single_requests
 from tritonstack.benchmark.trace import trace_args
-from tritonstack.benchmark.vs_peer import PeerOpenLoop, peer_figures, peer_measures, peer_open_loop, slower_rate
+from tritonstack.benchmark.vs_peer import (
+    PeerOpenLoop,
+    peer_figures,
+    peer_measures,
+    peer_open_loop,
+    peer_saturation,
+    slower_rate,
+)
 from tritonstack.build.parity import compare_classifiers, crop_images
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.target import GivenServer, target_server
@@ -173,8 +180,11 @@ def _run_on_server(
         _, concurrency, errors = saturate(server.grpc_url, "grpc", DALI_ENSEMBLE, images, settings)
         log(f"interleaved rounds at concurrency {concurrency} (preprocessing alone at {max(settings.concurrency)})...")
         measures = _round_measures(server, repository, images, setting, concurrency, settings)
+        peer_saturated = peer_saturation(peer, images, settings) if peer else None
+        in_flight = {"ours": concurrency, "peer": peer_saturated[0] if peer_saturated else None}
         if peer:
-            measures |= peer_measures(server, peer, images, concurrency, settings, "int8_ensemble" in measures)
+            log(f"the peer saturates at concurrency {in_flight['peer']}")
+            measures |= peer_measures(server, peer, images, in_flight, settings, "int8_ensemble" in measures)
         rounds = interleaved(measures, settings.repeats, log)
         rounded = round_figures(rounds, settings, errors)
         state = ServerFigures(server_versions, concurrency, server_rss_mb(server), server_rss_mb_by_process(server))
@@ -185,23 +195,24 @@ def _run_on_server(
         against: PeerOpenLoop | None = None
         if peer:
             against = peer_open_loop(server, peer, images, settings, slower_rate(rounds), log)
-        measured_by_loadgen = loadgen_phase(server, peer, images, concurrency, rounds, settings, loadgen_dir, log)
-        served = [rounded, state, single, looped, capacity, peer_figures(rounds, against), measured_by_loadgen]
+        measured_by_loadgen = loadgen_phase(server, peer, images, in_flight, rounds, settings, loadgen_dir, log)
+        compared = peer_figures(rounds, against, peer_saturated)
+        served = [rounded, state, single, looped, capacity, compared, measured_by_loadgen]
         by_model = median_by_model(rounds.get("http", []))
         return served, by_model, traced_single_requests(server, settings.traced_requests) if own else []
 
 
 def loadgen_phase(
-    server, running_peer, images: list[bytes], concurrency: int, rounds, settings: Settings, log_dir: Path, log
+    server, running_peer, images: list[bytes], in_flight: dict[str, int], rounds, settings: Settings, log_dir: Path, log
 ) -> LoadGenFigures:
-    """MLPerf's LoadGen, Offline and Server, against ours over HTTP and the peer, at the
-    concurrency that saturated ours and the same images (tritonstack.benchmark.loadgen)."""
+    """MLPerf's LoadGen, Offline and Server, against ours over HTTP and the peer, the same
+    images, Offline at the concurrency that saturated each side (tritonstack.benchmark.loadgen)."""
     if running_peer is None or settings.loadgen is None:
         return comparison(None)
     rates = {name: np.median([phase.images_per_s for phase in rounds[name]]) for name in ("http", "peer")}
     sides = {
-        "ours": (TritonHttpTarget(server.http_url, DALI_ENSEMBLE), concurrency, rates["http"]),
-        "peer": (PeerHttpTarget(running_peer.url, CLASSIFIER), concurrency, rates["peer"]),
+        "ours": (TritonHttpTarget(server.http_url, DALI_ENSEMBLE), in_flight["ours"], rates["http"]),
+        "peer": (PeerHttpTarget(running_peer.url, CLASSIFIER), in_flight["peer"], rates["peer"]),
     }
     log(f"MLPerf LoadGen: Offline, then the highest VALID Server rate, logs in {log_dir}...")
     return comparison(loadgen_figures(sides, images, settings.loadgen, log_dir, log))

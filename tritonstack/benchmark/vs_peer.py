@@ -2,8 +2,9 @@
 tries both on one machine would measure.
 
 Both are driven by the same asyncio client over HTTP (aiohttp underneath), one image
-a request from the same corpus, the same number in flight, in the same interleaved
-rounds as the rest of the benchmark; CPU per image counts each server's whole
+a request from the same corpus, each side at the number in flight that saturated it
+(peer_best_concurrency beside our server_best_concurrency: a competent user tunes
+both), in the same interleaved rounds as the rest of the benchmark; CPU per image counts each server's whole
 process tree (tritonserver and its stubs; uvicorn and its workers). Its figures
 (declared in tritonstack/benchmark/figures.py):
 
@@ -37,7 +38,7 @@ from tritonstack.benchmark.phase_settings import (
     OPEN_LOOP_LOAD,
     Settings,
 )
-from tritonstack.benchmark.phases import Phase, interleaved, measured_phase, open_loop, ratios, url_for
+from tritonstack.benchmark.phases import Phase, interleaved, measured_phase, open_loop, ratios, saturate, url_for
 
 # round name -> (side, protocol, model); our side's HTTP round is the benchmark's own "http".
 PEER_ROUNDS = {
@@ -49,15 +50,22 @@ PEER_ROUNDS = {
 PAIRS = {"": ("http", "peer"), "int8_": ("int8_http", "peer_int8")}
 
 
+def peer_saturation(peer, images: list[bytes], settings: Settings) -> tuple[int, int]:
+    """The peer's own best concurrency over the levels tried for ours, and the failures."""
+    _, concurrency, errors = saturate(url_for(peer, PEER_PROTOCOL), PEER_PROTOCOL, CLASSIFIER, images, settings)
+    return concurrency, errors
+
+
 def peer_measures(
-    server, peer, images: list[bytes], concurrency: int, settings: Settings, int8: bool
+    server, peer, images: list[bytes], concurrency: dict[str, int], settings: Settings, int8: bool
 ) -> dict[str, Callable[[], Phase]]:
-    """The rounds the peer adds to the benchmark's (which measures "http" itself)."""
+    """The rounds the peer adds to the benchmark's (which measures "http" itself), each
+    side at its own concurrency (`concurrency`: side -> requests in flight)."""
     servers = {"ours": server, "peer": peer}
     return {
         name: (
             lambda side=side, protocol=protocol, model=model: measured_phase(
-                servers[side], protocol, model, images, concurrency, settings
+                servers[side], protocol, model, images, concurrency[side], settings
             )
         )
         for name, (side, protocol, model) in PEER_ROUNDS.items()
@@ -87,10 +95,13 @@ class PeerFigures:
     int8_vs_peer_cpu: Median
     vs_peer_latency: dict | None
     vs_peer_open_loop_p99: Median
+    peer_best_concurrency: int | None
     errors: int
 
 
-def peer_figures(rounds: dict[str, list[Phase]], open_loop: PeerOpenLoop | None) -> PeerFigures:
+def peer_figures(
+    rounds: dict[str, list[Phase]], open_loop: PeerOpenLoop | None, saturation: tuple[int, int] | None = None
+) -> PeerFigures:
     """The figures above from the rounds and the open loop; None where the peer was not measured."""
     medians = {}
     for prefix, (ours, theirs) in PAIRS.items():
@@ -107,7 +118,8 @@ def peer_figures(rounds: dict[str, list[Phase]], open_loop: PeerOpenLoop | None)
         **medians,
         vs_peer_latency=latency,
         vs_peer_open_loop_p99=open_loop.p99_ratio if open_loop else Median.of([]),
-        errors=open_loop.errors if open_loop else 0,
+        peer_best_concurrency=saturation[0] if saturation else None,
+        errors=(open_loop.errors if open_loop else 0) + (saturation[1] if saturation else 0),
     )
 
 
