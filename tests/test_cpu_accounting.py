@@ -74,3 +74,5 @@ def test_the_in_process_reference_is_not_charged_for_threads_not_its_own():
     after = {1: 8.0, 7: 42.0, 9: 3.0}
     assert process_tree.cpu_seconds_without(10.0, before, after, excluded={7, 8}) == pytest.approx(8.0)
     assert process_tree.cpu_seconds_without(10.0, before, after, excluded=set()) == pytest.approx(10.0)
+    # A thread excluded but gone before the window started (6) spent nothing in it.
+    assert process_tree.cpu_seconds_without(10.0, before, after, excluded={6, 7}) == pytest.approx(8.0)

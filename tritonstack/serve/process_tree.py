@@ -162,8 +162,11 @@ def cpu_seconds_without(
 ) -> float:
     """This process's CPU over a span (`process_s`) less what the `excluded` threads
     spent in it (threads_* from thread_cpu_seconds): what the other threads did. An
-    excluded thread gone by the end keeps its last reading."""
-    spent = sum(threads_after.get(tid, threads_before[tid]) - threads_before[tid] for tid in excluded)
+    excluded thread gone by the end keeps its last reading; one gone before the span
+    spent nothing in it."""
+    spent = sum(
+        threads_after.get(tid, threads_before[tid]) - threads_before[tid] for tid in excluded & threads_before.keys()
+    )
     return process_s - spent
 
 
