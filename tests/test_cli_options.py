@@ -42,9 +42,6 @@ PER_COMMAND = {
 }
 
 
-# Commands whose parsers still declare options by hand (issue 65, in progress): each
-# leaves this set once its options are fields of its settings dataclass.
-NOT_YET_CONVERTED = {"build", "serve", "classify", "evaluate", "loadtest"}
 # serve's --model-repository is also s3://..., gs://... (kept as text: a Path folds "//").
 OWN_TYPE = {("serve", "--model-repository")}
 
@@ -103,7 +100,7 @@ def test_twelve_commands_are_enumerated():
 
 def test_every_option_is_declared_through_the_mechanism():
     outside = [f"{where}: {flag(action)}" for where, action in every_option() if not hasattr(action, "declared_by")]
-    assert [line for line in outside if line.split()[0].rstrip(":") not in NOT_YET_CONVERTED] == []
+    assert outside == []
 
 
 def test_one_flag_has_one_type_and_one_default_across_commands():

@@ -302,6 +302,7 @@ NOT_MIRRORED = {
     "layout (docs/kubernetes.md#limits)",
     "--no-pacing": "the pool follows the cores the launcher reads, and the pacing was measured with our backends, "
     "not the C++ ones the pod runs: server.extraArgs takes it (docs/kubernetes.md#limits)",
+    "extra": "tritonserver's own flags, passed as they are: the chart's server.extraArgs",
     **dict.fromkeys(cli.flags(Supervision), SUPERVISION),
 }
 
@@ -593,12 +594,12 @@ def test_the_image_mode_runs_the_launcher_and_probes_its_readiness():
     container = triton_container(objects)
     assert container["command"] == ["tritonstack", "serve"]
     args = serve.parser().parse_args(container["args"])
-    config = serve.server_config(args)
+    config = serve.serve_options(args).config
     assert (str(config.model_repository), config.host, config.models) == ("/models", "0.0.0.0", (DEFAULT_MODEL,))
     rendered = config.args(Path("backends"), lambda flag: False)
     assert set(otlp_trace_flags(TRACES)) <= set(rendered) and config.response_cache_bytes == 64 << 20
     health = next(p["containerPort"] for p in container["ports"] if p["name"] == "health")
-    assert serve.supervision(args).health_port == health
+    assert serve.serve_options(args).supervision.health_port == health
     probes = {name: container[name]["httpGet"] for name in ("startupProbe", "readinessProbe", "livenessProbe")}
     assert probes == {
         "startupProbe": {"path": "/ready", "port": "health"},

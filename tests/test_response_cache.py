@@ -64,7 +64,7 @@ def test_the_cache_is_off_by_default(model_repository):
 
 def test_serve_gives_the_server_a_cache_of_the_size_asked(model_repository):
     args = serve.parser().parse_args(["--model-repository", str(model_repository), "--response-cache-mb", "64"])
-    command = TritonServer(serve.server_config(args)).command(model_repository)
+    command = TritonServer(serve.serve_options(args).config).command(model_repository)
     assert f"--cache-config=local,size={64 * 2**20}" in command
     assert any(arg.startswith("--cache-directory=") for arg in command)
 

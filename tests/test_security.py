@@ -13,8 +13,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tritonstack import cli
 from tritonstack.client.classifier import ClassifierClient
-from tritonstack.client.options import add_server_options
+from tritonstack.client.options import ServerOptions
 from tritonstack.client.retry import is_retryable
 from tritonstack.contract import ADMIN_HEADER, ADMIN_KEY_ENV, DEFAULT_MODEL
 from tritonstack.samples.photos import photo_bytes
@@ -81,7 +82,7 @@ def test_a_random_key_never_reads_as_an_option():
 
 def test_the_clients_take_a_key_that_starts_with_a_dash():
     parser = argparse.ArgumentParser()
-    add_server_options(parser)
+    cli.add_options(parser, ServerOptions)
     assert parser.parse_args(["--admin-key=-k3y"]).admin_key == "-k3y"
 
 

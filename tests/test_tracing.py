@@ -70,11 +70,11 @@ def test_each_request_is_a_trace_of_its_ensemble_and_steps(traced, protocol):
 
 def test_serve_traces_to_the_url_at_the_rate_asked(model_repository):
     args = serve.parser().parse_args(["--trace-otlp", "http://127.0.0.1:4318/v1/traces", "--trace-rate", "50"])
-    config = serve.server_config(args)
+    config = serve.serve_options(args).config
     assert (config.trace_otlp_url, config.trace_rate) == ("http://127.0.0.1:4318/v1/traces", 50)
     rendered = config.args(model_repository, lambda flag: False)
     assert otlp_trace_flags("http://127.0.0.1:4318/v1/traces", 50) == [a for a in rendered if a.startswith("--trace")]
-    untraced = serve.server_config(serve.parser().parse_args([])).args(model_repository, lambda flag: False)
+    untraced = serve.serve_options(serve.parser().parse_args([])).config.args(model_repository, lambda flag: False)
     assert not any(arg.startswith("--trace") for arg in untraced)
 
 

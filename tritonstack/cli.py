@@ -312,7 +312,8 @@ def _add(parser_, spec: Option, default) -> None:
         action = parser_.add_argument(spec.flag, action="store_true", **spec.argparse)
     else:
         shown = default if spec.command_default is UNSET else spec.command_default
-        action = parser_.add_argument(spec.flag, default=shown, **spec.argparse)
+        # None is argparse's own default: not given, so that a positional `nargs="*"` is listed as argparse makes it.
+        action = parser_.add_argument(spec.flag, **({} if shown is None else {"default": shown}), **spec.argparse)
     action.declared_by = spec
 
 

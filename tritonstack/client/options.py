@@ -1,46 +1,43 @@
-"""The command-line options the client tools (classify.py, evaluate.py) share:
-where the server is, which model, how patiently to ask it."""
+"""The command-line options the client tools (classify, evaluate) share on where the
+server is: its address, the protocol, the key of its restricted APIs. How to ask it
+(the model, batches, patience) is tritonstack.client.runner.RunSettings'."""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
 from tritonstack import cli
+from tritonstack.address import endpoint
 from tritonstack.client.protocol import DEFAULT_URLS, PROTOCOLS
-from tritonstack.contract import DEFAULT_MODEL
+from tritonstack.contract import admin_headers
 
 
-def add_server_options(
-    parser: argparse.ArgumentParser, model_help: str = "a model that takes encoded images (an ensemble)"
-) -> None:
-    """--url, --protocol, --model, --admin-key, --retries, --timeout: as classify.py and evaluate.py take them."""
-    parser.add_argument(
+@dataclass(frozen=True)
+class ServerOptions:
+    """--url, --protocol, --admin-key: as classify and evaluate take them."""
+
+    url: str | None = cli.option(
+        None,
         "--url",
         help="Triton's address: host:port, http://host:port or grpc://host:port "
         f"(default: {DEFAULT_URLS['http']} for http, {DEFAULT_URLS['grpc']} for grpc)",
     )
-    parser.add_argument("--protocol", choices=PROTOCOLS, help="default: the --url's scheme, else http")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help=(
-            "per-request deadline in seconds: the client stops waiting then, and the server "
-            "refuses the request if it is still queued"
-        ),
+    protocol: str | None = cli.option(
+        None, "--protocol", choices=PROTOCOLS, help="default: the --url's scheme, else http"
     )
-    parser.add_argument(
+    admin_key: str | None = cli.option(
+        None,
         "--admin-key",
         metavar="KEY",
         help="key of the server's restricted APIs, needed with --shm "
         "system (default: $TRITONSTACK_ADMIN_KEY; write --admin-key=KEY if it starts with -)",
     )
-    parser.add_argument(
-        "--retries",
-        type=cli.non_negative_int,
-        default=3,
-        metavar="N",
-        help="retries when the server is unreachable or unavailable (backoff with jitter)",
-    )
+
+    def endpoint(self) -> tuple[str, str]:
+        """The address and the protocol: given, or the defaults (tritonstack.address.endpoint)."""
+        return endpoint(self.url, self.protocol, DEFAULT_URLS)
+
+    def run_fields(self) -> dict:
+        """RunSettings' fields these options set: cli.from_args(RunSettings, args, **options.run_fields())."""
+        url, protocol = self.endpoint()
+        return {"url": url, "protocol": protocol, "headers": admin_headers(protocol, self.admin_key)}

@@ -35,6 +35,7 @@ import aiohttp
 from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from tritonclient.utils import InferenceServerException
 
+from tritonstack import cli
 from tritonstack.client.throttle import ClientThrottledError
 from tritonstack.contract import BATCH_PRIORITY
 
@@ -191,7 +192,13 @@ class RetryPolicy:
     wait would end past it. `retry_if` says which errors are worth another try
     (by default those of a server that cannot answer right now)."""
 
-    retries: int = 3
+    retries: int = cli.option(
+        3,
+        "--retries",
+        type=cli.non_negative_int,
+        metavar="N",
+        help="retries when the server is unreachable or unavailable (backoff with jitter)",
+    )
     base_delay_s: float = 0.25
     max_delay_s: float = 4.0
 

@@ -18,35 +18,59 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from tqdm import tqdm
 
+from tritonstack import cli
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.images import media_kind
-from tritonstack.client.protocol import ClipPredictions, Prediction, Segment, SpeechSegments
+from tritonstack.client.protocol import SHM_MODES, ClipPredictions, Prediction, Segment, SpeechSegments
 from tritonstack.client.retry import RetryPolicy, describe_error
 from tritonstack.contract import DEFAULT_AUDIO_MODEL, DEFAULT_MODEL, DEFAULT_VIDEO_MODEL, ENSEMBLE_SEGMENTS
 
 
 @dataclass(frozen=True)
 class RunSettings:
+    """Each field with a flag is a `tritonstack classify` option (tritonstack.cli); the
+    server's address, protocol and headers are the caller's."""
+
     url: str
     protocol: str = "http"
-    model: str = DEFAULT_MODEL
-    video_model: str = DEFAULT_VIDEO_MODEL  # for clips
-    audio_model: str = DEFAULT_AUDIO_MODEL  # for audio
-    frame_probabilities: bool = False  # audio: each 32 ms frame's speech probability too
-    top_k: int = 5
-    batch_size: int = 1
-    concurrency: int = 1
-    shm: str = "none"
-    use_async: bool = False
-    timeout_s: float | None = None
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    model: str = cli.option(
+        DEFAULT_MODEL,
+        "--model",
+        help=f"the model for photos, or for clips when it is a video model (default: {DEFAULT_MODEL})",
+    )
+    video_model: str = cli.option(  # for clips
+        DEFAULT_VIDEO_MODEL, "--video-model", help="the model for clips, unless --model is a video model"
+    )
+    audio_model: str = cli.option(  # for audio
+        DEFAULT_AUDIO_MODEL, "--audio-model", help="the model for audio, unless --model is an audio model"
+    )
+    # A clip's frames' rankings; audio: each 32 ms frame's speech probability too.
+    frame_probabilities: bool = cli.option(
+        False,
+        "--per-frame",
+        help="a clip's frames' rankings too, a line each; an audio file's frames' speech probabilities (jsonl)",
+    )
+    top_k: int = cli.option(5, "--top-k", type=cli.positive_int, help="classes shown per image")
+    batch_size: int = cli.option(1, "--batch-size", type=cli.positive_int, help="images per request")
+    concurrency: int = cli.option(1, "--concurrency", type=cli.positive_int, help="requests in flight")
+    shm: str = cli.option("none", "--shm", choices=SHM_MODES, help="send and receive tensors in shared memory")
+    use_async: bool = cli.option(False, "--async", help="asyncio client instead of threads")
+    timeout_s: float | None = cli.option(
+        None,
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="per-request deadline in seconds: the client stops waiting then, and the server "
+        "refuses the request if it is still queued",
+    )
+    retry: RetryPolicy = cli.nested(RetryPolicy, default_factory=RetryPolicy)
     headers: dict[str, str] | None = None  # e.g. tritonstack.contract.admin_headers() for shared memory
 
     def client_options(self) -> dict:

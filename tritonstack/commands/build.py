@@ -28,11 +28,10 @@ import argparse
 import json
 import logging
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tritonstack import cli, contract
-from tritonstack.build import presets
 from tritonstack.build.audio import AUDIO_PRESETS, SpeechPreset
 from tritonstack.build.audio_classifier import (
     AudioClassifierOptions,
@@ -42,57 +41,96 @@ from tritonstack.build.audio_classifier import (
 )
 from tritonstack.build.audio_features import LogMelFeatures
 from tritonstack.build.own_classifier import OwnClassifierOptions, own_classifier
-from tritonstack.build.presets import PRESETS, BuildOptions, Preset, preset_named
+from tritonstack.build.presets import PREPROCESSORS, PRESETS, BuildOptions, Preset, preset_named
 from tritonstack.build.repository import write_repository
 
-# The folder the command runs in, as for `make build` from a checkout.
-DEFAULT_REPOSITORY = Path("model_repository")
+
+@dataclass(frozen=True)
+class BuildCommandOptions:
+    """`tritonstack build`: which presets, where, built how; or a user's own classifier
+    (image or audio), with the preprocessing models to build for it."""
+
+    presets: tuple[str, ...] = cli.option(
+        (),
+        "presets",
+        nargs="*",
+        metavar="PRESET",
+        convert=tuple,
+        command_default=None,
+        help=f"presets to build (default: all): {', '.join(p.name for p in (*PRESETS, *AUDIO_PRESETS))}",
+    )
+    out: Path = cli.out_option(cli.DEFAULT_REPOSITORY, help="repository folder")
+    build: BuildOptions = cli.nested(BuildOptions, default_factory=BuildOptions)
+    own: OwnClassifierOptions = cli.nested(OwnClassifierOptions, default_factory=OwnClassifierOptions)
+    own_audio: AudioClassifierOptions = cli.nested(AudioClassifierOptions, default_factory=AudioClassifierOptions)
+    features: LogMelFeatures = cli.nested(LogMelFeatures, default_factory=LogMelFeatures)
+    preprocessors: tuple[str, ...] = cli.option(
+        ("dali",),
+        "--preprocessors",
+        nargs="+",
+        choices=PREPROCESSORS,
+        convert=tuple,
+        help="which preprocessing models to build for your own classifier",
+    )
+
+
+@dataclass(frozen=True)
+class RepositoryArgument:
+    """The repository `check` and `parity` read: the positional argument, not an option."""
+
+    repository: Path = cli.option(cli.DEFAULT_REPOSITORY, "repository", nargs="?", type=Path)
+
+
+@dataclass(frozen=True)
+class ParityOptions(RepositoryArgument):
+    preset: str = cli.option(
+        "dali_efficientnet_lite0",
+        "--preset",
+        help="the DALI preset to compare; audio_<name>: an audio classifier's log-mel features against NumPy's",
+    )
+    json: Path | None = cli.option(None, "--json", type=Path, metavar="FILE", help="also write the figures as JSON")
+    own: OwnClassifierOptions = cli.nested(OwnClassifierOptions, default_factory=OwnClassifierOptions)
 
 
 def build(args: argparse.Namespace) -> int:
-    own = cli.from_args(OwnClassifierOptions, args)
-    own_audio = cli.from_args(AudioClassifierOptions, args)
+    options = cli.from_args(BuildCommandOptions, args)
+    own, own_audio = options.own, options.own_audio
     if own.onnx and own_audio.onnx:
         raise cli.OptionError("--classifier-onnx and --audio-classifier-onnx: one classifier a build")
     if bool(own.onnx or own_audio.onnx) != bool(own.labels):
         raise cli.OptionError("--classifier-onnx (or --audio-classifier-onnx) and --labels go together")
-    options = cli.from_args(BuildOptions, args)
     if own_audio.onnx:
-        changed = _build_audio_classifier(args, own, own_audio, options)
+        changed = _build_audio_classifier(options)
     else:
-        images, audio = _presets(args, own)
-        changed = write_repository(args.out, presets=images, options=options, audio_presets=audio)
+        images, audio = _presets(options)
+        changed = write_repository(options.out, presets=images, options=options.build, audio_presets=audio)
     for path in changed:
-        print(f"wrote {path.relative_to(args.out)}")
-    print(f"{args.out}: {len(changed)} file(s) changed")
+        print(f"wrote {path.relative_to(options.out)}")
+    print(f"{options.out}: {len(changed)} file(s) changed")
     return 0
 
 
-def _build_audio_classifier(
-    args: argparse.Namespace, own: OwnClassifierOptions, own_audio: AudioClassifierOptions, options: BuildOptions
-) -> list[Path]:
-    features = cli.from_args(LogMelFeatures, args)
-    preset, notes = own_audio_classifier(own_audio, features, own.labels, own.name, own.softmax)
+def _build_audio_classifier(options: BuildCommandOptions) -> list[Path]:
+    own = options.own
+    preset, notes = own_audio_classifier(options.own_audio, options.features, own.labels, own.name, own.softmax)
     for note in notes:
         print(f"{preset.name}: {note}")
-    return write_audio_classifier(args.out, preset, options)
+    return write_audio_classifier(options.out, preset, options.build)
 
 
-def _presets(
-    args: argparse.Namespace, own: OwnClassifierOptions
-) -> tuple[tuple[Preset, ...], tuple[SpeechPreset, ...]]:
+def _presets(options: BuildCommandOptions) -> tuple[tuple[Preset, ...], tuple[SpeechPreset, ...]]:
     """The image presets and the audio presets to build: all of both when none is named."""
-    if own.onnx:
-        classifier, notes = own_classifier(own)
+    if options.own.onnx:
+        classifier, notes = own_classifier(options.own)
         for note in notes:
             print(f"{classifier.name}: {note}")
-        return tuple(Preset(classifier, preprocessor) for preprocessor in args.preprocessors), ()
-    if not args.presets:
+        return tuple(Preset(classifier, preprocessor) for preprocessor in options.preprocessors), ()
+    if not options.presets:
         return PRESETS, AUDIO_PRESETS
     audio = {preset.name: preset for preset in AUDIO_PRESETS}
     return (
-        tuple(preset_named(name) for name in args.presets if name not in audio),
-        tuple(audio[name] for name in args.presets if name in audio),
+        tuple(preset_named(name) for name in options.presets if name not in audio),
+        tuple(audio[name] for name in options.presets if name in audio),
     )
 
 
@@ -112,34 +150,36 @@ def list_presets(args: argparse.Namespace) -> int:
 def check(args: argparse.Namespace) -> int:
     from tritonstack.build.check import check_repository
 
-    _built_repository(args.repository)
-    problems = check_repository(args.repository)
+    repository = cli.from_args(RepositoryArgument, args).repository
+    _built_repository(repository)
+    problems = check_repository(repository)
     for problem in problems:
         print(f"error: {problem}")
-    print(f"{args.repository}: {len(problems)} problem(s)", file=sys.stderr)
+    print(f"{repository}: {len(problems)} problem(s)", file=sys.stderr)
     return 1 if problems else 0
 
 
 def parity(args: argparse.Namespace) -> int:
     from tritonstack.build.parity import compare, format_report
 
-    _existing_repository(args.repository)
-    if args.preset.startswith(f"{contract.AUDIO_PREPROCESSOR}_"):
-        features = features_parity(args.repository, args.preset)
+    options = cli.from_args(ParityOptions, args)
+    _existing_repository(options.repository)
+    if options.preset.startswith(f"{contract.AUDIO_PREPROCESSOR}_"):
+        features = features_parity(options.repository, options.preset)
         print(features.format())
-        if args.json:
-            args.json.write_text(json.dumps(asdict(features), indent=2) + "\n")
+        if options.json:
+            options.json.write_text(json.dumps(asdict(features), indent=2) + "\n")
         return 0 if features.within_tolerance else 1
-    own = cli.from_args(OwnClassifierOptions, args)
+    own = options.own
     classifier = None
     if own.onnx:  # a user's classifier: the options it was built with describe its preprocessing
         if not own.labels:
             raise cli.OptionError("--classifier-onnx and --labels go together")
         classifier, _ = own_classifier(own)
-    report = compare(args.repository, args.preset, classifier=classifier)
+    report = compare(options.repository, options.preset, classifier=classifier)
     print(format_report(report))
-    if args.json:
-        args.json.write_text(report.to_json())
+    if options.json:
+        options.json.write_text(report.to_json())
     return 0 if report.top1_agreement == 1.0 else 1
 
 
@@ -157,42 +197,17 @@ def _built_repository(path: Path) -> None:
         raise cli.UsageError(reason)
 
 
-def _add_build_parser(commands) -> None:
-    parser = cli.subcommand(
+def parser() -> argparse.ArgumentParser:
+    made = cli.parser(__doc__)
+    commands = made.add_subparsers(dest="command", required=True)
+    build_parser = cli.subcommand(
         commands,
         "build",
         help="write the model repository",
         description="Write the presets' models (all when none is named) into --out.",
     )
-    parser.add_argument(
-        "presets",
-        nargs="*",
-        metavar="PRESET",
-        help=f"presets to build (default: all): {', '.join(p.name for p in (*PRESETS, *AUDIO_PRESETS))}",
-    )
-    parser.add_argument("--out", type=Path, default=DEFAULT_REPOSITORY, help="repository folder")
-    cli.add_options(parser, BuildOptions)
-    _add_own_classifier_options(parser)
-    parser.set_defaults(run=build)
-
-
-def _add_own_classifier_options(parser: argparse.ArgumentParser) -> None:
-    cli.add_options(parser, OwnClassifierOptions)
-    cli.add_options(parser, AudioClassifierOptions)
-    cli.add_options(parser, LogMelFeatures)
-    parser.add_argument(
-        "--preprocessors",
-        nargs="+",
-        choices=presets.PREPROCESSORS,
-        default=("dali",),
-        help="which preprocessing models to build for your own classifier",
-    )
-
-
-def parser() -> argparse.ArgumentParser:
-    made = cli.parser(__doc__)
-    commands = made.add_subparsers(dest="command", required=True)
-    _add_build_parser(commands)
+    cli.add_options(build_parser, BuildCommandOptions)
+    build_parser.set_defaults(run=build)
     cli.subcommand(commands, "list", help="list the presets").set_defaults(run=list_presets)
     check_parser = cli.subcommand(
         commands,
@@ -201,7 +216,7 @@ def parser() -> argparse.ArgumentParser:
         description="One line per problem (model: field 'tensor': what is wrong; what to do). "
         "Exit 1 when there is any, 0 when the repository is clean.",
     )
-    check_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
+    cli.add_options(check_parser, RepositoryArgument)
     check_parser.set_defaults(run=check)
     parity_parser = cli.subcommand(
         commands,
@@ -210,14 +225,7 @@ def parser() -> argparse.ArgumentParser:
         description="Tensor differences and classifier top-1/top-5 agreement, DALI vs the Pillow baseline, "
         "on scikit-image's photos and generated variants. Exit 1 unless top-1 agrees on all.",
     )
-    parity_parser.add_argument("repository", nargs="?", type=Path, default=DEFAULT_REPOSITORY)
-    parity_parser.add_argument(
-        "--preset",
-        default="dali_efficientnet_lite0",
-        help="the DALI preset to compare; audio_<name>: an audio classifier's log-mel features against NumPy's",
-    )
-    parity_parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON")
-    cli.add_options(parity_parser, OwnClassifierOptions)
+    cli.add_options(parity_parser, ParityOptions)
     parity_parser.set_defaults(run=parity)
     return made
 

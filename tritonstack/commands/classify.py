@@ -40,25 +40,21 @@ import argparse
 import csv
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
 from tritonstack import cli
-from tritonstack.address import endpoint
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.images import image_files, media_kind
-from tritonstack.client.options import add_server_options
+from tritonstack.client.options import ServerOptions
 from tritonstack.client.preflight import check_model
-from tritonstack.client.protocol import DEFAULT_URLS, SHM_MODES, Prediction
-from tritonstack.client.retry import RetryPolicy, describe_error
+from tritonstack.client.protocol import Prediction
+from tritonstack.client.retry import describe_error
 from tritonstack.client.runner import FileResult, Progress, RunSettings, classify_files
 from tritonstack.contract import (
-    DEFAULT_AUDIO_MODEL,
     DEFAULT_MODEL,
     DEFAULT_REGIONS_MODEL,
-    DEFAULT_VIDEO_MODEL,
-    admin_headers,
     is_audio_model,
     is_video_model,
 )
@@ -66,38 +62,30 @@ from tritonstack.contract import (
 FORMATS = ("table", "jsonl", "csv")
 
 
-def parser() -> argparse.ArgumentParser:
-    parser = cli.parser(__doc__, intermixed=True)
-    parser.add_argument("paths", nargs="+", type=Path, help="image files, video clips, audio files or folders")
-    add_server_options(
-        parser, model_help=f"the model for photos, or for clips when it is a video model (default: {DEFAULT_MODEL})"
+@dataclass(frozen=True)
+class ClassifyOptions(ServerOptions):
+    """What to classify and how to show it; how to ask the server is RunSettings'."""
+
+    paths: list[Path] = cli.option(
+        None, "paths", nargs="+", type=Path, help="image files, video clips, audio files or folders"
     )
-    parser.add_argument(
-        "--video-model", default=DEFAULT_VIDEO_MODEL, help="the model for clips, unless --model is a video model"
-    )
-    parser.add_argument(
-        "--audio-model", default=DEFAULT_AUDIO_MODEL, help="the model for audio, unless --model is an audio model"
-    )
-    parser.add_argument(
-        "--per-frame",
-        action="store_true",
-        help="a clip's frames' rankings too, a line each; an audio file's frames' speech probabilities (jsonl)",
-    )
-    parser.add_argument(
+    boxes: Path | None = cli.option(
+        None,
         "--boxes",
         type=Path,
         metavar="BOXES.json",
         help=f"a JSON list of [x0, y0, x1, y1]: each box of the one image given, a line each, with a regions "
         f"model (default: {DEFAULT_REGIONS_MODEL})",
     )
-    parser.add_argument("--top-k", type=cli.positive_int, default=5, help="classes shown per image")
-    parser.add_argument("--batch-size", type=cli.positive_int, default=1, help="images per request")
-    parser.add_argument("--concurrency", type=cli.positive_int, default=1, help="requests in flight")
-    parser.add_argument("--shm", choices=SHM_MODES, default="none", help="send and receive tensors in shared memory")
-    parser.add_argument("--async", dest="use_async", action="store_true", help="asyncio client instead of threads")
-    parser.add_argument(
-        "--format", choices=FORMATS, default="table", help="table: aligned text; jsonl and csv: one record per file"
+    format: str = cli.option(
+        "table", "--format", choices=FORMATS, help="table: aligned text; jsonl and csv: one record per file"
     )
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = cli.parser(__doc__, intermixed=True)
+    cli.add_options(parser, ClassifyOptions)
+    cli.add_options(parser, RunSettings)
     return parser
 
 
@@ -208,36 +196,22 @@ def _as_dict(
 
 
 def run(args: argparse.Namespace) -> int:
-    url, protocol = endpoint(args.url, args.protocol, DEFAULT_URLS)
-    if args.boxes is not None:
-        return classify_boxes(args, url, protocol)
-    files = image_files(cli.existing_paths(args.paths), clips=True, audio=True)
+    options = cli.from_args(ClassifyOptions, args)
+    settings = cli.from_args(RunSettings, args, **options.run_fields())
+    if options.boxes is not None:
+        return classify_boxes(options, settings)
+    files = image_files(cli.existing_paths(options.paths), clips=True, audio=True)
     if not files:
-        raise cli.UsageError(f"no image, clip or audio files in {' '.join(map(str, args.paths))}")
-    settings = RunSettings(
-        url=url,
-        protocol=protocol,
-        model=DEFAULT_MODEL if is_video_model(args.model) or is_audio_model(args.model) else args.model,
-        video_model=args.model if is_video_model(args.model) else args.video_model,
-        audio_model=args.model if is_audio_model(args.model) else args.audio_model,
-        frame_probabilities=args.per_frame,
-        top_k=args.top_k,
-        batch_size=args.batch_size,
-        concurrency=args.concurrency,
-        shm=args.shm,
-        use_async=args.use_async,
-        timeout_s=args.timeout,
-        retry=RetryPolicy(retries=args.retries),
-        headers=admin_headers(protocol, args.admin_key),
-    )
+        raise cli.UsageError(f"no image, clip or audio files in {' '.join(map(str, options.paths))}")
+    settings = media_models(settings)
     for model in settings.models_for(files):
-        check_model(url, protocol, model, settings.headers, settings.retry)
-    frame_width = len(" [frame 99]") if args.per_frame else 0
+        check_model(settings.url, settings.protocol, model, settings.headers, settings.retry)
+    frame_width = len(" [frame 99]") if settings.frame_probabilities else 0
     writer = ResultWriter(
-        args.format,
-        args.top_k,
+        options.format,
+        settings.top_k,
         path_width=max(len(str(path)) for path in files) + frame_width,
-        per_frame=args.per_frame,
+        per_frame=settings.frame_probabilities,
         audio=any(media_kind(path) == "audio" for path in files),
     )
     progress = Progress(len(files))
@@ -249,22 +223,31 @@ def run(args: argparse.Namespace) -> int:
     return 1 if progress.failed else 0
 
 
-def classify_boxes(args: argparse.Namespace, url: str, protocol: str) -> int:
+def media_models(settings: RunSettings) -> RunSettings:
+    """--model naming a video (audio) model: clips (audio) go to it, photos to the default model."""
+    if is_video_model(settings.model):
+        return replace(settings, model=DEFAULT_MODEL, video_model=settings.model)
+    if is_audio_model(settings.model):
+        return replace(settings, model=DEFAULT_MODEL, audio_model=settings.model)
+    return settings
+
+
+def classify_boxes(options: ClassifyOptions, settings: RunSettings) -> int:
     """One image and its boxes in one request: a line per box, in order, or one error line."""
-    (image_path, *others) = cli.existing_paths(args.paths)
+    (image_path, *others) = cli.existing_paths(options.paths)
     if others or not image_path.is_file():
         raise cli.UsageError("--boxes takes one image file, the one its boxes are drawn on")
-    boxes = read_boxes(args.boxes)
-    model = DEFAULT_REGIONS_MODEL if args.model == DEFAULT_MODEL else args.model
-    headers = admin_headers(protocol, args.admin_key)
-    retry = RetryPolicy(retries=args.retries)
-    check_model(url, protocol, model, headers, retry, boxes=True)
-    writer = ResultWriter(args.format, args.top_k, path_width=len(str(image_path)) + len(" [box 999]"), boxes=True)
+    boxes = read_boxes(options.boxes)
+    model = DEFAULT_REGIONS_MODEL if settings.model == DEFAULT_MODEL else settings.model
+    check_model(settings.url, settings.protocol, model, settings.headers, settings.retry, boxes=True)
+    width = len(str(image_path)) + len(" [box 999]")
+    writer = ResultWriter(options.format, settings.top_k, path_width=width, boxes=True)
+    client_options = {"timeout_s": settings.timeout_s, "retry": settings.retry, "headers": settings.headers}
     try:
-        with ClassifierClient(url, protocol, model, timeout_s=args.timeout, retry=retry, headers=headers) as client:
-            answer = client.classify_regions(image_path.read_bytes(), boxes, top_k=args.top_k)
+        with ClassifierClient(settings.url, settings.protocol, model, **client_options) as client:
+            answer = client.classify_regions(image_path.read_bytes(), boxes, top_k=settings.top_k)
     except Exception as error:  # the image's one request failed: its error line, as for a file that fails
-        writer.write(FileResult(image_path, error=describe_error(error, args.timeout)))
+        writer.write(FileResult(image_path, error=describe_error(error, settings.timeout_s)))
         return 1
     for index, (box, top) in enumerate(zip(boxes, answer)):
         writer.write_box(image_path, index, box, top)

@@ -23,15 +23,12 @@ from pathlib import Path
 from tritonclient.utils import InferenceServerException
 
 from tritonstack import cli
-from tritonstack.address import endpoint
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.images import image_files
-from tritonstack.client.options import add_server_options
+from tritonstack.client.options import ServerOptions
 from tritonstack.client.preflight import check_model
-from tritonstack.client.protocol import DEFAULT_URLS, SHM_MODES
 from tritonstack.client.retry import RetryPolicy
 from tritonstack.client.runner import FileResult, Progress, RunSettings, classify_files
-from tritonstack.contract import admin_headers
 
 TOP_K = 5
 
@@ -137,61 +134,70 @@ def print_text(summary: dict, root: Path) -> None:
         )
 
 
+@dataclass(frozen=True)
+class EvaluateOptions(ServerOptions):
+    """The labelled set, and RunSettings' options as evaluate takes them (its own
+    defaults: a labelled set is read in batches)."""
+
+    root: Path = cli.option(None, "root", type=Path, metavar="DIR", help="one folder per class")
+    model: str = cli.mirror(RunSettings, "model", help="a model that takes encoded images (an ensemble)")
+    batch_size: int = cli.mirror(RunSettings, "batch_size", 8)
+    concurrency: int = cli.mirror(RunSettings, "concurrency", 2)
+    shm: str = cli.mirror(RunSettings, "shm")
+    use_async: bool = cli.mirror(RunSettings, "use_async")
+    timeout_s: float | None = cli.mirror(RunSettings, "timeout_s")
+    retry: RetryPolicy = cli.nested(RetryPolicy, default_factory=RetryPolicy)
+    worst: int = cli.option(5, "--worst", type=cli.positive_int, help="how many of the worst classes to show")
+    format: str = cli.option("text", "--format", choices=("text", "json"))
+
+
 def parser() -> argparse.ArgumentParser:
     parser = cli.parser(__doc__)
-    parser.add_argument("root", type=Path, metavar="DIR", help="one folder per class")
-    add_server_options(parser)
-    parser.add_argument("--batch-size", type=cli.positive_int, default=8, help="images per request")
-    parser.add_argument("--concurrency", type=cli.positive_int, default=2, help="requests in flight")
-    parser.add_argument("--shm", choices=SHM_MODES, default="none", help="send and receive tensors in shared memory")
-    parser.add_argument("--async", dest="use_async", action="store_true", help="asyncio client instead of threads")
-    parser.add_argument("--worst", type=cli.positive_int, default=5, help="how many of the worst classes to show")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    cli.add_options(parser, EvaluateOptions)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    url, protocol = endpoint(args.url, args.protocol, DEFAULT_URLS)
-    if not args.root.is_dir():
-        raise cli.UsageError(f"{args.root}: no such folder")
-    files = labelled_files(args.root)
+    options = cli.from_args(EvaluateOptions, args)
+    settings = cli.from_args(RunSettings, args, top_k=TOP_K, **options.run_fields())
+    if not options.root.is_dir():
+        raise cli.UsageError(f"{options.root}: no such folder")
+    files = labelled_files(options.root)
     if not files:
-        raise cli.UsageError(f"no class folders with images in {args.root}")
-    settings = RunSettings(
-        url=url,
-        protocol=protocol,
-        model=args.model,
-        top_k=TOP_K,
-        batch_size=args.batch_size,
-        concurrency=args.concurrency,
-        shm=args.shm,
-        use_async=args.use_async,
-        timeout_s=args.timeout,
-        retry=RetryPolicy(retries=args.retries),
-        headers=admin_headers(protocol, args.admin_key),
-    )
-    check_model(url, protocol, args.model, settings.headers, settings.retry)
+        raise cli.UsageError(f"no class folders with images in {options.root}")
+    check_model(settings.url, settings.protocol, settings.model, settings.headers, settings.retry)
+    scores, progress = score(options.root, files, settings)
+    summary = report(scores, progress, options.worst)
+    if options.format == "json":
+        print(json.dumps(summary, indent=2))
+    else:
+        print_text(summary, options.root)
+    return 1 if progress.failed else 0
+
+
+def score(root: Path, files: list[tuple[Path, str]], settings: RunSettings) -> tuple[dict[str, ClassScore], Progress]:
+    """Each class's score, the folders matched to the model's labels."""
     with ClassifierClient(
-        url, protocol, args.model, timeout_s=args.timeout, retry=settings.retry, headers=settings.headers, batch=True
+        settings.url,
+        settings.protocol,
+        settings.model,
+        timeout_s=settings.timeout_s,
+        retry=settings.retry,
+        headers=settings.headers,
+        batch=True,
     ) as client:
         labels = model_labels(client, [path for path, _ in files])
     try:
-        targets = class_targets(sorted({args.root / name for _, name in files}), labels)
+        targets = class_targets(sorted({root / name for _, name in files}), labels)
     except cli.UsageError as error:
-        raise cli.UsageError(f"{args.root}: {error}") from None
-
+        raise cli.UsageError(f"{root}: {error}") from None
     scores = {name: ClassScore(name) for name in targets}
     progress = Progress(len(files))
     for result, (_, name) in zip(classify_files([path for path, _ in files], settings), files):
         scores[name].add(result, targets[name])
         progress.update(result)
     progress.close()
-    summary = report(scores, progress, args.worst)
-    if args.format == "json":
-        print(json.dumps(summary, indent=2))
-    else:
-        print_text(summary, args.root)
-    return 1 if progress.failed else 0
+    return scores, progress
 
 
 def main(argv: list[str] | None = None) -> int:

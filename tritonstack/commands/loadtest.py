@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -17,7 +18,6 @@ from tritonstack.loadtests.headless import (
     SHAPE_FILES,
     USER_CLASSES,
     fit_run_time,
-    planned_seconds,
     preflight,
     protocols,
     run_locust,
@@ -27,43 +27,40 @@ from tritonstack.loadtests.report import PlotLabels, RunSummary, write_report
 from tritonstack.serve.target import given_endpoints, target_server
 
 
-def parser() -> argparse.ArgumentParser:
-    made = cli.parser(loadtest_run.__doc__)
-    made.add_argument(
-        "--url",
-        help="HTTP host:port (or http://host:port) of a running Triton (default: start one on free loopback ports)",
-    )
-    made.add_argument("--grpc-url", help="gRPC host:port (or grpc://host:port) of that Triton")
-    made.add_argument(
-        "--metrics-url",
-        help="its Prometheus endpoint (host:port or http://host:port/metrics), for the server-side breakdown",
-    )
-    made.add_argument(
-        "--model-repository", type=Path, default=Path("model_repository"), help="served when no --url is given"
-    )
-    cli.add_options(made, LoadOptions)
-    made.add_argument("--user", choices=sorted(USER_CLASSES), default="grpc", help="protocol of the users")
-    made.add_argument(
+@dataclasses.dataclass(frozen=True)
+class LoadtestOptions(cli.ServerEndpoints, cli.RepositoryOption):
+    """The repository is served when no --url is given; the metrics endpoint gives the
+    server-side breakdown. `load` is what every Locust process parses too."""
+
+    load: LoadOptions = cli.nested(LoadOptions, default_factory=LoadOptions)
+    user: str = cli.option("grpc", "--user", choices=sorted(USER_CLASSES), help="protocol of the users")
+    shape: str = cli.option(
+        "step",
         "--shape",
         choices=sorted(SHAPE_FILES),
-        default="step",
         help="closed: --users at once; step: a ramp of --steps; open: --target-rps fixed",
     )
-    made.add_argument("--users", type=cli.positive_int, default=4, help="closed shape: users")
-    made.add_argument(
+    users: int = cli.option(4, "--users", type=cli.positive_int, help="closed shape: users")
+    # None: DEFAULT_RUN_TIME_S, or the step shape's steps (headless.fit_run_time).
+    run_time: float | None = cli.option(
+        None,
         "--run-time",
         type=float,
-        default=None,
         metavar="S",
         help=f"seconds, every shape (default: {DEFAULT_RUN_TIME_S:.0f}; step shape: --steps x --step-seconds)",
     )
-    made.add_argument("--workers", type=int, default=0, help="distributed: Locust worker processes (0: one process)")
-    made.add_argument(
+    workers: int = cli.option(0, "--workers", type=int, help="distributed: Locust worker processes (0: one process)")
+    skip_preflight: bool = cli.option(
+        False,
         "--skip-preflight",
-        action="store_true",
         help="start the users even when the model does not classify encoded images (to load-test the error path)",
     )
-    made.add_argument("--out", type=Path, default=None, help="report folder (default: reports/loadtest-<time>)")
+    out: Path | None = cli.out_option(help="report folder (default: reports/loadtest-<time>)")
+
+
+def parser() -> argparse.ArgumentParser:
+    made = cli.parser(loadtest_run.__doc__)
+    cli.add_options(made, LoadtestOptions)
     return made
 
 
@@ -91,11 +88,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    args = checked(args)
-    http_url, grpc_url, metrics_url = given_endpoints(args.url, args.grpc_url, args.metrics_url)
-    with target_server(args.model_repository, http_url, grpc_url, metrics_url) as target:
+    args = checked(args)  # the Locust side (tritonstack.loadtests.headless) reads the fitted arguments
+    options = cli.from_args(LoadtestOptions, args)
+    http_url, grpc_url, metrics_url = given_endpoints(options.url, options.grpc_url, options.metrics_url)
+    with target_server(options.model_repository, http_url, grpc_url, metrics_url) as target:
         preflight(args, target.http_url, target.grpc_url)
-        out = args.out or Path("reports") / time.strftime("loadtest-%Y%m%d-%H%M%S")
+        out = options.out or Path("reports") / time.strftime("loadtest-%Y%m%d-%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
         prefix = out / "locust"
         metrics_url = target.metrics_url
@@ -104,33 +102,40 @@ def run(args: argparse.Namespace) -> int:
         exit_code, generator_cpu = run_locust(args, target.http_url, target.grpc_url, prefix)
         server = metrics.breakdown(before, metrics.scrape(metrics_url)) if metrics_url else []
         used = {
-            protocol: target.grpc_url if protocol == "grpc" else target.http_url for protocol in protocols(args.user)
+            protocol: target.grpc_url if protocol == "grpc" else target.http_url for protocol in protocols(options.user)
         }
-    settings = {
-        "model": args.model,
+    model = options.load.model
+    labels = PlotLabels(
+        title=f"{model} over {' + '.join(PROTOCOL_NAMES[p] for p in used)}, {options.shape} shape, "
+        f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}",
+        target_rps=options.load.target_rps if options.shape == "open" else None,
+    )
+    settings = report_settings(options, used, started, exit_code)
+    summary = write_report(prefix, RunSummary(f"Load test of {model}", settings, generator_cpu, server), labels)
+    print(summary.read_text())
+    print(f"report: {out}")
+    return exit_code
+
+
+def report_settings(options: LoadtestOptions, used: dict[str, str], started: float, exit_code: int) -> dict[str, str]:
+    """The run's settings as the report lists them."""
+    load = options.load
+    return {
+        "model": load.model,
         "protocol": ", ".join(f"{PROTOCOL_NAMES[p]} at {url}" for p, url in used.items()),
-        "shape": args.shape,
-        "workers": str(args.workers or "none (one process)"),
-        "bounds": f"{planned_seconds(args):g} s, at most {args.max_requests} requests",
+        "shape": options.shape,
+        "workers": str(options.workers or "none (one process)"),
+        "bounds": f"{options.run_time:g} s, at most {load.max_requests} requests",
         "load": (
-            f"{args.target_rps:g} requests/s open loop over {args.open_loop_users} users"
-            if args.shape == "open"
-            else f"{args.step_users} users per {args.step_seconds:g} s step, {args.steps} steps"
-            if args.shape == "step"
-            else f"{args.users} users closed loop"
+            f"{load.target_rps:g} requests/s open loop over {load.open_loop_users} users"
+            if options.shape == "open"
+            else f"{load.step_users} users per {load.step_seconds:g} s step, {load.steps} steps"
+            if options.shape == "step"
+            else f"{options.users} users closed loop"
         ),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
         "Locust exit code": str(exit_code),
     }
-    labels = PlotLabels(
-        title=f"{args.model} over {' + '.join(PROTOCOL_NAMES[p] for p in used)}, {args.shape} shape, "
-        f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}",
-        target_rps=args.target_rps if args.shape == "open" else None,
-    )
-    summary = write_report(prefix, RunSummary(f"Load test of {args.model}", settings, generator_cpu, server), labels)
-    print(summary.read_text())
-    print(f"report: {out}")
-    return exit_code
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -45,12 +46,24 @@ def check_free_ports(host: str, ports: dict[str, int]) -> None:
             )
 
 
-def server_config(args: argparse.Namespace) -> ServerConfig:
-    return cli.from_args(ServerConfig, args, extra_args=tuple(args.extra))
+@dataclasses.dataclass(frozen=True)
+class ServeOptions:
+    """The server's flags, the launcher's policies, and the stubs' allocator."""
+
+    config: ServerConfig = cli.nested(ServerConfig)
+    supervision: Supervision = cli.nested(Supervision, default_factory=Supervision)
+    compact_memory: bool = cli.option(
+        False,
+        "--compact-memory",
+        help="glibc settings that keep the DALI stub's heap flatter, for about 20%% of throughput (docs/memory.md)",
+    )
 
 
-def supervision(args: argparse.Namespace) -> Supervision:
-    return cli.from_args(Supervision, args)
+def serve_options(args: argparse.Namespace) -> ServeOptions:
+    try:
+        return cli.from_args(ServeOptions, args)
+    except ValueError as error:  # a setting the config refuses (e.g. --trace-otlp without http://)
+        raise cli.UsageError(str(error)) from error
 
 
 def _warn_unless_cached(server: TritonServer) -> None:
@@ -69,29 +82,19 @@ def parser() -> argparse.ArgumentParser:
         "Run tritonserver on a model repository until Ctrl-C. Exit codes: 0 stopped by Ctrl-C "
         "or SIGTERM, 1 tritonserver exited by itself, 2 it could not start."
     )
-    cli.add_options(made, ServerConfig)
-    cli.add_options(made, Supervision)
-    made.add_argument(
-        "--compact-memory",
-        action="store_true",
-        help="glibc settings that keep the DALI stub's heap flatter, for about 20%% of throughput (docs/memory.md)",
-    )
-    made.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
+    cli.add_options(made, ServeOptions)
     return made
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        config = server_config(args)
-    except ValueError as error:  # a setting the config refuses (e.g. --trace-otlp without http://)
-        raise cli.UsageError(str(error)) from error
-    policies = supervision(args)
+    options = serve_options(args)
+    config, policies = options.config, options.supervision
     ports = {"--http-port": config.http_port, "--grpc-port": config.grpc_port, "--metrics-port": config.metrics_port}
     check_free_ports(
         config.host, {**ports, **({"--health-port": policies.health_port} if policies.health_port else {})}
     )
-    server = TritonServer(config, policies, environment=STUB_ENVIRONMENT if args.compact_memory else None)
+    server = TritonServer(config, policies, environment=STUB_ENVIRONMENT if options.compact_memory else None)
     try:
         server.check_repository()  # before anything else is said: one line, exit 2
     except UnservableRepository as error:

@@ -192,7 +192,10 @@ class ServerConfig:
         help="trace one request in N (default: %(default)s, Triton's)",
     )
     # Any other tritonserver flags, passed as given, after ours (the last of a flag wins).
-    extra_args: tuple[str, ...] = ()
+    # Flags handed to tritonserver as they are (serve's arguments after --).
+    extra_args: tuple[str, ...] = cli.option(
+        (), "extra", nargs="*", convert=tuple, command_default=None, help="more tritonserver flags, after --"
+    )
 
     def __post_init__(self) -> None:
         resolve = object.__setattr__  # frozen: fill what was left to choose, once
