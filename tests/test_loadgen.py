@@ -41,12 +41,14 @@ def test_the_result_is_read_from_loadgens_detail_log(tmp_path):
                 detail_line("result_completed_samples_per_sec", 41.5),
                 detail_line("result_scheduled_samples_per_sec", 42.0),
                 detail_line("result_99.00_percentile_latency_ns", 123_400_000),
+                detail_line("result_min_duration_met", False),
                 "a line that is not a record",
             ]
         )
     )
     result = read_result("Server", tmp_path, errors=3)
     assert (result.valid, result.samples_per_s, result.scheduled_per_s, result.p99_ms) == (False, 41.5, 42.0, 123.4)
+    assert result.too_short
     assert not result.met
 
 
