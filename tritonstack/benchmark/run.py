@@ -195,23 +195,31 @@ def _run_on_server(
         against: PeerOpenLoop | None = None
         if peer:
             against = peer_open_loop(server, peer, images, settings, slower_rate(rounds), log)
-        measured_by_loadgen = loadgen_phase(server, peer, images, in_flight, rounds, settings, loadgen_dir, log)
         compared = peer_figures(rounds, against, peer_saturated)
+        rates = {"ours": rounded.http_images_per_s.value, "peer": compared.peer_images_per_s.value}
+        measured_by_loadgen = loadgen_phase(server, peer, images, in_flight, rates, settings, loadgen_dir, log)
         served = [rounded, state, single, looped, capacity, compared, measured_by_loadgen]
         by_model = median_by_model(rounds.get("http", []))
         return served, by_model, traced_single_requests(server, settings.traced_requests) if own else []
 
 
 def loadgen_phase(
-    server, running_peer, images: list[bytes], in_flight: dict[str, int], rounds, settings: Settings, log_dir: Path, log
+    server,
+    running_peer,
+    images: list[bytes],
+    in_flight: dict[str, int],
+    rates: dict[str, float],
+    settings: Settings,
+    log_dir: Path,
+    log,
 ) -> LoadGenFigures:
     """MLPerf's LoadGen, Offline and Server, against ours over HTTP and the peer, the same
-    images, Offline at the concurrency that saturated each side (tritonstack.benchmark.loadgen)."""
+    images, Offline at the concurrency that saturated each side and expecting the rate
+    its rounds measured (`rates`: side -> images/s) (tritonstack.benchmark.loadgen)."""
     if running_peer is None or settings.loadgen is None:
         return comparison(None)
-    rates = {name: np.median([phase.images_per_s for phase in rounds[name]]) for name in ("http", "peer")}
     sides = {
-        "ours": (TritonHttpTarget(server.http_url, DALI_ENSEMBLE), in_flight["ours"], rates["http"]),
+        "ours": (TritonHttpTarget(server.http_url, DALI_ENSEMBLE), in_flight["ours"], rates["ours"]),
         "peer": (PeerHttpTarget(running_peer.url, CLASSIFIER), in_flight["peer"], rates["peer"]),
     }
     log(f"MLPerf LoadGen: Offline, then the highest VALID Server rate, logs in {log_dir}...")
