@@ -295,13 +295,31 @@ def test_the_detector_finds_a_stopped_stub_at_once_and_a_stall_only_with_request
     detector = HangDetector(HangPolicy(stall_s=2.0), pending=lambda: waiting)
     live = {idle_process.pid: "m"}
     assert detector.hung(live, 100.0) == {}
-    assert detector.hung(live, 103.0) == {}  # idle, nothing waiting: a stub waiting for work
+    assert detector.hung(live, 130.0) == {}  # idle, nothing waiting: a stub waiting for work
     waiting["m"] = 2
-    (hang,) = detector.hung(live, 104.0).values()
-    assert not hang.stopped and "2 request(s) waited" in hang.reason
+    # Idle for 30 s, but the requests were first seen waiting now: no stall yet.
+    assert detector.hung(live, 130.5) == {}
+    assert detector.hung(live, 132.0) == {}
+    (hang,) = detector.hung(live, 132.5).values()
+    assert not hang.stopped and "2 request(s) waited 2 s" in hang.reason
     os.kill(idle_process.pid, signal.SIGSTOP)
     wait_for(lambda: psutil.Process(idle_process.pid).status() == psutil.STATUS_STOPPED, timeout_s=5, what="stop")
-    assert detector.hung(live, 104.5) == {"m": Hang(f"its stub (pid {idle_process.pid}) is stopped", stopped=True)}
+    assert detector.hung(live, 133.0) == {"m": Hang(f"its stub (pid {idle_process.pid}) is stopped", stopped=True)}
+
+
+def test_requests_must_wait_at_every_read_to_be_a_stall(idle_process):
+    """Seen in the suite: a request reached a step idle for 27 s and waited one poll for
+    a core; the old rule timed the stall from the stubs' last work and replaced the model."""
+    waiting = {"m": 1.0}
+    detector = HangDetector(HangPolicy(stall_s=2.0), pending=lambda: waiting)
+    live = {idle_process.pid: "m"}
+    detector.hung(live, 100.0)
+    assert detector.hung(live, 101.0) == {}  # seen waiting from here
+    waiting["m"] = 0.0
+    assert detector.hung(live, 102.0) == {}  # answered or refused: the wait starts over
+    waiting["m"] = 1.0
+    assert detector.hung(live, 103.5) == {} and detector.hung(live, 105.0) == {}
+    assert detector.hung(live, 105.5) != {}
 
 
 # A stub that computes now and then, about a sixth of a core, at the lowest priority:

@@ -11,11 +11,13 @@ queue. Neither ends on its own. Two signs, read from outside every poll:
   health check allows, so the requests it holds are answered, then replaces it in
   place (the old instances serve until the new ones are ready): whatever stopped it
   may stop it again. One that does not continue (a debugger's) is killed and replaced.
-- **stalled**: the model has requests waiting (Triton's
-  `nv_inference_pending_request_count`) and none of its stubs has used CPU for
-  `stall_s`. A stub that computes uses CPU; one that waits for work has no requests
-  waiting. Triton's metrics are read only when some model's stubs have been idle that
-  long, so a busy server is never scraped for this.
+- **stalled**: the model's requests have waited (Triton's
+  `nv_inference_pending_request_count`, above zero at every read) for `stall_s` while
+  none of its stubs used CPU. A stub that computes uses CPU; one that waits for work
+  has no requests waiting. The wait is timed from the first read that saw it, not from
+  the stubs' last work: a request that reaches a model idle for minutes, and waits a
+  poll for a core or a rate-limiter slot, is no hang. Triton's metrics are read only
+  while some model's stubs have been idle for a second (WATCH_AFTER_IDLE_S).
 
 The supervisor (tritonstack.serve.supervision) replaces what these find, within the
 restart intensity of `HangPolicy`.
@@ -37,6 +39,9 @@ from tritonstack import cli
 # A gauge: requests a model has received and not yet started (Triton 2.51).
 PENDING = "nv_inference_pending_request_count"
 STOPPED_STATES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
+# Stubs idle this long (or stall_s, if shorter) have their model's waiting requests
+# read each poll: the start of a stall is then seen within a second of it.
+WATCH_AFTER_IDLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -73,11 +78,13 @@ def pending_requests(metrics_url: str, timeout_s: float = 1.0) -> dict[str, floa
 
 @dataclass
 class _Progress:
-    """One model's stubs as last read: which, their CPU seconds, idle since when."""
+    """One model's stubs as last read: which, their CPU seconds, idle since when, and
+    since when requests have waited for them at every read (None: not seen waiting)."""
 
     pids: frozenset[int]
     cpu_s: float
     idle_since: float
+    waiting_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,13 +116,14 @@ class HangDetector:
             idle_for[model] = self._idle_for(model, frozenset(pids), cpu_s, now)
         for model in by_model.keys() - found.keys() - idle_for.keys():
             self._progress.pop(model, None)
-        stalled = [model for model, seconds in idle_for.items() if seconds >= self.policy.stall_s]
-        if stalled:
+        watch_after_s = min(self.policy.stall_s, WATCH_AFTER_IDLE_S)
+        watched = [model for model, seconds in idle_for.items() if seconds >= watch_after_s]
+        if watched:
             waiting = self._pending()
-            for model in stalled:
-                if waiting.get(model, 0) > 0:
-                    idle_s = idle_for[model]
-                    reason = f"{waiting[model]:.0f} request(s) waited while its stubs used no CPU for {idle_s:.0f} s"
+            for model in watched:
+                waited_s = self._waited_for(model, waiting.get(model, 0), now)
+                if waited_s >= self.policy.stall_s:
+                    reason = f"{waiting[model]:.0f} request(s) waited {waited_s:.0f} s while its stubs used no CPU"
                     found[model] = Hang(reason, stopped=False)
         for model in found:
             self._progress.pop(model, None)
@@ -128,6 +136,16 @@ class HangDetector:
             return 0.0
         last.cpu_s = cpu_s  # creep below the threshold must not add up to work
         return now - last.idle_since
+
+    def _waited_for(self, model: str, pending: float, now: float) -> float:
+        """How long requests have waited for the idle `model` at every read till now."""
+        progress = self._progress[model]
+        if pending <= 0:
+            progress.waiting_since = None
+            return 0.0
+        if progress.waiting_since is None:
+            progress.waiting_since = now
+        return now - progress.waiting_since
 
     def _pending(self) -> dict[str, float]:
         try:
