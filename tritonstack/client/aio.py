@@ -21,35 +21,14 @@ import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.client.protocol import (
-    DEFAULT_TIMEOUT_S,
-    ClientBase,
-    ClipPredictions,
-    ModelInfo,
-    Prediction,
-    SpeechSegments,
-    batch_rows,
-    build_audio_request,
-    build_regions_request,
-    build_request,
-    checked_clip,
-    clip_predictions,
-    labels_from,
-    output_nbytes,
-    parse_classification,
-    region_boxes,
-    region_steps,
-    speech_segments,
-    top_predictions,
-    worth_splitting,
-)
+from tritonstack.client import protocol
 from tritonstack.client.retry import RELEASE_RETRY, is_lost_region, is_region_in_use, is_worth_releasing_again
 from tritonstack.client.shm import RequestRegions, SharedMemoryRegion, check_released
 
 
-class AsyncClassifierClient(ClientBase):
+class AsyncClassifierClient(protocol.ClientBase):
     """Connects and checks readiness in `async with` (or `await client.connect()`);
-    arguments: see ClientBase."""
+    arguments: see protocol.ClientBase."""
 
     def __init__(self, *args, max_connections: int = 100, **kwargs):
         super().__init__(*args, **kwargs)
@@ -65,13 +44,13 @@ class AsyncClassifierClient(ClientBase):
     async def connect(self) -> "AsyncClassifierClient":
         if self.protocol == "http":
             self._client = http_aio.InferenceServerClient(
-                self.url, conn_limit=self.max_connections, conn_timeout=self.wait_s or DEFAULT_TIMEOUT_S
+                self.url, conn_limit=self.max_connections, conn_timeout=self.wait_s or protocol.DEFAULT_TIMEOUT_S
             )
         else:
             self._client = grpc_aio.InferenceServerClient(self.url)
         try:
             await self.wait_ready()
-            self.info = ModelInfo.from_server(*await self.retry.acall(self._fetch_model_info))
+            self.info = protocol.ModelInfo.from_server(*await self.retry.acall(self._fetch_model_info))
         except BaseException:
             await self.close()
             raise
@@ -95,14 +74,18 @@ class AsyncClassifierClient(ClientBase):
             await self._client.get_model_config(self.model, **self._metadata_options()),
         )
 
-    async def classify(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction]]:
+    async def classify(self, images: Sequence[bytes], top_k: int = 5) -> list[list[protocol.Prediction]]:
         return [top for chunk in self.info.chunks(images) for top in await self._classify_chunk(chunk, top_k)]
 
-    async def classify_each(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction] | Exception]:
+    async def classify_each(
+        self, images: Sequence[bytes], top_k: int = 5
+    ) -> list[list[protocol.Prediction] | Exception]:
         """One outcome per image; see tritonstack.client.classifier.outcome_per_image."""
         return await self._outcome_per_item(images, lambda chunk: self._classify_chunk(chunk, top_k))
 
-    async def classify_clips_each(self, clips: Sequence[bytes], top_k: int = 5) -> list[ClipPredictions | Exception]:
+    async def classify_clips_each(
+        self, clips: Sequence[bytes], top_k: int = 5
+    ) -> list[protocol.ClipPredictions | Exception]:
         """See ClassifierClient.classify_clips_each."""
         return await self._outcome_per_item(clips, lambda chunk: self._classify_clips_chunk(chunk, top_k))
 
@@ -113,7 +96,7 @@ class AsyncClassifierClient(ClientBase):
                 outcomes += await classify_chunk(chunk)
                 continue
             except Exception as error:
-                if not worth_splitting(error, len(chunk)):
+                if not protocol.worth_splitting(error, len(chunk)):
                     outcomes += [error] * len(chunk)
                     continue
             for item in chunk:
@@ -123,13 +106,15 @@ class AsyncClassifierClient(ClientBase):
                     outcomes.append(error)
         return outcomes
 
-    async def classify_audio(self, clips: Sequence[bytes], frame_probabilities: bool = False) -> list[SpeechSegments]:
+    async def classify_audio(
+        self, clips: Sequence[bytes], frame_probabilities: bool = False
+    ) -> list[protocol.SpeechSegments]:
         """See ClassifierClient.classify_audio."""
         return [await self._speech(clip, frame_probabilities) for clip in clips]
 
     async def classify_audio_each(
         self, clips: Sequence[bytes], frame_probabilities: bool = False
-    ) -> list[SpeechSegments | Exception]:
+    ) -> list[protocol.SpeechSegments | Exception]:
         """See ClassifierClient.classify_audio_each."""
         outcomes = []
         for clip in clips:
@@ -139,18 +124,18 @@ class AsyncClassifierClient(ClientBase):
                 outcomes.append(error)
         return outcomes
 
-    async def _speech(self, clip: bytes, frames: bool) -> SpeechSegments:
-        inputs, outputs = build_audio_request(self.protocol, self.info, checked_clip(clip), frames)
-        return speech_segments(await self._aretrying(lambda: self._infer(inputs, outputs)), frames)
+    async def _speech(self, clip: bytes, frames: bool) -> protocol.SpeechSegments:
+        inputs, outputs = protocol.build_audio_request(self.protocol, self.info, protocol.checked_clip(clip), frames)
+        return protocol.speech_segments(await self._aretrying(lambda: self._infer(inputs, outputs)), frames)
 
-    async def classify_regions(self, image: bytes, boxes, top_k: int = 5) -> list[list[Prediction]]:
+    async def classify_regions(self, image: bytes, boxes, top_k: int = 5) -> list[list[protocol.Prediction]]:
         """As ClassifierClient.classify_regions: each box's ranking, in order."""
-        boxes = region_boxes(self.info, image, boxes)
+        boxes = protocol.region_boxes(self.info, image, boxes)
         if not len(boxes):
             return []
-        inputs, outputs = build_regions_request(self.protocol, self.info, image, boxes, top_k)
+        inputs, outputs = protocol.build_regions_request(self.protocol, self.info, image, boxes, top_k)
         result = await self._aretrying(lambda: self._infer(inputs, outputs))
-        return [parse_classification(row) for row in result.as_numpy(self.info.output_name)]
+        return [protocol.parse_classification(row) for row in result.as_numpy(self.info.output_name)]
 
     async def probabilities(self, images: Sequence[bytes]) -> np.ndarray:
         parts = [await self._probabilities_chunk(chunk) for chunk in self.info.chunks(images)]
@@ -161,33 +146,36 @@ class AsyncClassifierClient(ClientBase):
         async with self._labels_lock:  # one request, however many tasks ask at once
             if self._labels is None:
                 everything = (await self._infer_classification([image], self.info.num_classes))[0]
-                self._labels = labels_from(everything, self.info.num_classes)
+                self._labels = protocol.labels_from(everything, self.info.num_classes)
         return self._labels
 
-    async def _classify_chunk(self, images: list[bytes], top_k: int) -> list[list[Prediction]]:
+    async def _classify_chunk(self, images: list[bytes], top_k: int) -> list[list[protocol.Prediction]]:
         if self.shm == "none":
             return await self._infer_classification(images, top_k)
         probabilities = await self._probabilities_chunk(images)
-        return top_predictions(probabilities, top_k, await self.labels(images[0]))
+        return protocol.top_predictions(probabilities, top_k, await self.labels(images[0]))
 
-    async def _classify_clips_chunk(self, clips: list[bytes], top_k: int) -> list[ClipPredictions]:
+    async def _classify_clips_chunk(self, clips: list[bytes], top_k: int) -> list[protocol.ClipPredictions]:
         # Never in shared memory: the answer's size is the model's frames per clip.
-        inputs, outputs = build_request(self.protocol, self.info, self.info.encode(clips), class_count=0)
+        inputs, outputs = protocol.build_request(self.protocol, self.info, self.info.encode(clips), class_count=0)
         result = await self._aretrying(lambda: self._infer(inputs, outputs))
-        frames = batch_rows(self.info, result.as_numpy(self.info.output_name))
-        return clip_predictions(frames, len(clips), top_k, await self.labels(clips[0]))
+        frames = protocol.batch_rows(self.info, result.as_numpy(self.info.output_name))
+        return protocol.clip_predictions(frames, len(clips), top_k, await self.labels(clips[0]))
 
-    async def _infer_classification(self, images: list[bytes], class_count: int) -> list[list[Prediction]]:
-        inputs, outputs = build_request(self.protocol, self.info, self.info.encode(images), class_count)
+    async def _infer_classification(self, images: list[bytes], class_count: int) -> list[list[protocol.Prediction]]:
+        inputs, outputs = protocol.build_request(self.protocol, self.info, self.info.encode(images), class_count)
         result = await self._aretrying(lambda: self._infer(inputs, outputs))
-        return [parse_classification(row) for row in batch_rows(self.info, result.as_numpy(self.info.output_name))]
+        return [
+            protocol.parse_classification(row)
+            for row in protocol.batch_rows(self.info, result.as_numpy(self.info.output_name))
+        ]
 
     async def _probabilities_chunk(self, images: list[bytes]) -> np.ndarray:
         tensor = self.info.encode(images)
         if self.shm == "none":
-            inputs, outputs = build_request(self.protocol, self.info, tensor, class_count=0)
+            inputs, outputs = protocol.build_request(self.protocol, self.info, tensor, class_count=0)
             result = await self._aretrying(lambda: self._infer(inputs, outputs))
-            return batch_rows(self.info, result.as_numpy(self.info.output_name))
+            return protocol.batch_rows(self.info, result.as_numpy(self.info.output_name))
         regions = self._free_regions.pop() if self._free_regions else self._new_regions()
         try:
             # No registration is forgotten on a retry: a failed call says nothing of what
@@ -240,15 +228,15 @@ class AsyncClassifierClient(ClientBase):
 
     async def _infer_in_shared_memory(self, tensor: np.ndarray, regions: RequestRegions) -> np.ndarray:
         await self._fit(regions.input, tensor.nbytes)
-        await self._fit(regions.output, output_nbytes(self.info, tensor))
+        await self._fit(regions.output, protocol.output_nbytes(self.info, tensor))
         regions.input.write(tensor)
-        await self._infer(*build_request(self.protocol, self.info, tensor, 0, regions))
+        await self._infer(*protocol.build_request(self.protocol, self.info, tensor, 0, regions))
         shape = self.info.output_batch_shape(tensor.shape[0])
-        return batch_rows(self.info, regions.output.read(self.info.output_datatype, shape))
+        return protocol.batch_rows(self.info, regions.output.read(self.info.output_datatype, shape))
 
     async def _fit(self, region: SharedMemoryRegion, byte_size: int) -> None:
         """See ClassifierClient._fit."""
-        unregister, allocate, register = region_steps(region, byte_size)
+        unregister, allocate, register = protocol.region_steps(region, byte_size)
         if unregister:
             await self._unregister(region)
         if allocate:

@@ -23,28 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.client.protocol import (
-    DEFAULT_TIMEOUT_S,
-    ClientBase,
-    ClipPredictions,
-    ModelInfo,
-    Prediction,
-    SpeechSegments,
-    batch_rows,
-    build_audio_request,
-    build_regions_request,
-    build_request,
-    checked_clip,
-    clip_predictions,
-    labels_from,
-    output_nbytes,
-    parse_classification,
-    region_boxes,
-    region_steps,
-    speech_segments,
-    top_predictions,
-    worth_splitting,
-)
+from tritonstack.client import protocol
 from tritonstack.client.retry import RELEASE_RETRY, is_lost_region, is_region_in_use, is_worth_releasing_again
 from tritonstack.client.shm import RequestRegions, SharedMemoryRegion, check_released
 
@@ -56,7 +35,7 @@ def outcome_per_image(classify_chunk, images: list[bytes]) -> list:
     try:
         return list(classify_chunk(images))
     except Exception as error:
-        if not worth_splitting(error, len(images)):
+        if not protocol.worth_splitting(error, len(images)):
             return [error] * len(images)
     outcomes = []
     for image in images:
@@ -67,21 +46,21 @@ def outcome_per_image(classify_chunk, images: list[bytes]) -> list:
     return outcomes
 
 
-class ClassifierClient(ClientBase):
-    """Connects and checks readiness when made; arguments: see ClientBase."""
+class ClassifierClient(protocol.ClientBase):
+    """Connects and checks readiness when made; arguments: see protocol.ClientBase."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._regions = RequestRegions() if self.shm == "system" else None
         self._retired: list[RequestRegions] = []  # regions a failed request may still hold
         if self.protocol == "http":
-            limit = self.wait_s or DEFAULT_TIMEOUT_S
+            limit = self.wait_s or protocol.DEFAULT_TIMEOUT_S
             self._client = httpclient.InferenceServerClient(self.url, connection_timeout=limit, network_timeout=limit)
         else:
             self._client = grpcclient.InferenceServerClient(self.url)
         try:
             self.wait_ready()
-            self.info = ModelInfo.from_server(*self.retry.call(self._fetch_model_info))
+            self.info = protocol.ModelInfo.from_server(*self.retry.call(self._fetch_model_info))
         except BaseException:
             self.close()
             raise
@@ -106,10 +85,10 @@ class ClassifierClient(ClientBase):
             self._client.get_model_config(self.model, **self._metadata_options()),
         )
 
-    def classify(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction]]:
+    def classify(self, images: Sequence[bytes], top_k: int = 5) -> list[list[protocol.Prediction]]:
         return [top for chunk in self.info.chunks(images) for top in self._classify_chunk(chunk, top_k)]
 
-    def classify_each(self, images: Sequence[bytes], top_k: int = 5) -> list[list[Prediction] | Exception]:
+    def classify_each(self, images: Sequence[bytes], top_k: int = 5) -> list[list[protocol.Prediction] | Exception]:
         """One outcome per image, predictions or the error for that image alone."""
         return [
             outcome
@@ -117,7 +96,7 @@ class ClassifierClient(ClientBase):
             for outcome in outcome_per_image(lambda part: self._classify_chunk(part, top_k), chunk)
         ]
 
-    def classify_clips_each(self, clips: Sequence[bytes], top_k: int = 5) -> list[ClipPredictions | Exception]:
+    def classify_clips_each(self, clips: Sequence[bytes], top_k: int = 5) -> list[protocol.ClipPredictions | Exception]:
         """With a video model: one outcome per encoded clip, its frames' mean ranking
         and each frame's, or the error for that clip alone."""
         return [
@@ -126,14 +105,16 @@ class ClassifierClient(ClientBase):
             for outcome in outcome_per_image(lambda part: self._classify_clips_chunk(part, top_k), chunk)
         ]
 
-    def classify_audio(self, clips: Sequence[bytes], frame_probabilities: bool = False) -> list[SpeechSegments]:
+    def classify_audio(
+        self, clips: Sequence[bytes], frame_probabilities: bool = False
+    ) -> list[protocol.SpeechSegments]:
         """With an audio model: each clip's speech segments (and its frames' speech
         probabilities, when asked), a request per clip; the first failure raises."""
         return [self._speech(clip, frame_probabilities) for clip in clips]
 
     def classify_audio_each(
         self, clips: Sequence[bytes], frame_probabilities: bool = False
-    ) -> list[SpeechSegments | Exception]:
+    ) -> list[protocol.SpeechSegments | Exception]:
         """One outcome per clip: its segments, or the error for that clip alone (a clip
         the decoder would refuse fails here, before it is sent)."""
         outcomes = []
@@ -144,20 +125,20 @@ class ClassifierClient(ClientBase):
                 outcomes.append(error)
         return outcomes
 
-    def _speech(self, clip: bytes, frames: bool) -> SpeechSegments:
-        inputs, outputs = build_audio_request(self.protocol, self.info, checked_clip(clip), frames)
-        return speech_segments(self._retrying(lambda: self._infer(inputs, outputs)), frames)
+    def _speech(self, clip: bytes, frames: bool) -> protocol.SpeechSegments:
+        inputs, outputs = protocol.build_audio_request(self.protocol, self.info, protocol.checked_clip(clip), frames)
+        return protocol.speech_segments(self._retrying(lambda: self._infer(inputs, outputs)), frames)
 
-    def classify_regions(self, image: bytes, boxes, top_k: int = 5) -> list[list[Prediction]]:
+    def classify_regions(self, image: bytes, boxes, top_k: int = 5) -> list[list[protocol.Prediction]]:
         """With a regions model: each box's ranking, in the boxes' order. Boxes are
         x0, y0, x1, y1 in the image's pixels after EXIF orientation; none: an empty list,
         nothing sent. Bad boxes raise tritonstack.media.regions.BoxError before any request."""
-        boxes = region_boxes(self.info, image, boxes)
+        boxes = protocol.region_boxes(self.info, image, boxes)
         if not len(boxes):
             return []
-        inputs, outputs = build_regions_request(self.protocol, self.info, image, boxes, top_k)
+        inputs, outputs = protocol.build_regions_request(self.protocol, self.info, image, boxes, top_k)
         result = self._retrying(lambda: self._infer(inputs, outputs))
-        return [parse_classification(row) for row in result.as_numpy(self.info.output_name)]
+        return [protocol.parse_classification(row) for row in result.as_numpy(self.info.output_name)]
 
     def probabilities(self, images: Sequence[bytes]) -> np.ndarray:
         parts = [self._probabilities_chunk(chunk) for chunk in self.info.chunks(images)]
@@ -168,32 +149,35 @@ class ClassifierClient(ClientBase):
         results: one request for all classes of one image gives them all."""
         if self._labels is None:
             everything = self._infer_classification([image], self.info.num_classes)[0]
-            self._labels = labels_from(everything, self.info.num_classes)
+            self._labels = protocol.labels_from(everything, self.info.num_classes)
         return self._labels
 
-    def _classify_chunk(self, images: list[bytes], top_k: int) -> list[list[Prediction]]:
+    def _classify_chunk(self, images: list[bytes], top_k: int) -> list[list[protocol.Prediction]]:
         if self._regions is None:
             return self._infer_classification(images, top_k)
-        return top_predictions(self._probabilities_chunk(images), top_k, self.labels(images[0]))
+        return protocol.top_predictions(self._probabilities_chunk(images), top_k, self.labels(images[0]))
 
-    def _classify_clips_chunk(self, clips: list[bytes], top_k: int) -> list[ClipPredictions]:
+    def _classify_clips_chunk(self, clips: list[bytes], top_k: int) -> list[protocol.ClipPredictions]:
         # Never in shared memory: the answer's size is the model's frames per clip.
-        inputs, outputs = build_request(self.protocol, self.info, self.info.encode(clips), class_count=0)
+        inputs, outputs = protocol.build_request(self.protocol, self.info, self.info.encode(clips), class_count=0)
         result = self._retrying(lambda: self._infer(inputs, outputs))
-        frames = batch_rows(self.info, result.as_numpy(self.info.output_name))
-        return clip_predictions(frames, len(clips), top_k, self.labels(clips[0]))
+        frames = protocol.batch_rows(self.info, result.as_numpy(self.info.output_name))
+        return protocol.clip_predictions(frames, len(clips), top_k, self.labels(clips[0]))
 
-    def _infer_classification(self, images: list[bytes], class_count: int) -> list[list[Prediction]]:
-        inputs, outputs = build_request(self.protocol, self.info, self.info.encode(images), class_count)
+    def _infer_classification(self, images: list[bytes], class_count: int) -> list[list[protocol.Prediction]]:
+        inputs, outputs = protocol.build_request(self.protocol, self.info, self.info.encode(images), class_count)
         result = self._retrying(lambda: self._infer(inputs, outputs))
-        return [parse_classification(row) for row in batch_rows(self.info, result.as_numpy(self.info.output_name))]
+        return [
+            protocol.parse_classification(row)
+            for row in protocol.batch_rows(self.info, result.as_numpy(self.info.output_name))
+        ]
 
     def _probabilities_chunk(self, images: list[bytes]) -> np.ndarray:
         tensor = self.info.encode(images)
         if self._regions is None:
-            inputs, outputs = build_request(self.protocol, self.info, tensor, class_count=0)
+            inputs, outputs = protocol.build_request(self.protocol, self.info, tensor, class_count=0)
             result = self._retrying(lambda: self._infer(inputs, outputs))
-            return batch_rows(self.info, result.as_numpy(self.info.output_name))
+            return protocol.batch_rows(self.info, result.as_numpy(self.info.output_name))
         # No registration is forgotten on a retry: a failed call says nothing of what the
         # server knows. A restarted server says so itself (_shared_memory_attempt).
         try:
@@ -229,15 +213,15 @@ class ClassifierClient(ClientBase):
     def _infer_in_shared_memory(self, tensor: np.ndarray) -> np.ndarray:
         regions = self._regions
         self._fit(regions.input, tensor.nbytes)
-        self._fit(regions.output, output_nbytes(self.info, tensor))
+        self._fit(regions.output, protocol.output_nbytes(self.info, tensor))
         regions.input.write(tensor)
-        self._infer(*build_request(self.protocol, self.info, tensor, 0, regions))
+        self._infer(*protocol.build_request(self.protocol, self.info, tensor, 0, regions))
         shape = self.info.output_batch_shape(tensor.shape[0])
-        return batch_rows(self.info, regions.output.read(self.info.output_datatype, shape))
+        return protocol.batch_rows(self.info, regions.output.read(self.info.output_datatype, shape))
 
     def _fit(self, region: SharedMemoryRegion, byte_size: int) -> None:
         """Make the region big enough and registered with this server."""
-        unregister, allocate, register = region_steps(region, byte_size)
+        unregister, allocate, register = protocol.region_steps(region, byte_size)
         if unregister:
             self._unregister(region)
         if allocate:
