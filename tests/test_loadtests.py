@@ -21,6 +21,7 @@ from tests.processes import wait_for
 from tritonstack import cli
 from tritonstack.commands import loadtest
 from tritonstack.loadtests import headless, metrics
+from tritonstack.loadtests.headless import LoadtestOptions
 from tritonstack.loadtests.load_options import LoadOptions
 from tritonstack.loadtests.report import GeneratorCpu, cpu_section, final_stats
 from tritonstack.serve.network import free_port
@@ -132,12 +133,12 @@ def test_every_locust_process_parses_back_the_options_the_command_parsed():
     """One table of options: what `tritonstack loadtest` parsed is what the Locust
     master and workers parse from the command line it gives them."""
     given = ["--shape", "open", "--target-rps", "7", "--boxes", "2", "--max-requests", "9", "--deadline-ms", "150"]
-    args = loadtest.checked(loadtest.parser().parse_args(given))
+    options = loadtest.checked(cli.from_args(LoadtestOptions, loadtest.parser().parse_args(given)))
     locust_side = argparse.ArgumentParser()
     locust_side.add_argument("--grpc-url")
     cli.add_options(locust_side, LoadOptions)
-    back = locust_side.parse_args(headless.shared_options(args, "127.0.0.1:1"))
-    assert cli.from_args(LoadOptions, back) == cli.from_args(LoadOptions, args)
+    back = locust_side.parse_args(headless.shared_options(options, "127.0.0.1:1"))
+    assert cli.from_args(LoadOptions, back) == options.load
     assert (back.grpc_url, back.target_rps, back.max_requests, back.model) == (
         "127.0.0.1:1",
         7.0,

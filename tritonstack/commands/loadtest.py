@@ -13,49 +13,9 @@ from tritonstack.client.retry import PROTOCOL_NAMES
 from tritonstack.contract import DEFAULT_AUDIO_MODEL, DEFAULT_MODEL, DEFAULT_REGIONS_MODEL
 from tritonstack.loadtests import headless as loadtest_run
 from tritonstack.loadtests import metrics
-from tritonstack.loadtests.headless import (
-    DEFAULT_RUN_TIME_S,
-    SHAPE_FILES,
-    USER_CLASSES,
-    fit_run_time,
-    preflight,
-    protocols,
-    run_locust,
-)
-from tritonstack.loadtests.load_options import LoadOptions
+from tritonstack.loadtests.headless import LoadtestOptions, fit_run_time, preflight, protocols, run_locust
 from tritonstack.loadtests.report import PlotLabels, RunSummary, write_report
 from tritonstack.serve.target import given_endpoints, target_server
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadtestOptions(cli.ServerEndpoints, cli.RepositoryOption):
-    """The repository is served when no --url is given; the metrics endpoint gives the
-    server-side breakdown. `load` is what every Locust process parses too."""
-
-    load: LoadOptions = cli.nested(LoadOptions, default_factory=LoadOptions)
-    user: str = cli.option("grpc", "--user", choices=sorted(USER_CLASSES), help="protocol of the users")
-    shape: str = cli.option(
-        "step",
-        "--shape",
-        choices=sorted(SHAPE_FILES),
-        help="closed: --users at once; step: a ramp of --steps; open: --target-rps fixed",
-    )
-    users: int = cli.option(4, "--users", type=cli.positive_int, help="closed shape: users")
-    # None: DEFAULT_RUN_TIME_S, or the step shape's steps (headless.fit_run_time).
-    run_time: float | None = cli.option(
-        None,
-        "--run-time",
-        type=float,
-        metavar="S",
-        help=f"seconds, every shape (default: {DEFAULT_RUN_TIME_S:.0f}; step shape: --steps x --step-seconds)",
-    )
-    workers: int = cli.option(0, "--workers", type=int, help="distributed: Locust worker processes (0: one process)")
-    skip_preflight: bool = cli.option(
-        False,
-        "--skip-preflight",
-        help="start the users even when the model does not classify encoded images (to load-test the error path)",
-    )
-    out: Path | None = cli.out_option(help="report folder (default: reports/loadtest-<time>)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,22 +24,23 @@ def parser() -> argparse.ArgumentParser:
     return made
 
 
-def checked(args: argparse.Namespace) -> argparse.Namespace:
+def checked(options: LoadtestOptions) -> LoadtestOptions:
     """The options that go together, the regions model for --boxes (the audio model for
     --audio), the run time fitted."""
-    if args.boxes and args.audio:
+    load = options.load
+    if load.boxes and load.audio:
         raise cli.OptionError("--boxes and --audio do not go together: boxes are cut from images")
-    if args.model == DEFAULT_MODEL and (args.boxes or args.audio):
-        args.model = DEFAULT_AUDIO_MODEL if args.audio else DEFAULT_REGIONS_MODEL
-    if args.url and not args.grpc_url and args.user != "http":
+    if load.model == DEFAULT_MODEL and (load.boxes or load.audio):
+        model = DEFAULT_AUDIO_MODEL if load.audio else DEFAULT_REGIONS_MODEL
+        options = dataclasses.replace(options, load=dataclasses.replace(load, model=model))
+    if options.url and not options.grpc_url and options.user != "http":
         raise cli.OptionError("--url names a running server: give its --grpc-url too (gRPC users)")
-    if args.grpc_url and not args.url:
+    if options.grpc_url and not options.url:
         raise cli.OptionError("--grpc-url names a running server: give its HTTP --url too (readiness, HTTP users)")
     try:
-        fit_run_time(args)
+        return fit_run_time(options)
     except ValueError as error:
         raise cli.OptionError(str(error)) from error
-    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,18 +49,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    args = checked(args)  # the Locust side (tritonstack.loadtests.headless) reads the fitted arguments
-    options = cli.from_args(LoadtestOptions, args)
+    options = checked(cli.from_args(LoadtestOptions, args))
     http_url, grpc_url, metrics_url = given_endpoints(options.url, options.grpc_url, options.metrics_url)
     with target_server(options.model_repository, http_url, grpc_url, metrics_url) as target:
-        preflight(args, target.http_url, target.grpc_url)
+        preflight(options, target.http_url, target.grpc_url)
         out = options.out or Path("reports") / time.strftime("loadtest-%Y%m%d-%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
         prefix = out / "locust"
         metrics_url = target.metrics_url
         before = metrics.scrape(metrics_url) if metrics_url else None
         started = time.time()
-        exit_code, generator_cpu = run_locust(args, target.http_url, target.grpc_url, prefix)
+        exit_code, generator_cpu = run_locust(options, target.http_url, target.grpc_url, prefix)
         server = metrics.breakdown(before, metrics.scrape(metrics_url)) if metrics_url else []
         used = {
             protocol: target.grpc_url if protocol == "grpc" else target.http_url for protocol in protocols(options.user)

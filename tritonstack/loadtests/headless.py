@@ -18,7 +18,7 @@ server, unknown model), 3 Locust had to be killed.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import math
 import subprocess
 import sys
@@ -49,70 +49,103 @@ DEFAULT_RUN_TIME_S = 40.0
 MIN_STEP_S = 1.0  # Locust's history has one row a second
 
 
-def fit_run_time(args: argparse.Namespace) -> None:
+@dataclasses.dataclass(frozen=True)
+class LoadtestOptions(cli.ServerEndpoints, cli.RepositoryOption):
+    """The repository is served when no --url is given; the metrics endpoint gives the
+    server-side breakdown. `load` is what every Locust process parses too."""
+
+    load: LoadOptions = cli.nested(LoadOptions, default_factory=LoadOptions)
+    user: str = cli.option("grpc", "--user", choices=sorted(USER_CLASSES), help="protocol of the users")
+    shape: str = cli.option(
+        "step",
+        "--shape",
+        choices=sorted(SHAPE_FILES),
+        help="closed: --users at once; step: a ramp of --steps; open: --target-rps fixed",
+    )
+    users: int = cli.option(4, "--users", type=cli.positive_int, help="closed shape: users")
+    # None: DEFAULT_RUN_TIME_S, or the step shape's steps (fit_run_time).
+    run_time: float | None = cli.option(
+        None,
+        "--run-time",
+        type=float,
+        metavar="S",
+        help=f"seconds, every shape (default: {DEFAULT_RUN_TIME_S:.0f}; step shape: --steps x --step-seconds)",
+    )
+    workers: int = cli.option(0, "--workers", type=int, help="distributed: Locust worker processes (0: one process)")
+    skip_preflight: bool = cli.option(
+        False,
+        "--skip-preflight",
+        help="start the users even when the model does not classify encoded images (to load-test the error path)",
+    )
+    out: Path | None = cli.out_option(help="report folder (default: reports/loadtest-<time>)")
+
+
+def fit_run_time(options: LoadtestOptions) -> LoadtestOptions:
     """--run-time bounds every shape: the step shape fits its steps into it (or
     refuses); without it, the steps set the duration."""
-    if args.run_time is not None and args.run_time <= 0:
-        raise ValueError(f"--run-time must be above 0, not {args.run_time:g}")
-    if args.shape != "step":
-        args.run_time = args.run_time or DEFAULT_RUN_TIME_S
-        args.step_seconds = args.step_seconds or DEFAULT_STEP_S
-        return
-    if args.step_seconds is None:
-        args.step_seconds = args.run_time / args.steps if args.run_time else DEFAULT_STEP_S
-    if args.step_seconds < MIN_STEP_S:
+    run_time, step_seconds, steps = options.run_time, options.load.step_seconds, options.load.steps
+    if run_time is not None and run_time <= 0:
+        raise ValueError(f"--run-time must be above 0, not {run_time:g}")
+    if options.shape != "step":
+        return _with_times(options, run_time or DEFAULT_RUN_TIME_S, step_seconds or DEFAULT_STEP_S)
+    if step_seconds is None:
+        step_seconds = run_time / steps if run_time else DEFAULT_STEP_S
+    if step_seconds < MIN_STEP_S:
         raise ValueError(
-            f"a step of {args.step_seconds:.2g} s is shorter than {MIN_STEP_S:g} s (Locust records "
+            f"a step of {step_seconds:.2g} s is shorter than {MIN_STEP_S:g} s (Locust records "
             "one row a second): fewer --steps or a longer --run-time"
         )
-    planned = args.steps * args.step_seconds
-    if args.run_time is None:
-        args.run_time = planned
-    elif planned > args.run_time + 1e-6:
+    planned = steps * step_seconds
+    if run_time is not None and planned > run_time + 1e-6:
         raise ValueError(
-            f"{args.steps} steps of {args.step_seconds:g} s take {planned:g} s, more than "
-            f"--run-time {args.run_time:g}: drop --step-seconds (the steps then share the run "
+            f"{steps} steps of {step_seconds:g} s take {planned:g} s, more than "
+            f"--run-time {run_time:g}: drop --step-seconds (the steps then share the run "
             "time), give fewer --steps, or a longer --run-time"
         )
+    return _with_times(options, planned if run_time is None else run_time, step_seconds)
 
 
-def planned_seconds(args: argparse.Namespace) -> float:
-    return args.run_time
+def _with_times(options: LoadtestOptions, run_time: float, step_seconds: float) -> LoadtestOptions:
+    load = dataclasses.replace(options.load, step_seconds=step_seconds)
+    return dataclasses.replace(options, run_time=run_time, load=load)
 
 
 def protocols(user: str) -> tuple[str, ...]:
     return ("grpc", "http") if user == "both" else (user,)
 
 
-def preflight(args: argparse.Namespace, http_url: str, grpc_url: str) -> None:
+def preflight(options: LoadtestOptions, http_url: str, grpc_url: str) -> None:
     """The server answers and serves the model, for each protocol the users
     speak: else exit 2 before any user starts and before any report is written
     (--skip-preflight: the server must answer, whatever the model)."""
-    for protocol in protocols(args.user):
+    load = options.load
+    for protocol in protocols(options.user):
         url = grpc_url if protocol == "grpc" else http_url
         try:
-            check_model(url, protocol, args.model, admin_headers(protocol), RetryPolicy(retries=1), bool(args.boxes))
+            check_model(url, protocol, load.model, admin_headers(protocol), RetryPolicy(retries=1), bool(load.boxes))
         except ModelError:
-            if not args.skip_preflight:
+            if not options.skip_preflight:
                 raise
 
 
-def host_option(args: argparse.Namespace, http_url: str, grpc_url: str) -> str:
+def host_option(options: LoadtestOptions, http_url: str, grpc_url: str) -> str:
     """What Locust's report shows as the host: the endpoint the users really talk to."""
-    return f"grpc://{grpc_url}" if args.user == "grpc" else f"http://{http_url}"
+    return f"grpc://{grpc_url}" if options.user == "grpc" else f"http://{http_url}"
 
 
-def shared_options(args: argparse.Namespace, grpc_url: str) -> list[str]:
+def shared_options(options: LoadtestOptions, grpc_url: str) -> list[str]:
     """Options every Locust process needs (workers parse their own command line)."""
-    return [*(["--grpc-url", grpc_url] if grpc_url else []), *cli.to_argv(cli.from_args(LoadOptions, args))]
+    return [*(["--grpc-url", grpc_url] if grpc_url else []), *cli.to_argv(options.load)]
 
 
-def locust_command(args: argparse.Namespace, *role: str) -> list[str]:
-    files = ",".join(str(path) for path in [LOADTESTS / "locustfile.py", *SHAPE_FILES[args.shape]])
+def locust_command(options: LoadtestOptions, *role: str) -> list[str]:
+    files = ",".join(str(path) for path in [LOADTESTS / "locustfile.py", *SHAPE_FILES[options.shape]])
     return [sys.executable, "-m", "locust", "-f", files, *role]
 
 
-def master_command(args, http_url: str, grpc_url: str, prefix: Path, master_port: int | None) -> list[str]:
+def master_command(
+    options: LoadtestOptions, http_url: str, grpc_url: str, prefix: Path, master_port: int | None
+) -> list[str]:
     role = (
         [
             "--master",
@@ -121,23 +154,23 @@ def master_command(args, http_url: str, grpc_url: str, prefix: Path, master_port
             "--master-bind-port",
             str(master_port),
             "--expect-workers",
-            str(args.workers),
+            str(options.workers),
             "--expect-workers-max-wait",
             str(WORKER_CONNECT_S),
         ]
         if master_port
         else []
     )
-    users = ["-u", str(args.users), "-r", str(args.users)] if args.shape == "closed" else []
+    users = ["-u", str(options.users), "-r", str(options.users)] if options.shape == "closed" else []
     return [
-        *locust_command(args, *role),
+        *locust_command(options, *role),
         "--headless",
         "--only-summary",  # the live line (locustfile) instead of Locust's tables
         "--host",
-        host_option(args, http_url, grpc_url),
+        host_option(options, http_url, grpc_url),
         *users,
         "-t",
-        f"{math.ceil(args.run_time)}s",  # bounds every shape (whole seconds; the shapes stop on time)
+        f"{math.ceil(options.run_time)}s",  # bounds every shape (whole seconds; the shapes stop on time)
         "--stop-timeout",
         "5",
         "--csv",
@@ -145,16 +178,16 @@ def master_command(args, http_url: str, grpc_url: str, prefix: Path, master_port
         "--csv-full-history",
         "--html",
         str(prefix.parent / "report.html"),
-        *shared_options(args, grpc_url),
-        *USER_CLASSES[args.user],
+        *shared_options(options, grpc_url),
+        *USER_CLASSES[options.user],
     ]
 
 
-def worker_command(args, grpc_url: str, master_port: int) -> list[str]:
+def worker_command(options: LoadtestOptions, grpc_url: str, master_port: int) -> list[str]:
     return [
-        *locust_command(args, "--worker", "--master-host", LOOPBACK, "--master-port", str(master_port)),
-        *shared_options(args, grpc_url),
-        *USER_CLASSES[args.user],
+        *locust_command(options, "--worker", "--master-host", LOOPBACK, "--master-port", str(master_port)),
+        *shared_options(options, grpc_url),
+        *USER_CLASSES[options.user],
     ]
 
 
@@ -185,18 +218,18 @@ class CpuMeter:
         ]
 
 
-def run_locust(args, http_url: str, grpc_url: str, prefix: Path) -> tuple[int, list[GeneratorCpu]]:
+def run_locust(options: LoadtestOptions, http_url: str, grpc_url: str, prefix: Path) -> tuple[int, list[GeneratorCpu]]:
     """Master (or single process) plus workers; all end by themselves or are killed."""
-    master_port = free_port() if args.workers else None
+    master_port = free_port() if options.workers else None
     processes = {
         "master" if master_port else "local": subprocess.Popen(
-            master_command(args, http_url, grpc_url, prefix, master_port)
+            master_command(options, http_url, grpc_url, prefix, master_port)
         )
     }
-    for index in range(args.workers):
-        processes[f"worker {index + 1}"] = subprocess.Popen(worker_command(args, grpc_url, master_port))
+    for index in range(options.workers):
+        processes[f"worker {index + 1}"] = subprocess.Popen(worker_command(options, grpc_url, master_port))
     meter = CpuMeter(processes)
-    deadline = time.monotonic() + planned_seconds(args) + STOP_GRACE_S + (WORKER_CONNECT_S if args.workers else 0)
+    deadline = time.monotonic() + options.run_time + STOP_GRACE_S + (WORKER_CONNECT_S if options.workers else 0)
     try:
         while any(p.poll() is None for p in processes.values()) and time.monotonic() < deadline:
             meter.sample()
