@@ -20,6 +20,7 @@ import argparse
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from nvidia.dali import Pipeline, fn, pipeline_def, types
 
+from tritonstack import cli
 from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor
 from tritonstack.build.model_files import write_model_folder
 from tritonstack.serve.launcher import TritonServer
@@ -138,25 +140,39 @@ def _p(values, percentile: float) -> float:
     return round(float(np.percentile(values, percentile)), 3)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=2000, help="per protocol (bounded run)")
-    parser.add_argument("--row-bytes", type=int, default=1024)
-    parser.add_argument("--protocols", default="http,grpc")
-    parser.add_argument("--out", type=Path, default=Path("reports/dali_backend_overhead.json"))
-    args = parser.parse_args(argv)
+@dataclass(frozen=True)
+class OverheadOptions:
+    requests: int = cli.option(2000, "--requests", type=cli.positive_int, help="per protocol (bounded run)")
+    row_bytes: int = cli.option(1024, "--row-bytes", type=cli.positive_int, help="bytes of each request's row")
+    protocols: tuple[str, ...] = cli.option(
+        ("http", "grpc"), "--protocols", type=lambda text: tuple(text.split(",")), help="comma-separated"
+    )
+    out: Path = cli.out_option(Path("reports/dali_backend_overhead.json"), help="the report")
 
+
+def parser() -> argparse.ArgumentParser:
+    made = cli.parser(__doc__.split("\n\n")[0])
+    cli.add_options(made, OverheadOptions)
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(run, argv, parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = cli.from_args(OverheadOptions, args)
     serialized = identity_pipeline(batch_size=BATCH_SIZE, num_threads=1, device_id=None).serialize()
     pipeline = in_process_pipeline(serialized)
     with tempfile.TemporaryDirectory(prefix="dali-overhead-") as repository:
         write_models(Path(repository), serialized)
         with TritonServer(repository) as server:
             results = [
-                measure(server, pipeline, protocol, args.requests, args.row_bytes)
-                for protocol in args.protocols.split(",")
+                measure(server, pipeline, protocol, options.requests, options.row_bytes)
+                for protocol in options.protocols
             ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(results, indent=2) + "\n")
     for result in results:
         print(json.dumps(result))
     return 0

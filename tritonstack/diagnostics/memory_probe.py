@@ -35,6 +35,7 @@ import tritonclient.http as httpclient
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from tritonstack import cli
 from tritonstack.backends.settings import (
     DALI_HOST_POOL_ENV,
     MALLOC_TRIM_ENV,
@@ -324,43 +325,63 @@ def summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--variants", default="glibc-default,default", help=f"comma-separated, of: {', '.join(VARIANTS)}"
+def _comma_separated(text: str) -> tuple[str, ...]:
+    return tuple(text.split(","))
+
+
+@dataclass(frozen=True)
+class MemoryProbeOptions(cli.RepositoryOption):
+    variants: tuple[str, ...] = cli.option(
+        ("glibc-default", "default"),
+        "--variants",
+        type=_comma_separated,
+        help=f"comma-separated, of: {', '.join(VARIANTS)}",
     )
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=600, help="requests per round")
-    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="longer sides, px")
-    parser.add_argument("--workers", type=int, default=4, help="client threads")
-    parser.add_argument("--format", choices=("JPEG", "PNG"), default="JPEG", help="of the sized photos")
-    parser.add_argument(
+    rounds: int = cli.option(5, "--rounds", type=cli.positive_int, help="rounds of requests")
+    requests: int = cli.option(600, "--requests", type=cli.positive_int, help="requests per round")
+    sizes: tuple[int, ...] = cli.option(
+        SIZES, "--sizes", type=lambda text: tuple(int(size) for size in text.split(",")), help="longer sides, px"
+    )
+    workers: int = cli.option(4, "--workers", type=cli.positive_int, help="client threads")
+    image_format: str = cli.option("JPEG", "--format", choices=("JPEG", "PNG"), help="of the sized photos")
+    inputs: str = cli.option(
+        "photos",
         "--inputs",
         choices=("photos", "bad", "mixed", "soak", "soak-good"),
-        default="photos",
         help="bad: the soak's bad inputs (pipeline errors and rebuilds); mixed: both",
     )
-    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--out", type=Path, default=Path("reports/memory_probe.json"))
-    args = parser.parse_args(argv)
-    variants = args.variants.split(",")
-    unknown = set(variants) - set(VARIANTS)
+    out: Path = cli.out_option(Path("reports/memory_probe.json"), help="the report")
+
+
+def parser() -> argparse.ArgumentParser:
+    made = cli.parser(__doc__.split("\n\n")[0])
+    cli.add_options(made, MemoryProbeOptions)
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(run, argv, parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = cli.from_args(MemoryProbeOptions, args)
+    unknown = set(options.variants) - set(VARIANTS)
     if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+        raise cli.OptionError(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     report = run_probe(
-        args.model_repository,
-        variants,
-        args.rounds,
-        args.requests,
-        tuple(int(size) for size in args.sizes.split(",")),
-        args.workers,
-        args.inputs,
-        args.format,
+        options.model_repository,
+        list(options.variants),
+        options.rounds,
+        options.requests,
+        options.sizes,
+        options.workers,
+        options.inputs,
+        options.image_format,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(report, indent=1))
     print(summary(report))
-    print(f"report: {args.out}")
+    print(f"report: {options.out}")
     return 0
 
 
