@@ -45,7 +45,15 @@ BACKEND_SHARED = (
 )
 # Tools that run the stack and measure it: they may use every room; no room, shared
 # module or other tool imports them.
-TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics", "tritonstack.loadtests")
+TOOLS = (
+    "tritonstack.benchmark",
+    "tritonstack.experiments",
+    "tritonstack.gpu",
+    "tritonstack.diagnostics",
+    "tritonstack.loadtests",
+)
+# The measurement engine the tools share: it may use every room, and imports no tool.
+ENGINE = "tritonstack.measure"
 # One module per sub-command (its parser and main): they may use every room and tool;
 # only the `tritonstack` entry point imports them.
 COMMANDS = "tritonstack.commands"
@@ -116,6 +124,27 @@ def test_nothing_imports_a_tool_but_the_tool_itself():
     assert wrong == []
 
 
+def test_the_engine_imports_no_tool_and_no_command():
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if module.startswith(ENGINE + ".") and (tool_of(target) or target.startswith(COMMANDS + "."))
+    ]
+    assert wrong == []
+
+
+def test_only_tools_and_commands_import_the_engine():
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if target.startswith(ENGINE + ".")
+        and not (module.startswith(ENGINE + ".") or tool_of(module) or is_command(module))
+    ]
+    assert wrong == []
+
+
 def is_command(module: str) -> bool:
     return module == ENTRY_POINT or module.startswith(COMMANDS + ".")
 
@@ -171,7 +200,11 @@ def test_every_runnable_module_runs_its_command_or_names_the_one_that_replaced_i
     """No silent entry point: `python -m X --help` prints a usage, or exits non-zero
     saying which `tritonstack ...` command to run instead."""
     modules = runnable_modules()
-    assert {"tritonstack.loadtests.headless", "tritonstack.benchmark.run", "tritonstack.commands.serve"} <= set(modules)
+    assert {
+        "tritonstack.loadtests.headless",
+        "tritonstack.benchmark.serving_ratios",
+        "tritonstack.commands.serve",
+    } <= set(modules)
 
     def help_of(module: str) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -1,4 +1,3 @@
-"""The benchmark family: one benchmark of the serving stack as ratios measured side
-by side (`tritonstack benchmark`, `tritonstack benchmark`), before/after
-comparisons (`.compare`), Triton's trace split (`.trace`) and capacity planning from
-a benchmark's figures (`.plan`)."""
+"""`tritonstack benchmark`: what it measures with the engine of tritonstack.measure:
+the serving stack as ratios side by side (`.serving_ratios`), regions
+(`.region_speedup`) and audio (`.audio_cost`)."""

@@ -1,4 +1,4 @@
-"""`tritonstack benchmark`: the command line of tritonstack.benchmark.run (see its docstring);
+"""`tritonstack benchmark`: the command line of tritonstack.benchmark.serving_ratios (see its docstring);
 with --regions N, of tritonstack.benchmark.region_speedup alone; with --audio, of
 tritonstack.benchmark.audio_cost alone."""
 
@@ -12,17 +12,13 @@ import time
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark import run as benchmark_run
-from tritonstack.benchmark.phase_settings import (
-    DALI_ENSEMBLE,
-    FULL,
-    QUICK,
-    SMOKE,
-)
-from tritonstack.benchmark.results import write_results
+from tritonstack.benchmark import serving_ratios as benchmark_run
 from tritonstack.client.preflight import check_model
 from tritonstack.client.retry import RetryPolicy
 from tritonstack.contract import admin_headers
+from tritonstack.measure.load_settings import FULL, QUICK, SMOKE
+from tritonstack.measure.measured_models import DALI_ENSEMBLE
+from tritonstack.measure.results import write_results
 from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.target import GivenServer, given_endpoints
 

@@ -3,7 +3,7 @@
     tritonstack benchmark --quick --out reports/benchmark.json
 
 It starts its own tritonserver on loopback (or measures a given one) and writes one
-JSON object; every key is declared in tritonstack/benchmark/figures.py (unit, target,
+JSON object; every key is declared in tritonstack/measure/figures.py (unit, target,
 meaning; the table in docs/performance.md). Against the DALI ensemble over gRPC: the
 in-process reference (tritonstack.benchmark.inprocess), HTTP, the Pillow ensemble,
 each preprocessing model alone and the INT8 ensemble; single requests and where their
@@ -45,48 +45,8 @@ import numpy as np
 from tritonstack import cli
 from tritonstack.benchmark import peer
 from tritonstack.benchmark.cost import cost_figures, serving_cost
-from tritonstack.benchmark.figures import BENCHMARK, Median, docstring_listing, report
-from tritonstack.benchmark.ideal_queue import ideal_capacity
 from tritonstack.benchmark.inprocess import inprocess_best_setting, inprocess_phase
-from tritonstack.benchmark.loadgen import (
-    LoadGenFigures,
-    PeerHttpTarget,
-    TritonHttpTarget,
-    comparison,
-    loadgen_figures,
-)
-from tritonstack.benchmark.phase_settings import (
-    CAPACITY_MAX_FRACTION,
-    CLASSIFIER,
-    DALI_ENSEMBLE,
-    DALI_PREPROCESS,
-    DALI_PRESET,
-    INT8_ENSEMBLE,
-    INT8_PRESET,
-    OPEN_LOOP_LOAD,
-    PIL_ENSEMBLE,
-    PIL_PREPROCESS,
-    QUICK,
-    SLO_P50_MULTIPLE,
-    Settings,
-)
-from tritonstack.benchmark.phases import (
-    Phase,
-    capacity_at_slo,
-    current_saturation,
-    interleaved,
-    measured_phase,
-    open_loop,
-    ratios,
-    saturate,
-    server_rss_mb,
-    server_rss_mb_by_process,
-    typical_image,
-    weighted_images,
-)
-from tritonstack.benchmark.results import cpu_flags, cpu_model, versions
 from tritonstack.benchmark.single import grpc_round_trip_ms, single_requests, trace_medians, traced_single_requests
-from tritonstack.benchmark.trace import trace_args
 from tritonstack.benchmark.vs_peer import (
     PeerOpenLoop,
     peer_figures,
@@ -96,6 +56,34 @@ from tritonstack.benchmark.vs_peer import (
     slower_rate,
 )
 from tritonstack.build.parity import compare_classifiers, crop_images
+from tritonstack.measure.figures import BENCHMARK, Median, docstring_listing, report
+from tritonstack.measure.ideal_queue import ideal_capacity
+from tritonstack.measure.load_loops import (
+    Phase,
+    capacity_at_slo,
+    current_saturation,
+    measured_phase,
+    open_loop,
+    saturate,
+    typical_image,
+    weighted_images,
+)
+from tritonstack.measure.load_settings import CAPACITY_MAX_FRACTION, OPEN_LOOP_LOAD, QUICK, SLO_P50_MULTIPLE, Settings
+from tritonstack.measure.loadgen import LoadGenFigures, PeerHttpTarget, TritonHttpTarget, comparison, loadgen_figures
+from tritonstack.measure.measured_models import (
+    CLASSIFIER,
+    DALI_ENSEMBLE,
+    DALI_PREPROCESS,
+    DALI_PRESET,
+    INT8_ENSEMBLE,
+    INT8_PRESET,
+    PIL_ENSEMBLE,
+    PIL_PREPROCESS,
+)
+from tritonstack.measure.results import cpu_flags, cpu_model, versions
+from tritonstack.measure.rounds import interleaved, ratios
+from tritonstack.measure.server_usage import server_rss_mb, server_rss_mb_by_process
+from tritonstack.measure.trace import trace_args
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.target import GivenServer, target_server
 
@@ -165,7 +153,7 @@ def _run_on_server(
     trace_file: Path,
     loadgen_dir: Path,
 ) -> tuple[list, dict[str, float], list[tuple[int, int]]]:
-    """Every measurement through a server: the phases' results, each process role's CPU
+    """Every measurement through a server: the figure groups, each process role's CPU
     per image in the HTTP rounds (serving_cost's input), and the client's times of the
     traced requests (none on a given server)."""
     own = server is None
@@ -197,13 +185,13 @@ def _run_on_server(
             against = peer_open_loop(server, peer, images, settings, slower_rate(rounds), log)
         compared = peer_figures(rounds, against, peer_saturated)
         rates = {"ours": rounded.http_images_per_s.value, "peer": compared.peer_images_per_s.value}
-        measured_by_loadgen = loadgen_phase(server, peer, images, in_flight, rates, settings, loadgen_dir, log)
+        measured_by_loadgen = loadgen_comparison(server, peer, images, in_flight, rates, settings, loadgen_dir, log)
         served = [rounded, state, single, looped, capacity, compared, measured_by_loadgen]
         by_model = median_by_model(rounds.get("http", []))
         return served, by_model, traced_single_requests(server, settings.traced_requests) if own else []
 
 
-def loadgen_phase(
+def loadgen_comparison(
     server,
     running_peer,
     images: list[bytes],
@@ -215,7 +203,7 @@ def loadgen_phase(
 ) -> LoadGenFigures:
     """MLPerf's LoadGen, Offline and Server, against ours over HTTP and the peer, the same
     images, Offline at the concurrency that saturated each side and expecting the rate
-    its rounds measured (`rates`: side -> images/s) (tritonstack.benchmark.loadgen)."""
+    its rounds measured (`rates`: side -> images/s) (tritonstack.measure.loadgen)."""
     if running_peer is None or settings.loadgen is None:
         return comparison(None)
     sides = {
@@ -433,7 +421,7 @@ def capacity_figures(
 ) -> CapacityFigures:
     """capacity_at_slo, against an ideal queue with the same SLO, arrivals and probe
     length, the measured service rate and single-request latency
-    (tritonstack.benchmark.ideal_queue)."""
+    (tritonstack.measure.ideal_queue)."""
     single_p50 = single.latency_ms_p50_concurrency_1.value
     if not rounded.server_images_per_s.value or not single_p50:
         return CapacityFigures(None, None, [], None, None, 0)
