@@ -200,11 +200,7 @@ def test_every_runnable_module_runs_its_command_or_names_the_one_that_replaced_i
     """No silent entry point: `python -m X --help` prints a usage, or exits non-zero
     saying which `tritonstack ...` command to run instead."""
     modules = runnable_modules()
-    assert {
-        "tritonstack.loadtests.headless",
-        "tritonstack.benchmark.serving_ratios",
-        "tritonstack.commands.serve",
-    } <= set(modules)
+    assert {"tritonstack.loadtests.headless", "tritonstack.benchmark.run", "tritonstack.commands.serve"} <= set(modules)
 
     def help_of(module: str) -> subprocess.CompletedProcess:
         return subprocess.run(

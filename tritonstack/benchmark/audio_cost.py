@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tritonstack.benchmark.scenario import Asked, on_server, write_json
 from tritonstack.build.vad_graph import SAMPLE_RATE, sequence_model_path
 from tritonstack.contract import DEFAULT_AUDIO_MODEL
 from tritonstack.measure.figures import AUDIO, Median, report
@@ -90,6 +91,30 @@ def run_audio(server, settings: Settings, log=print) -> dict:
         cost_ratio=Median.of(cost),
     )
     return report(AUDIO, figures)
+
+
+@dataclass(frozen=True)
+class AudioCost:
+    """`--audio`: the speech-segments preset served against silero-vad in-process."""
+
+    name: str = "audio"
+
+    def wanted(self, asked: Asked) -> bool:
+        return asked.audio
+
+    def run(self, asked: Asked, server, log) -> dict:
+        return on_server(lambda on: run_audio(on, asked.settings, log), asked.repository, server)
+
+    def write(self, results: dict, asked: Asked) -> str:
+        write_json(results, asked.out)
+        return (
+            f"{asked.out}: served {results['served_audio_s_per_s']:.1f} audio s/s, in-process "
+            f"{results['inprocess_audio_s_per_s']:.1f}; CPU per audio second served / in-process "
+            f"x{results['cost_ratio']:.2f} (rounds {results['cost_ratio_spread']})"
+        )
+
+
+SCENARIO = AudioCost()
 
 
 def _per_cpu_s(phase: Phase, clip_seconds: float) -> float | None:

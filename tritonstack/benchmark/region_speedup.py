@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from tritonstack.benchmark.scenario import Asked, on_server, write_json
 from tritonstack.contract import DEFAULT_REGIONS_MODEL
 from tritonstack.measure.figures import REGIONS, Median, report
 from tritonstack.measure.load_loops import Phase, closed_loop
@@ -104,6 +105,31 @@ def run_regions(server, boxes: int, settings: Settings, log=print) -> dict:
         **medians,
     )
     return report(REGIONS, figures)
+
+
+@dataclass(frozen=True)
+class RegionSpeedup:
+    """`--regions N`: an image and N boxes a request against each crop sent alone."""
+
+    name: str = "regions"
+
+    def wanted(self, asked: Asked) -> bool:
+        return bool(asked.regions)
+
+    def run(self, asked: Asked, server, log) -> dict:
+        return on_server(lambda on: run_regions(on, asked.regions, asked.settings, log), asked.repository, server)
+
+    def write(self, results: dict, asked: Asked) -> str:
+        write_json(results, asked.out)
+        return (
+            f"{asked.out}: {results['regions_crops_per_s']:.1f} crops/s in regions requests of "
+            f"{asked.regions} boxes, "
+            f"{results['per_crop_crops_per_s']:.1f} crops/s one per request: x{results['regions_speedup']:.2f} "
+            f"(rounds {results['regions_speedup_spread']})"
+        )
+
+
+SCENARIO = RegionSpeedup()
 
 
 def _per_s(phase: Phase) -> float | None:

@@ -2,17 +2,18 @@
 
     tritonstack benchmark --quick --out reports/benchmark.json
 
-It starts its own tritonserver on loopback (or measures a given one) and writes one
-JSON object; every key is declared in tritonstack/measure/figures.py (unit, target,
-meaning; the table in docs/performance.md). Against the DALI ensemble over gRPC: the
-in-process reference (tritonstack.benchmark.inprocess), HTTP, the Pillow ensemble,
-each preprocessing model alone and the INT8 ensemble; single requests and where their
-time goes (tritonstack.benchmark.single, .trace); an open loop at 70 % of saturation;
-the capacity under an SLO against an ideal queue (.ideal_queue); INT8's agreement
-with FP32; each library's CPU per image and the ceilings it sets (.cost); with the
-peer extra, a FastAPI + Pillow + ONNX Runtime service on the same classifier files
-(.vs_peer), and MLPerf's LoadGen against both sides: Offline, and the highest Poisson
-rate it judges VALID at a p99 bound (.loadgen; its logs beside the report).
+It starts its own tritonserver on loopback (or measures a given one) and writes one JSON
+object; every key is declared in tritonstack/measure/figures.py (unit, target, meaning;
+the table in docs/performance.md). Against the DALI ensemble over gRPC: the in-process
+reference (tritonstack.benchmark.inprocess), HTTP, the Pillow ensemble, each
+preprocessing model alone and the INT8 ensemble; single requests and where their time
+goes (tritonstack.benchmark.single, tritonstack.measure.trace); an open loop at 70 % of
+saturation; the capacity under an SLO against an ideal queue
+(tritonstack.measure.ideal_queue); INT8's agreement with FP32; each library's CPU per
+image and the ceilings it sets (.cost); with the peer extra, a FastAPI + Pillow + ONNX
+Runtime service on the same classifier files (.vs_peer), and MLPerf's LoadGen against
+both sides: Offline, and the highest Poisson rate it judges VALID at a p99 bound
+(tritonstack.measure.loadgen; its logs beside the report).
 
 Every throughput ratio is the median of `repeats` interleaved rounds (A, B, A, B, ...
 in one run, so that drift on a shared machine hits both sides alike), written with
@@ -34,7 +35,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,10 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonstack import cli
 from tritonstack.benchmark import peer
 from tritonstack.benchmark.cost import cost_figures, serving_cost
 from tritonstack.benchmark.inprocess import inprocess_best_setting, inprocess_phase
+from tritonstack.benchmark.scenario import Asked
 from tritonstack.benchmark.single import grpc_round_trip_ms, single_requests, trace_medians, traced_single_requests
 from tritonstack.benchmark.vs_peer import (
     PeerOpenLoop,
@@ -80,7 +80,7 @@ from tritonstack.measure.measured_models import (
     PIL_ENSEMBLE,
     PIL_PREPROCESS,
 )
-from tritonstack.measure.results import cpu_flags, cpu_model, versions
+from tritonstack.measure.results import cpu_flags, cpu_model, versions, write_results
 from tritonstack.measure.rounds import interleaved, ratios
 from tritonstack.measure.server_usage import server_rss_mb, server_rss_mb_by_process
 from tritonstack.measure.trace import trace_args
@@ -467,5 +467,21 @@ def int8_agreement(repository: Path) -> Int8Agreement:
     return Int8Agreement(**figures)
 
 
-if __name__ == "__main__":
-    sys.exit(cli.replaced_by("tritonstack benchmark"))
+@dataclass(frozen=True)
+class ServingRatios:
+    """The serving stack as ratios side by side, written with the targets each run
+    missed (tritonstack.measure.results)."""
+
+    name: str = "serving"
+
+    def wanted(self, asked: Asked) -> bool:
+        return True  # what the benchmark measures when no other scenario is asked for
+
+    def run(self, asked: Asked, server, log) -> dict:
+        return run(asked.settings, asked.repository, log, server, asked.loadgen_dir)
+
+    def write(self, results: dict, asked: Asked) -> str:
+        return write_results(results, asked.out)
+
+
+SCENARIO = ServingRatios()
