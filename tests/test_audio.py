@@ -349,8 +349,8 @@ def test_the_gpu_variant_is_written_and_checked_offline(tmp_path):
 def test_audio_benchmark_writes_its_declared_figures(server):
     """`tritonstack benchmark --audio`'s measurement, its shortest phases, on the session server."""
     from tritonstack.benchmark.audio_cost import run_audio
-    from tritonstack.benchmark.figures import AUDIO, written_keys
-    from tritonstack.benchmark.phase_settings import SMOKE
+    from tritonstack.measure.figures import AUDIO, written_keys
+    from tritonstack.measure.load_settings import SMOKE
 
     results = run_audio(server, SMOKE, log=lambda text: None)
     assert results["errors"] == 0

@@ -8,13 +8,16 @@ import math
 
 import pytest
 
-from tritonstack.benchmark import phase_settings, phases, run, single
-from tritonstack.benchmark import results as result_keys
+from tritonstack.benchmark import serving_ratios, single
+from tritonstack.measure import load_loops, load_settings, rounds
+from tritonstack.measure import results as result_keys
 
 
 def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     loadgen_logs = tmp_path / "benchmark_loadgen"
-    results = run.run(phase_settings.SMOKE, model_repository, lambda _: None, server, loadgen_dir=loadgen_logs)
+    results = serving_ratios.run(
+        load_settings.SMOKE, model_repository, lambda _: None, server, loadgen_dir=loadgen_logs
+    )
     out = tmp_path / "benchmark.json"
     result_keys.write_results(results, out)
     written = json.loads(out.read_text())
@@ -26,9 +29,9 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
             assert math.isfinite(written[key]), key
     assert written["errors"] == 0
     for key in result_keys.RATIO_KEYS:  # every round measured both sides of every ratio
-        assert written[f"{key}_n"] == phase_settings.SMOKE.repeats, key
+        assert written[f"{key}_n"] == load_settings.SMOKE.repeats, key
     assert isinstance(written["inconclusive_targets"], list)
-    for rate in run.ROUND_RATES:
+    for rate in serving_ratios.ROUND_RATES:
         assert written[rate] > 1, rate
     assert written["p99_over_p50"] >= 1
     # Per request, the client waited at least as long as the steps computed.
@@ -65,7 +68,7 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
 
 
 def test_a_ratio_is_taken_per_round_and_skips_empty_ones():
-    values = phases.ratios([10.0, 0.0, 30.0, None, 12.0], [5.0, 5.0, 0.0, 4.0, 4.0])
+    values = rounds.ratios([10.0, 0.0, 30.0, None, 12.0], [5.0, 5.0, 0.0, 4.0, 4.0])
     assert values == [2.0, 0.0, 3.0]  # a zero or missing denominator gives no ratio, not a crash
 
 
@@ -79,12 +82,12 @@ def test_capacity_search_is_a_bounded_bisection():
 
         return meets
 
-    found = phases.highest_passing(below(0.8), 1.1, steps=4)
+    found = load_loops.highest_passing(below(0.8), 1.1, steps=4)
     assert probed == pytest.approx([1.1, 0.55, 0.825, 0.6875, 0.75625])  # the bound, then 4 halvings
     assert found == pytest.approx(0.75625) and 0.8 - found <= 1.1 / 2**4
     probed.clear()
-    assert phases.highest_passing(below(2.0), 1.1, steps=4) == 1.1 and probed == [1.1]
-    assert phases.highest_passing(below(-1.0), 1.1, steps=3) == 0.0
+    assert load_loops.highest_passing(below(2.0), 1.1, steps=4) == 1.1 and probed == [1.1]
+    assert load_loops.highest_passing(below(-1.0), 1.1, steps=3) == 0.0
 
 
 def test_a_missed_ratio_names_the_ceiling_this_cpu_sets():
@@ -104,7 +107,7 @@ def test_regions_benchmark_writes_its_figures(server):
     from tritonstack.benchmark.region_speedup import run_regions
 
     # Rounds of 3 s: a one-second round on a loaded machine may end before a photo's crops are answered.
-    written = run_regions(server, 4, dataclasses.replace(phase_settings.SMOKE, seconds=3.0), log=lambda _: None)
+    written = run_regions(server, 4, dataclasses.replace(load_settings.SMOKE, seconds=3.0), log=lambda _: None)
     assert written["boxes"] == 4 and written["errors"] == 0
     # A round that measured nothing is skipped, not every round.
     for key in ("regions_crops_per_s", "per_crop_crops_per_s", "regions_crops_per_cpu_s", "per_crop_crops_per_cpu_s"):

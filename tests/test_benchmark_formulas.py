@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from tritonstack.benchmark.figures import Median
-from tritonstack.benchmark.ideal_queue import ideal_capacity
-from tritonstack.benchmark.phase_settings import CAPACITY_MAX_FRACTION, Settings
-from tritonstack.benchmark.phases import Ended, Phase, interleaved, window_phase
-from tritonstack.benchmark.results import TARGETS, target_verdict, targets_with_verdict
-from tritonstack.benchmark.run import ROUND_CPU_RATIOS, ROUND_RATIOS, capacity_against_ideal, round_figures
+from tritonstack.benchmark.serving_ratios import ROUND_CPU_RATIOS, ROUND_RATIOS, capacity_against_ideal, round_figures
 from tritonstack.benchmark.vs_peer import seeded_rounds
+from tritonstack.measure.figures import Median
+from tritonstack.measure.ideal_queue import ideal_capacity
+from tritonstack.measure.load_loops import Ended, Phase, window_phase
+from tritonstack.measure.load_settings import CAPACITY_MAX_FRACTION, Settings
+from tritonstack.measure.results import TARGETS, target_verdict, targets_with_verdict
+from tritonstack.measure.rounds import interleaved
 
 
 def test_a_closed_loop_counts_the_requests_that_ended_in_its_window_whenever_sent():

@@ -1,4 +1,4 @@
-"""tritonstack/benchmark/interleaved.py measures two real servers in interleaved rounds and writes
+"""tritonstack/experiments/interleaved.py measures two real servers in interleaved rounds and writes
 what it promises (the shortest settings: figures are rough, keys are real).
 Performance itself is never asserted here."""
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tritonstack.benchmark import interleaved
 from tritonstack.commands import compare as compare_command
+from tritonstack.experiments import interleaved
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"
 

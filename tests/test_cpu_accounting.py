@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tritonstack.benchmark.cost import serving_cost
-from tritonstack.benchmark.phase_settings import CLASSIFIER, DALI_PREPROCESS
+from tritonstack.measure.measured_models import CLASSIFIER, DALI_PREPROCESS
 from tritonstack.serve import process_tree
 
 # A "server" that, when told, starts a "stub" burning 0.3 s of CPU, waits for it to exit

@@ -1,4 +1,4 @@
-"""The benchmark's figures are declared once (tritonstack/benchmark/figures.py): every
+"""The benchmark's figures are declared once (tritonstack/measure/figures.py): every
 phase's result is declared there, the report refuses what is not, and
 docs/performance.md's tables are the registry's. Pure: no server."""
 
@@ -8,18 +8,20 @@ from dataclasses import dataclass
 import pytest
 
 from tests.conftest import PROJECT_ROOT
-from tritonstack.benchmark import audio_cost, cost, figures, interleaved, loadgen, region_speedup, results, run, vs_peer
+from tritonstack.benchmark import audio_cost, cost, region_speedup, serving_ratios, vs_peer
+from tritonstack.experiments import interleaved
+from tritonstack.measure import figures, loadgen, results
 
-# The phases' results that run.run() merges into the benchmark's report.
+# The figure groups that serving_ratios.run() merges into the benchmark's report.
 BENCHMARK_PHASES = (
-    run.Machine,
-    run.RoundFigures,
-    run.ServerFigures,
-    run.SingleRequestFigures,
-    run.OpenLoopFigures,
-    run.CapacityFigures,
-    run.Trace,
-    run.Int8Agreement,
+    serving_ratios.Machine,
+    serving_ratios.RoundFigures,
+    serving_ratios.ServerFigures,
+    serving_ratios.SingleRequestFigures,
+    serving_ratios.OpenLoopFigures,
+    serving_ratios.CapacityFigures,
+    serving_ratios.Trace,
+    serving_ratios.Int8Agreement,
     cost.CostFigures,
     cost.ServingCost,
     vs_peer.PeerFigures,
@@ -34,7 +36,7 @@ def test_docs_tables_are_the_registry():
     text = page.read_text()
     for group in figures.GROUPS:
         assert f"<!-- figures:{group} -->" in text, group
-    assert figures.rendered_docs(text) == text, "run `python -m tritonstack.benchmark.figures docs/performance.md`"
+    assert figures.rendered_docs(text) == text, "run `python -m tritonstack.measure.figures docs/performance.md`"
 
 
 @pytest.mark.parametrize("group", sorted(figures.GROUPS))
@@ -73,7 +75,7 @@ def test_results_keys_targets_and_ceilings_come_from_the_registry():
     }
     for key in results.RATIO_KEYS:
         assert {f"{key}{suffix}" for suffix in figures.MEDIAN_SUFFIXES} <= set(results.REQUIRED_KEYS), key
-    assert all(key in run.__doc__ for key in (figure.key for figure in figures.BENCHMARK))
+    assert all(key in serving_ratios.__doc__ for key in (figure.key for figure in figures.BENCHMARK))
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ def test_the_overload_figures_are_declared_for_the_lead_to_wire():
 
 
 def test_the_overload_phase_writes_exactly_its_declared_figures():
-    from tritonstack.benchmark.goodput import PhaseResult
+    from tritonstack.experiments.goodput import PhaseResult
 
     fields = {field.name for field in dataclasses.fields(PhaseResult)}
     assert fields == {figure.key for figure in figures.OVERLOAD}

@@ -8,8 +8,8 @@ import pytest
 
 from tests import repo_factory as rf
 from tests.conftest import MODEL_REPOSITORY, PROJECT_ROOT
-from tritonstack.benchmark import gpu_check, gpu_pieces, gpu_serve
 from tritonstack.commands.build import main as tritonstack_main
+from tritonstack.gpu import gpu_check, gpu_pieces, gpu_serve
 from tritonstack.samples.photos import PHOTOS
 
 GPU_PRESETS = ("dali_efficientnet_lite0", "regions_efficientnet_lite0", "video_efficientnet_lite0")

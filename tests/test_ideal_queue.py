@@ -5,8 +5,8 @@ import math
 
 import numpy as np
 
-from tritonstack.benchmark import ideal_queue
-from tritonstack.benchmark.ideal_queue import ideal_capacity
+from tritonstack.measure import ideal_queue
+from tritonstack.measure.ideal_queue import ideal_capacity
 
 
 def test_waits_match_the_md1_mean_wait():

@@ -45,7 +45,15 @@ BACKEND_SHARED = (
 )
 # Tools that run the stack and measure it: they may use every room; no room, shared
 # module or other tool imports them.
-TOOLS = ("tritonstack.benchmark", "tritonstack.diagnostics", "tritonstack.loadtests")
+TOOLS = (
+    "tritonstack.benchmark",
+    "tritonstack.experiments",
+    "tritonstack.gpu",
+    "tritonstack.diagnostics",
+    "tritonstack.loadtests",
+)
+# The measurement engine the tools share: it may use every room, and imports no tool.
+ENGINE = "tritonstack.measure"
 # One module per sub-command (its parser and main): they may use every room and tool;
 # only the `tritonstack` entry point imports them.
 COMMANDS = "tritonstack.commands"
@@ -112,6 +120,27 @@ def test_nothing_imports_a_tool_but_the_tool_itself():
         for module, targets in import_graph().items()
         for target in targets
         if tool_of(target) and tool_of(target) != tool_of(module) and not is_command(module)
+    ]
+    assert wrong == []
+
+
+def test_the_engine_imports_no_tool_and_no_command():
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if module.startswith(ENGINE + ".") and (tool_of(target) or target.startswith(COMMANDS + "."))
+    ]
+    assert wrong == []
+
+
+def test_only_tools_and_commands_import_the_engine():
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if target.startswith(ENGINE + ".")
+        and not (module.startswith(ENGINE + ".") or tool_of(module) or is_command(module))
     ]
     assert wrong == []
 

@@ -1,4 +1,4 @@
-"""MLPerf's LoadGen against the real stack (tritonstack.benchmark.loadgen): its verdicts
+"""MLPerf's LoadGen against the real stack (tritonstack.measure.loadgen): its verdicts
 on a real server and on the peer, its logs kept, and the arithmetic around it (the
 detail log read back, the search for the highest valid rate) on known inputs."""
 
@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from tritonstack.benchmark.loadgen import (
+from tritonstack.benchmark.peer import peer_server
+from tritonstack.measure.loadgen import (
     PeerHttpTarget,
     Scenario,
     ScenarioResult,
@@ -18,7 +19,6 @@ from tritonstack.benchmark.loadgen import (
     read_result,
     run_scenario,
 )
-from tritonstack.benchmark.peer import peer_server
 from tritonstack.samples.corpus import VARIANTS, build_corpus
 
 ENSEMBLE = "ensemble_dali_efficientnet_lite0"

@@ -25,8 +25,6 @@ from tritonclient.utils import InferenceServerException
 from tests import repo_factory as rf
 from tests.conftest import TEST_STOP_GRACE_S, served_instances
 from tests.processes import wait_for
-from tritonstack.benchmark import goodput, overload_soak
-from tritonstack.benchmark.phases import weighted_images
 from tritonstack.build.presets import BuildOptions, preset_named
 from tritonstack.build.repository import classifier_config, dali_config, write_repository
 from tritonstack.client.aio import AsyncClassifierClient
@@ -44,8 +42,10 @@ from tritonstack.client.retry import (
 )
 from tritonstack.client.throttle import ClientThrottledError
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
+from tritonstack.experiments import goodput, overload_soak
 from tritonstack.loadtests.metrics import REFUSED_REASON
 from tritonstack.loadtests.metrics import failures_by_reason as exported_failures
+from tritonstack.measure.load_loops import weighted_images
 from tritonstack.objective import DEFAULT_OBJECTIVE_MS, OBJECTIVE_PARAMETER
 from tritonstack.repository_files import read_config
 from tritonstack.samples.photos import photo_bytes, photo_path, sample_jpeg

@@ -1,4 +1,4 @@
-"""The overload figures from a known trace (tritonstack.benchmark.goodput and
+"""The overload figures from a known trace (tritonstack.experiments.goodput and
 .overload_soak): how each request's end is counted, each share's numerator and
 denominator, the wasted share's clamp, the p99s, recovery as wall time, and the
 soak's verdict. Pure: no server."""
@@ -10,10 +10,10 @@ import asyncio
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from tritonstack.benchmark import goodput, overload_soak
-from tritonstack.benchmark.goodput import Load, Outcomes, phase_result, recovery_seconds, wasted_share
 from tritonstack.client.retry import DEADLINE_EXPIRED, QUEUE_FULL
 from tritonstack.client.throttle import ClientThrottledError
+from tritonstack.experiments import goodput, overload_soak
+from tritonstack.experiments.goodput import Load, Outcomes, phase_result, recovery_seconds, wasted_share
 
 DEADLINE_S = 1.0
 QUEUE_FULL_ERROR = InferenceServerException(QUEUE_FULL, status="StatusCode.UNAVAILABLE")

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from tritonstack.benchmark import capacity_plan, results
 from tritonstack.commands import plan as plan_command
+from tritonstack.experiments import capacity_plan
+from tritonstack.measure import results
 
 # One replica: saturates at 100 req/s, 20 ms unloaded; at 70 req/s p50 30 ms, p99 60 ms.
 MEASURED = {

@@ -4,9 +4,9 @@ inputs: which figure is which side of each ratio. Pure: no server."""
 import pytest
 
 from tritonstack.benchmark.cost import serving_cost
-from tritonstack.benchmark.phase_settings import CLASSIFIER, DALI_PREPROCESS
-from tritonstack.benchmark.phases import Phase
-from tritonstack.benchmark.run import median_by_model
+from tritonstack.benchmark.serving_ratios import median_by_model
+from tritonstack.measure.load_loops import Phase
+from tritonstack.measure.measured_models import CLASSIFIER, DALI_PREPROCESS
 
 FLOORS = {"dali": 2.0, "pil": 2.75, "pil_8bit": 4.0, "fp32": 9.0, "int8": 5.0}
 

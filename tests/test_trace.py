@@ -1,9 +1,10 @@
-"""Where one request's time goes, from Triton's trace (tritonstack/benchmark/trace.py): a real
+"""Where one request's time goes, from Triton's trace (tritonstack/measure/trace.py): a real
 server started with the benchmark's trace flags, one traced phase, the file it
 writes when it stops. The parts of each request add up to the client's latency."""
 
-from tritonstack.benchmark import phase_settings, single
-from tritonstack.benchmark.trace import PARTS, covered, read_traces, request_hops, trace_args
+from tritonstack.benchmark import single
+from tritonstack.measure import measured_models
+from tritonstack.measure.trace import PARTS, covered, read_traces, request_hops, trace_args
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.server_config import ServerConfig
 
@@ -18,7 +19,10 @@ def test_a_traced_phase_splits_each_request(lite0_repository, tmp_path):
     # Only the traced phase: the untraced first request and readiness calls left no trace.
     assert len([t for t in traces.values() if t.parent_id is None]) == COUNT
     hops = request_hops(
-        traces, client_times, phase_settings.DALI_ENSEMBLE, (phase_settings.DALI_PREPROCESS, phase_settings.CLASSIFIER)
+        traces,
+        client_times,
+        measured_models.DALI_ENSEMBLE,
+        (measured_models.DALI_PREPROCESS, measured_models.CLASSIFIER),
     )
     assert set(hops) == set(PARTS) and all(len(values) == COUNT for values in hops.values())
     for index, (sent, received) in enumerate(client_times):

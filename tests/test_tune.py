@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tritonstack.benchmark.layout_search import (
+from tritonstack.client.classifier import ClassifierClient
+from tritonstack.experiments.layout_search import (
     Layout,
     Measured,
     TuneSettings,
@@ -23,7 +24,6 @@ from tritonstack.benchmark.layout_search import (
     thread_layouts,
     unmet_bound,
 )
-from tritonstack.client.classifier import ClassifierClient
 from tritonstack.objective import MIN_QUEUED_STEP_INSTANCES
 from tritonstack.repository_files import read_config
 from tritonstack.samples.photos import photo_bytes

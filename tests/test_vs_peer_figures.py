@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tritonstack.benchmark.phases import Phase
 from tritonstack.benchmark.vs_peer import peer_figures, slower_rate
+from tritonstack.measure.load_loops import Phase
 
 
 def phase(images_per_s: float, cpu_ms_per_image: float, seconds: float = 10.0, warmup_s: float = 2.0) -> Phase:

@@ -22,7 +22,10 @@ Those three never import each other. What they share:
 - `backends/`: our Python-based `dali` and `onnxruntime` backends and the settings
   the launcher hands them.
 
-The tools run the whole stack: `benchmark/`, `diagnostics/` and `loadtests/` (Locust);
+The tools run the whole stack: `benchmark/` (its scenarios), `experiments/` (the
+engines of compare, overload, tune and plan), `gpu/` (scripts for a GPU machine),
+`diagnostics/` and `loadtests/` (Locust); the measuring tools share the engine in
+`measure/` (load loops, rounds, LoadGen, CPU accounting, the figures' registry);
 `commands/` holds one
 command line per sub-command of `tritonstack` (`__main__`).
 """

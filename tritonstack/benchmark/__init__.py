@@ -1,4 +1,4 @@
-"""The benchmark family: one benchmark of the serving stack as ratios measured side
-by side (`tritonstack benchmark`, `tritonstack benchmark`), before/after
-comparisons (`.compare`), Triton's trace split (`.trace`) and capacity planning from
-a benchmark's figures (`.plan`)."""
+"""`tritonstack benchmark`: its scenarios (`.scenario` declares one, `.run` lists them
+and runs the one the options ask for) and what they measure with the engine of
+tritonstack.measure: the serving stack as ratios side by side (`.serving_ratios`),
+regions (`.region_speedup`) and audio (`.audio_cost`)."""

@@ -12,7 +12,7 @@ speech: three utterances between silence and music), CONCURRENCY clips in flight
   and resampler) and running silero-vad's own `get_speech_timestamps_sequence` (its
   fastest path: the sequence ONNX model, one ONNX Runtime thread).
 
-Written (declared in tritonstack/benchmark/figures.py, AUDIO), each the median of
+Written (declared in tritonstack/measure/figures.py, AUDIO), each the median of
 `repeats` interleaved rounds with `<key>_spread` [min, max]: audio seconds answered per
 second of wall time and per second of CPU (the server's process tree; this process's
 for the in-process side), and the ratios served / in-process. The target: served CPU
@@ -30,12 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tritonstack.benchmark.figures import AUDIO, Median, report
-from tritonstack.benchmark.phase_settings import Settings
-from tritonstack.benchmark.phases import Phase, closed_loop, interleaved, ratios, server_cpu_seconds
-from tritonstack.benchmark.results import cpu_model
+from tritonstack.benchmark.scenario import Asked, on_server, write_json
 from tritonstack.build.vad_graph import SAMPLE_RATE, sequence_model_path
 from tritonstack.contract import DEFAULT_AUDIO_MODEL
+from tritonstack.measure.figures import AUDIO, Median, report
+from tritonstack.measure.load_loops import Phase, closed_loop
+from tritonstack.measure.load_settings import Settings
+from tritonstack.measure.results import cpu_model
+from tritonstack.measure.rounds import interleaved, ratios
+from tritonstack.measure.server_usage import server_cpu_seconds
 from tritonstack.samples.speech import sample_speech, sample_track
 
 CONCURRENCY = 2  # the served VAD step's instances (one ONNX Runtime thread each)
@@ -88,6 +91,30 @@ def run_audio(server, settings: Settings, log=print) -> dict:
         cost_ratio=Median.of(cost),
     )
     return report(AUDIO, figures)
+
+
+@dataclass(frozen=True)
+class AudioCost:
+    """`--audio`: the speech-segments preset served against silero-vad in-process."""
+
+    name: str = "audio"
+
+    def wanted(self, asked: Asked) -> bool:
+        return asked.audio
+
+    def run(self, asked: Asked, server, log) -> dict:
+        return on_server(lambda on: run_audio(on, asked.settings, log), asked.repository, server)
+
+    def write(self, results: dict, asked: Asked) -> str:
+        write_json(results, asked.out)
+        return (
+            f"{asked.out}: served {results['served_audio_s_per_s']:.1f} audio s/s, in-process "
+            f"{results['inprocess_audio_s_per_s']:.1f}; CPU per audio second served / in-process "
+            f"x{results['cost_ratio']:.2f} (rounds {results['cost_ratio_spread']})"
+        )
+
+
+SCENARIO = AudioCost()
 
 
 def _per_cpu_s(phase: Phase, clip_seconds: float) -> float | None:

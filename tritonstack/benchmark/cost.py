@@ -33,14 +33,14 @@ import numpy as np
 import onnxruntime as ort
 
 from tritonstack.benchmark import peer
-from tritonstack.benchmark.figures import Median
 from tritonstack.benchmark.inprocess import dali_preprocessing
-from tritonstack.benchmark.phase_settings import CLASSIFIER, DALI_PREPROCESS, DALI_PRESET, INT8_PRESET
-from tritonstack.benchmark.phases import interleaved, ratios
 from tritonstack.build.model_files import VERSION
 from tritonstack.build.pillow_model import preprocess
 from tritonstack.build.presets import preset_named
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
+from tritonstack.measure.figures import Median
+from tritonstack.measure.measured_models import CLASSIFIER, DALI_PREPROCESS, DALI_PRESET, INT8_PRESET
+from tritonstack.measure.rounds import interleaved, ratios
 from tritonstack.repository_files import ONNX_MODEL_FILENAME
 from tritonstack.serve import process_tree
 

@@ -12,9 +12,10 @@ import numpy as np
 import onnxruntime as ort
 from nvidia.dali import Pipeline
 
-from tritonstack.benchmark.phase_settings import CLASSIFIER, DALI_PREPROCESS, Settings
-from tritonstack.benchmark.phases import Phase
 from tritonstack.contract import pad_batch
+from tritonstack.measure.load_loops import Phase
+from tritonstack.measure.load_settings import Settings
+from tritonstack.measure.measured_models import CLASSIFIER, DALI_PREPROCESS
 from tritonstack.serve import process_tree
 
 

@@ -1,6 +1,6 @@
 """The peer service (tritonstack.benchmark.peer_service) started beside our server,
-on loopback, serving the very classifier files of the repository; and the client
-the benchmark's load phases drive it with.
+on loopback, serving the very classifier files of the repository (the load loops
+drive it with tritonstack.measure.peer_client).
 
     with peer_server(repository, ["efficientnet_lite0"]) as peer:
         phase = asyncio.run(closed_loop(peer.url, PEER_PROTOCOL, "efficientnet_lite0", ...))
@@ -23,9 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
-import numpy as np
-
 from tritonstack.build.model_files import VERSION
 from tritonstack.build.presets import preset_named
 from tritonstack.repository_files import LABELS_FILENAME, ONNX_MODEL_FILENAME
@@ -33,7 +30,6 @@ from tritonstack.serve import process
 from tritonstack.serve.layout import read_cores
 from tritonstack.serve.network import LOOPBACK, free_port
 
-PEER_PROTOCOL = "peer"  # what the load phases call the peer's HTTP, beside "http" and "grpc"
 READY_TIMEOUT_S = 120.0
 
 
@@ -103,31 +99,3 @@ def answers(url: str) -> bool:
             return response.status == 200
     except OSError:
         return False
-
-
-class PeerClient:
-    """The peer's client in the load phases: aiohttp, as tritonclient's HTTP aio
-    client is, one connection per request in flight."""
-
-    def __init__(self, url: str, model: str, timeout_s: float, max_connections: int = 100):
-        self.endpoint = f"http://{url}/classify/{model}"
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> "PeerClient":
-        connector = aiohttp.TCPConnector(limit=self.max_connections)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self._session.close()
-
-    async def probabilities(self, images: list[bytes]) -> np.ndarray:
-        """The top-5 probabilities the peer answers for one image (its whole answer)."""
-        (image,) = images
-        async with self._session.post(self.endpoint, data=image) as response:
-            if response.status != 200:
-                raise RuntimeError(f"peer answered {response.status}: {await response.text()}")
-            answer = await response.json()
-        return np.asarray([[probability for _, probability in answer["top5"]]], dtype=np.float32)

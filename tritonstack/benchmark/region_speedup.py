@@ -11,7 +11,7 @@ tests' corpus) with Lite0, CONCURRENCY photos in flight from one asyncio client:
   client's cutting is not counted), then the photo's crops sent at once, each alone, to
   ensemble_dali_efficientnet_lite0, as a user without the regions preset does.
 
-Written (declared in tritonstack/benchmark/figures.py, REGIONS): regions_crops_per_s,
+Written (declared in tritonstack/measure/figures.py, REGIONS): regions_crops_per_s,
 per_crop_crops_per_s and regions_speedup (their ratio), and the same per second of the
 server's CPU (`_per_cpu_s`, `regions_speedup_per_cpu_s`: on a machine shared with other
 work, the steadier figure), each the median of `repeats` interleaved rounds with
@@ -28,11 +28,15 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from tritonstack.benchmark.figures import REGIONS, Median, report
-from tritonstack.benchmark.phase_settings import DALI_ENSEMBLE, Settings
-from tritonstack.benchmark.phases import Phase, closed_loop, interleaved, ratios, server_cpu_seconds
-from tritonstack.benchmark.results import cpu_model
+from tritonstack.benchmark.scenario import Asked, on_server, write_json
 from tritonstack.contract import DEFAULT_REGIONS_MODEL
+from tritonstack.measure.figures import REGIONS, Median, report
+from tritonstack.measure.load_loops import Phase, closed_loop
+from tritonstack.measure.load_settings import Settings
+from tritonstack.measure.measured_models import DALI_ENSEMBLE
+from tritonstack.measure.results import cpu_model
+from tritonstack.measure.rounds import interleaved, ratios
+from tritonstack.measure.server_usage import server_cpu_seconds
 from tritonstack.media.regions import oriented_size, random_boxes
 from tritonstack.samples.corpus import build_corpus
 
@@ -101,6 +105,31 @@ def run_regions(server, boxes: int, settings: Settings, log=print) -> dict:
         **medians,
     )
     return report(REGIONS, figures)
+
+
+@dataclass(frozen=True)
+class RegionSpeedup:
+    """`--regions N`: an image and N boxes a request against each crop sent alone."""
+
+    name: str = "regions"
+
+    def wanted(self, asked: Asked) -> bool:
+        return bool(asked.regions)
+
+    def run(self, asked: Asked, server, log) -> dict:
+        return on_server(lambda on: run_regions(on, asked.regions, asked.settings, log), asked.repository, server)
+
+    def write(self, results: dict, asked: Asked) -> str:
+        write_json(results, asked.out)
+        return (
+            f"{asked.out}: {results['regions_crops_per_s']:.1f} crops/s in regions requests of "
+            f"{asked.regions} boxes, "
+            f"{results['per_crop_crops_per_s']:.1f} crops/s one per request: x{results['regions_speedup']:.2f} "
+            f"(rounds {results['regions_speedup_spread']})"
+        )
+
+
+SCENARIO = RegionSpeedup()
 
 
 def _per_s(phase: Phase) -> float | None:

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tritonstack.benchmark.phase_settings import CLASSIFIER, DALI_ENSEMBLE, DALI_PREPROCESS, REQUEST_TIMEOUT_S
-from tritonstack.benchmark.phases import Phase, typical_image
-from tritonstack.benchmark.trace import read_traces, request_hops, traced
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.client.retry import NO_RETRY
+from tritonstack.measure.load_loops import Phase, typical_image
+from tritonstack.measure.load_settings import REQUEST_TIMEOUT_S
+from tritonstack.measure.measured_models import CLASSIFIER, DALI_ENSEMBLE, DALI_PREPROCESS
+from tritonstack.measure.trace import read_traces, request_hops, traced
 
 
 @dataclass
@@ -126,7 +127,7 @@ def traced_single_requests(server, count: int) -> list[tuple[int, int]]:
 
 
 def trace_medians(trace_file: Path, client_times: list[tuple[int, int]]) -> dict[str, float] | None:
-    """Median ms of each part of a request (tritonstack/benchmark/trace.py), and how many were matched."""
+    """Median ms of each part of a request (tritonstack/measure/trace.py), and how many were matched."""
     hops = request_hops(read_traces(trace_file), client_times, DALI_ENSEMBLE, (DALI_PREPROCESS, CLASSIFIER))
     if not hops["steps_compute"]:
         return None

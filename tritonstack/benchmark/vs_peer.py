@@ -6,7 +6,7 @@ a request from the same corpus, each side at the number in flight that saturated
 (peer_best_concurrency beside our server_best_concurrency: a competent user tunes
 both), in the same interleaved rounds as the rest of the benchmark; CPU per image counts each server's whole
 process tree (tritonserver and its stubs; uvicorn and its workers). Its figures
-(declared in tritonstack/benchmark/figures.py):
+(declared in tritonstack/measure/figures.py):
 
 - peer_images_per_s, peer_cpu_ms_per_image, vs_peer_throughput (ours / the peer's
   images per second), vs_peer_cpu (our CPU per image / the peer's: below 1 is
@@ -28,17 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tritonstack.benchmark.figures import Median
-from tritonstack.benchmark.peer import PEER_PROTOCOL
-from tritonstack.benchmark.phase_settings import (
-    CLASSIFIER,
-    DALI_ENSEMBLE,
-    INT8_CLASSIFIER,
-    INT8_ENSEMBLE,
-    OPEN_LOOP_LOAD,
-    Settings,
-)
-from tritonstack.benchmark.phases import Phase, interleaved, measured_phase, open_loop, ratios, saturate, url_for
+from tritonstack.measure.figures import Median
+from tritonstack.measure.load_loops import Phase, measured_phase, open_loop, saturate, url_for
+from tritonstack.measure.load_settings import OPEN_LOOP_LOAD, Settings
+from tritonstack.measure.measured_models import CLASSIFIER, DALI_ENSEMBLE, INT8_CLASSIFIER, INT8_ENSEMBLE
+from tritonstack.measure.peer_client import PEER_PROTOCOL
+from tritonstack.measure.rounds import interleaved, ratios
 
 # round name -> (side, protocol, model); our side's HTTP round is the benchmark's own "http".
 PEER_ROUNDS = {

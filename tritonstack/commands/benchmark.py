@@ -1,28 +1,24 @@
-"""`tritonstack benchmark`: the command line of tritonstack.benchmark.run (see its docstring);
-with --regions N, of tritonstack.benchmark.region_speedup alone; with --audio, of
-tritonstack.benchmark.audio_cost alone."""
+"""`tritonstack benchmark`: the command line of the benchmark's scenarios
+(tritonstack.benchmark.run lists them; a bare run measures tritonstack.benchmark.serving_ratios,
+see its docstring); --regions N and --audio each ask for a scenario of their own."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
 
 from tritonstack import cli
 from tritonstack.benchmark import run as benchmark_run
-from tritonstack.benchmark.phase_settings import (
-    DALI_ENSEMBLE,
-    FULL,
-    QUICK,
-    SMOKE,
-)
-from tritonstack.benchmark.results import write_results
+from tritonstack.benchmark import serving_ratios
+from tritonstack.benchmark.scenario import Asked
 from tritonstack.client.preflight import check_model
 from tritonstack.client.retry import RetryPolicy
 from tritonstack.contract import admin_headers
+from tritonstack.measure.load_settings import FULL, QUICK, SMOKE
+from tritonstack.measure.measured_models import DALI_ENSEMBLE
 from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.target import GivenServer, given_endpoints
 
@@ -59,7 +55,7 @@ class BenchmarkOptions(cli.ServerEndpoints, cli.RepositoryOption):
 
 
 def parser() -> argparse.ArgumentParser:
-    made = cli.parser(benchmark_run.__doc__)
+    made = cli.parser(serving_ratios.__doc__)  # the bare run's docstring: it lists every key
     cli.add_options(made, BenchmarkOptions)
     return made
 
@@ -70,69 +66,19 @@ def run(args: argparse.Namespace) -> int:
     reason = unservable_reason(options.model_repository)
     if reason:
         raise cli.UsageError(reason)
-    # A given server is used as it is (once it answers); else run() starts one after the in-process reference.
+    # A given server is used as it is (once it answers); else the scenario starts one.
     http_url, grpc_url, metrics_url = given_endpoints(options.url, options.grpc_url, options.metrics_url)
     server = GivenServer(http_url, grpc_url or http_url, metrics_url, options.server_pid) if http_url else None
     if server:
         for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
             check_model(url, protocol, DALI_ENSEMBLE, admin_headers(protocol), RetryPolicy(retries=1))
+    asked = Asked(settings, options.model_repository.resolve(), options.out, options.regions, options.audio)
+    scenario = benchmark_run.chosen(asked)
     started = time.monotonic()
-    log = lambda text: print(text, flush=True)  # noqa: E731
-    if options.audio:
-        results = _on_server(_audio_run, settings, options.model_repository.resolve(), server, log)
-        results["benchmark_seconds"] = time.monotonic() - started
-        _write(results, options.out)
-        print(
-            f"{options.out}: served {results['served_audio_s_per_s']:.1f} audio s/s, in-process "
-            f"{results['inprocess_audio_s_per_s']:.1f}; CPU per audio second served / in-process "
-            f"x{results['cost_ratio']:.2f} (rounds {results['cost_ratio_spread']})"
-        )
-        return 0 if results["errors"] == 0 else 1
-    if options.regions:
-        results = _regions(options.regions, settings, options.model_repository.resolve(), server, log)
-        results["benchmark_seconds"] = time.monotonic() - started
-        _write(results, options.out)
-        print(
-            f"{options.out}: {results['regions_crops_per_s']:.1f} crops/s in regions requests of "
-            f"{options.regions} boxes, "
-            f"{results['per_crop_crops_per_s']:.1f} crops/s one per request: x{results['regions_speedup']:.2f} "
-            f"(rounds {results['regions_speedup_spread']})"
-        )
-        return 0 if results["errors"] == 0 else 1
-    loadgen_dir = options.out.parent / f"{options.out.stem}_loadgen"  # LoadGen's own logs, kept beside the report
-    results = benchmark_run.run(settings, options.model_repository.resolve(), log, server, loadgen_dir)
+    results = scenario.run(asked, server, lambda text: print(text, flush=True))
     results["benchmark_seconds"] = time.monotonic() - started
-    print(write_results(results, options.out))
+    print(scenario.write(results, asked))
     return 0 if results["errors"] == 0 else 1
-
-
-def _regions(boxes: int, settings, repository: Path, server, log) -> dict:
-    from tritonstack.benchmark.region_speedup import run_regions
-
-    return _on_server(
-        lambda on, settings, log: run_regions(on, boxes, settings, log), settings, repository, server, log
-    )
-
-
-def _audio_run(server, settings, log) -> dict:
-    from tritonstack.benchmark.audio_cost import run_audio
-
-    return run_audio(server, settings, log)
-
-
-def _on_server(measure, settings, repository: Path, server, log) -> dict:
-    """measure(server, settings, log) on the given server, or on one started for it."""
-    from tritonstack.serve.launcher import TritonServer
-
-    if server is not None:
-        return measure(server, settings, log)
-    with TritonServer(repository) as started:
-        return measure(started, settings, log)
-
-
-def _write(results: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""`tritonstack compare`: the command line of tritonstack.benchmark.interleaved (see its docstring)."""
+"""`tritonstack compare`: the command line of tritonstack.experiments.interleaved (see its docstring)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import time
 
 from tritonstack import cli
-from tritonstack.benchmark import interleaved
-from tritonstack.benchmark.interleaved import SIDES, CompareSettings, compare, table
+from tritonstack.experiments import interleaved
+from tritonstack.experiments.interleaved import SIDES, CompareSettings, compare, table
 from tritonstack.rules.unbuilt import unservable_reason
 
 

@@ -1,5 +1,5 @@
-"""`tritonstack overload`: the command line of tritonstack.benchmark.goodput, and with
---soak of tritonstack.benchmark.overload_soak (see their docstrings)."""
+"""`tritonstack overload`: the command line of tritonstack.experiments.goodput, and with
+--soak of tritonstack.experiments.overload_soak (see their docstrings)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark import goodput, overload_soak
-from tritonstack.benchmark.phases import weighted_images
 from tritonstack.client.preflight import check_model
 from tritonstack.client.retry import RetryPolicy
 from tritonstack.contract import DEFAULT_MODEL, admin_headers
+from tritonstack.experiments import goodput, overload_soak
+from tritonstack.measure.load_loops import weighted_images
 from tritonstack.serve.target import given_endpoints, target_server
 
 

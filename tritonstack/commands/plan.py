@@ -1,4 +1,4 @@
-"""`tritonstack plan`: the command line of tritonstack.benchmark.capacity_plan (see its docstring)."""
+"""`tritonstack plan`: the command line of tritonstack.experiments.capacity_plan (see its docstring)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark import capacity_plan
-from tritonstack.benchmark.capacity_plan import InfeasiblePlan, plan
+from tritonstack.experiments import capacity_plan
+from tritonstack.experiments.capacity_plan import InfeasiblePlan, plan
 
 
 @dataclasses.dataclass(frozen=True)

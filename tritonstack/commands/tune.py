@@ -1,4 +1,4 @@
-"""`tritonstack tune`: the command line of tritonstack.benchmark.layout_search (see its docstring)."""
+"""`tritonstack tune`: the command line of tritonstack.experiments.layout_search (see its docstring)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark import layout_search, tune_output
-from tritonstack.benchmark.phases import weighted_images
 from tritonstack.contract import DEFAULT_MODEL
+from tritonstack.experiments import layout_search, tune_output
+from tritonstack.measure.load_loops import weighted_images
 from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.layout import read_cores

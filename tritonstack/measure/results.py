@@ -8,7 +8,7 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
-from tritonstack.benchmark.figures import BENCHMARK, written_keys
+from tritonstack.measure.figures import BENCHMARK, written_keys
 from tritonstack.serve.launcher import TritonServer
 
 
@@ -60,7 +60,7 @@ def cpu_flags() -> list[str]:
     return []
 
 
-# Read from the registry (tritonstack/benchmark/figures.py): a key, target or ceiling is declared there.
+# Read from the registry (tritonstack/measure/figures.py): a key, target or ceiling is declared there.
 REQUIRED_KEYS = written_keys(tuple(figure for figure in BENCHMARK if figure.promised))
 
 # The promised medians of rounds: each with `<key>_spread` ([min, max] over the rounds),

@@ -1,42 +1,9 @@
-"""What the benchmark measures and for how long: the models (named by tritonstack.contract),
-the phases' durations (FULL, QUICK, SMOKE), the SLO and load fractions."""
+"""How long the load loops measure (FULL, QUICK, SMOKE), LoadGen's plan, the SLO and
+load fractions."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from tritonstack import contract
-
-# The models it measures, named as the build names them (tritonstack.contract).
-CLASSIFIER = "efficientnet_lite0"
-
-
-DALI_PRESET = contract.DEFAULT_PRESET
-
-
-PIL_PRESET = f"python_{CLASSIFIER}"
-
-
-INT8_PRESET = f"{DALI_PRESET}_int8"
-
-
-INT8_CLASSIFIER = f"{CLASSIFIER}_int8"
-
-
-DALI_PREPROCESS = contract.preprocessing_name(DALI_PRESET)
-
-
-PIL_PREPROCESS = contract.preprocessing_name(PIL_PRESET)
-
-
-DALI_ENSEMBLE = contract.ensemble_name(DALI_PRESET)
-
-
-PIL_ENSEMBLE = contract.ensemble_name(PIL_PRESET)
-
-
-INT8_ENSEMBLE = contract.ensemble_name(INT8_PRESET)
-
 
 REQUEST_TIMEOUT_S = 60.0
 
@@ -82,7 +49,7 @@ class Settings:
     capacity_s: float = 8.0  # per capacity probe
     traced_requests: int = 100  # at concurrency 1 with Triton's tracing on
     open_loop_min_requests: int = 1000  # per open-loop phase: a p99 from ~10 slowest, not from one
-    loadgen: LoadGenPlan | None = None  # MLPerf's LoadGen against ours and the peer (benchmark/loadgen.py)
+    loadgen: LoadGenPlan | None = None  # MLPerf's LoadGen against ours and the peer (tritonstack/measure/loadgen.py)
 
 
 FULL = Settings(

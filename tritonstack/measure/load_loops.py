@@ -1,5 +1,6 @@
-"""Load phases against a server: closed loops (N in flight), open loops (a rate, optionally
-Poisson), saturation, capacity under an SLO, and the interleaving of rounds A, B, A, B."""
+"""Load loops against a server: closed loops (N in flight), open loops (a rate, optionally
+Poisson), saturation and capacity under an SLO. A Phase is what one load loop measured;
+that is all "phase" means in the tools."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tritonstack.benchmark.peer import PEER_PROTOCOL, PeerClient
-from tritonstack.benchmark.phase_settings import CAPACITY_MAX_FRACTION, DALI_ENSEMBLE, REQUEST_TIMEOUT_S, Settings
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY
+from tritonstack.measure.load_settings import CAPACITY_MAX_FRACTION, REQUEST_TIMEOUT_S, Settings
+from tritonstack.measure.measured_models import DALI_ENSEMBLE
+from tritonstack.measure.peer_client import PEER_PROTOCOL, PeerClient
+from tritonstack.measure.server_usage import server_cpu_seconds
 from tritonstack.samples.corpus import WeightedSampler, build_corpus
 from tritonstack.serve import process_tree
 
@@ -207,25 +210,6 @@ def saturate(url: str, protocol: str, model: str, images: list[bytes], settings:
     return phases[best], best, sum(phase.errors for phase in phases.values())
 
 
-def server_cpu_seconds(server) -> float:
-    """CPU time of tritonserver and its backend stubs so far."""
-    return process_tree.tree_cpu_seconds(server.pid)
-
-
-def server_rss_mb_by_process(server) -> dict[str, float] | None:
-    """RSS of tritonserver and of each model's stub, by role (what a model costs)."""
-    if server.pid is None:
-        return None
-    sizes = {
-        name: process_tree.rss_mib(process) for name, process in process_tree.processes_by_role(server.pid).items()
-    }
-    return {name: size for name, size in sizes.items() if size is not None}
-
-
-def server_rss_mb(server) -> float | None:
-    return process_tree.tree_rss_mib(server.pid)
-
-
 def url_for(server, protocol: str) -> str:
     """The endpoint of `server` (ours, or the peer) that speaks `protocol`."""
     if protocol == PEER_PROTOCOL:
@@ -247,23 +231,6 @@ def measured_phase(
         after = process_tree.cpu_seconds_by_model(server.pid)
         phase.server_cpu_by_model_s = process_tree.cpu_by_role_between(by_model, after, phase.server_cpu_s)
     return phase
-
-
-def interleaved(measures: dict[str, Callable[[], Phase]], repeats: int, log=print) -> dict[str, list[Phase]]:
-    """Each measure once per round, in the same order, `repeats` rounds: A, B, A, B...
-    so that a machine that slows down or speeds up during the run moves both sides
-    of a ratio alike."""
-    rounds: dict[str, list[Phase]] = {name: [] for name in measures}
-    for round_index in range(repeats):
-        log(f"  round {round_index + 1}/{repeats}: {', '.join(measures)}")
-        for name, measure in measures.items():
-            rounds[name].append(measure())
-    return rounds
-
-
-def ratios(numerators: list[float | None], denominators: list[float | None]) -> list[float]:
-    """Per round; a round with an empty or unmeasurable side gives no ratio."""
-    return [a / b for a, b in zip(numerators, denominators) if a is not None and b]
 
 
 def current_saturation(server, images: list[bytes], concurrency: int, settings: Settings) -> Phase:

@@ -1,7 +1,7 @@
 """The GPU variant's DALI pipelines run beside the CPU variant's on the same inputs.
 
-    python -m tritonstack.benchmark.gpu_check inputs --out .gpu/inputs            # here
-    python3 -m tritonstack.benchmark.gpu_check run --gpu-repository GPU_REPO \\
+    python -m tritonstack.gpu.gpu_check inputs --out .gpu/inputs            # here
+    python3 -m tritonstack.gpu.gpu_check run --gpu-repository GPU_REPO \\
         --cpu-repository model_repository --inputs .gpu/inputs --out check.json  # there
 
 `run` takes every DALI step of a repository built with `tritonstack build --device
@@ -349,7 +349,7 @@ SUMMARY = ("model", "max_levels", "p999_levels", "mean_levels", "top1_equal", "t
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tritonstack.benchmark.gpu_check", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tritonstack.gpu.gpu_check", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     inputs = commands.add_parser("inputs", help="write the photos, clip, collage and tone the check reads")
     inputs.add_argument("--out", type=Path, required=True)

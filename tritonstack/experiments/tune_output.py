@@ -1,4 +1,4 @@
-"""What `tritonstack tune` writes once it has chosen (tritonstack.benchmark.layout_search searches):
+"""What `tritonstack tune` writes once it has chosen (tritonstack.experiments.layout_search searches):
 the winner as a new repository folder, and the report: `tune.json` (every candidate's
 figures, every measurement, the winner and its `tritonstack build` flags), `tune.md`
 (the table) and `pareto.png` (images/s against p99, the Pareto front marked)."""
@@ -10,8 +10,8 @@ import json
 import shutil
 from pathlib import Path
 
-from tritonstack.benchmark.layout_search import Layout, Measured, TuneSettings, pareto_front, summarized
 from tritonstack.build.presets import BuildOptions
+from tritonstack.experiments.layout_search import Layout, Measured, TuneSettings, pareto_front, summarized
 from tritonstack.pacing import CPU_SLOTS, step_slots
 
 

@@ -34,8 +34,8 @@ import aiohttp
 import mlperf_loadgen as lg
 import tritonclient.http as httpclient
 
-from tritonstack.benchmark.phase_settings import SERVER_MIN_QUERIES, LoadGenPlan
 from tritonstack.contract import pad_batch
+from tritonstack.measure.load_settings import SERVER_MIN_QUERIES, LoadGenPlan
 
 # The records of mlperf_log_detail.txt that a result is read from.
 DETAIL_PREFIX = ":::MLLOG "

@@ -33,7 +33,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from tritonstack import cli
-from tritonstack.benchmark.goodput import (
+from tritonstack.client.aio import AsyncClassifierClient
+from tritonstack.client.retry import NO_RETRY, is_expired, is_refusal, is_timeout
+from tritonstack.experiments.goodput import (
     Target,
     in_flight_bound,
     measure_capacity,
@@ -42,8 +44,6 @@ from tritonstack.benchmark.goodput import (
     p99_ms,
     poisson_offsets,
 )
-from tritonstack.client.aio import AsyncClassifierClient
-from tritonstack.client.retry import NO_RETRY, is_expired, is_refusal, is_timeout
 from tritonstack.serve.process_tree import MAX_GROWTH_PCT, ResourceSampler
 
 # The memory is judged on the RSS at the end of each low-load period, over the last

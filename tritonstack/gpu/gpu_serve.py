@@ -2,7 +2,7 @@
 built with `tritonstack build --device gpu`, beside the CPU variant served the same way
 on the same machine.
 
-    python3 -m tritonstack.benchmark.gpu_serve --gpu-repository GPU_REPO \\
+    python3 -m tritonstack.gpu.gpu_serve --gpu-repository GPU_REPO \\
         --cpu-repository CPU_REPO --inputs .gpu/inputs --out serve.json   # there
 
 gpu_check runs the GPU variant's pipelines through DALI alone; this runs the variant as
@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonstack.benchmark import gpu_check
-from tritonstack.benchmark.phase_settings import DALI_ENSEMBLE, DALI_PREPROCESS, Settings
-from tritonstack.benchmark.phases import load_client, measured_phase
 from tritonstack.build.classifiers import CLEAR_MARGIN
+from tritonstack.gpu import gpu_check
+from tritonstack.measure.load_loops import load_client, measured_phase
+from tritonstack.measure.load_settings import Settings
+from tritonstack.measure.measured_models import DALI_ENSEMBLE, DALI_PREPROCESS
 from tritonstack.serve.launcher import ServerStartError, TritonServer
 
 CONCURRENCY = 64  # in flight: enough to fill the batches of 16 cores or a card
@@ -115,7 +116,7 @@ def run(gpu_repo: Path, cpu_repo: Path, inputs: Path, seconds: float, concurrenc
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tritonstack.benchmark.gpu_serve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tritonstack.gpu.gpu_serve", description=__doc__)
     parser.add_argument("--gpu-repository", type=Path, required=True)
     parser.add_argument("--cpu-repository", type=Path, required=True)
     parser.add_argument("--inputs", type=Path, required=True, help="gpu_check inputs' folder (its photos)")

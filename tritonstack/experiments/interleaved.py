@@ -17,7 +17,7 @@ medians. Per model it writes the closed-loop rate of each side (images/s at
 rounds' B/A) with `b_over_a_spread` [min, max], each side's median p50 and p99
 latency with `b_over_a_ms_p99` (the median of the rounds' B/A p99), and each side's
 memory by process after the rounds (every per-model key is declared in
-tritonstack/benchmark/figures.py, COMPARE). Change one thing between A and B; a ratio whose
+tritonstack/measure/figures.py, COMPARE). Change one thing between A and B; a ratio whose
 spread straddles 1 is not a change.
 
 With --rate R the load is an open loop instead: Poisson arrivals at R requests/s,
@@ -38,16 +38,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritonstack import cli
-from tritonstack.benchmark.figures import COMPARE, SIDES, Median, report
-from tritonstack.benchmark.phase_settings import DALI_ENSEMBLE, INT8_ENSEMBLE
-from tritonstack.benchmark.phases import (
-    Phase,
-    closed_loop,
-    open_loop,
-    ratios,
-    server_rss_mb_by_process,
-    weighted_images,
-)
+from tritonstack.measure.figures import COMPARE, SIDES, Median, report
+from tritonstack.measure.load_loops import Phase, closed_loop, open_loop, weighted_images
+from tritonstack.measure.measured_models import DALI_ENSEMBLE, INT8_ENSEMBLE
+from tritonstack.measure.rounds import ratios
+from tritonstack.measure.server_usage import server_rss_mb_by_process
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.layout import REPOSITORY_LAYOUT
 from tritonstack.serve.server_config import ServerConfig
@@ -162,7 +157,7 @@ def interleaved_sides(measure, models: list[str], rounds: int, log=print) -> dic
 
 @dataclass(frozen=True)
 class ModelComparison:
-    """One model's figures (tritonstack/benchmark/figures.py, COMPARE)."""
+    """One model's figures (tritonstack/measure/figures.py, COMPARE)."""
 
     a_images_per_s: Median
     a_ms_p50: Median

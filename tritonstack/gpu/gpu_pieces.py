@@ -2,8 +2,8 @@
 DALI wheels installed here into one folder for that machine's Python, packed as one
 xz stream, cut into pieces; and, there, the pieces joined and unpacked.
 
-    python -m tritonstack.benchmark.gpu_pieces pack --out .gpu/pieces   # here (--serving: and tritonserver)
-    python3 -m tritonstack.benchmark.gpu_pieces join .gpu/pieces /tmp/site   # there
+    python -m tritonstack.gpu.gpu_pieces pack --out .gpu/pieces   # here (--serving: and tritonserver)
+    python3 -m tritonstack.gpu.gpu_pieces join .gpu/pieces /tmp/site   # there
 
 The DALI wheel is 405 MB as deflate and 818 MB unpacked, mostly CUDA kernels for
 every GPU generation; xz packs it into about a third of the wheel, so it travels in
@@ -160,7 +160,7 @@ def join(pieces_dir: Path, target: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tritonstack.benchmark.gpu_pieces", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tritonstack.gpu.gpu_pieces", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     packing = commands.add_parser("pack", help="install the DALI wheels for that Python here and cut them into pieces")
     packing.add_argument("--out", type=Path, default=Path(".gpu/pieces"))

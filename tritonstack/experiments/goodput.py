@@ -49,12 +49,12 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 
 from tritonstack import cli
-from tritonstack.benchmark import figures
-from tritonstack.benchmark.phases import closed_loop
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY, is_expired, is_refusal, is_timeout
 from tritonstack.client.throttle import ClientThrottledError
 from tritonstack.contract import ENSEMBLE_INPUT, pad_batch
+from tritonstack.measure import figures
+from tritonstack.measure.load_loops import closed_loop
 from tritonstack.serve import process_tree
 
 DEADLINE_S = 1.0
@@ -300,7 +300,7 @@ def measure_capacity(target: Target, model: str, images: list[bytes], seconds: f
 
 @dataclass(frozen=True)
 class PhaseResult:
-    """One open loop's figures, declared in tritonstack.benchmark.figures.OVERLOAD."""
+    """One open loop's figures, declared in tritonstack.measure.figures.OVERLOAD."""
 
     protocol: str
     clients: str

@@ -42,9 +42,9 @@ import psutil
 from scipy.stats import binom
 
 from tritonstack import cli
-from tritonstack.benchmark.figures import Median
-from tritonstack.benchmark.phases import closed_loop, open_loop, url_for
 from tritonstack.build.presets import BuildOptions
+from tritonstack.measure.figures import Median
+from tritonstack.measure.load_loops import closed_loop, open_loop, url_for
 from tritonstack.objective import MIN_QUEUED_STEP_INSTANCES
 from tritonstack.serve.layout import StepLayout, with_layout
 from tritonstack.serve.loaded import load_overrides, loaded_configs

@@ -98,7 +98,7 @@ def _promised_median(key: str, unit: str, meaning: str, **declared) -> Figure:
 
 
 _MACHINE = (
-    Figure("settings", "", "the phases' durations and rounds (tritonstack/benchmark/phase_settings.py)"),
+    Figure("settings", "", "the phases' durations and rounds (tritonstack/measure/load_settings.py)"),
     _promised("cpu_model", "", "the CPU, as /proc/cpuinfo names it"),
     _promised("cpu_flags", "", "the CPU's instruction-set extensions that change which kernels run"),
     _promised("cpu_count", "cores", "the cores this process sees"),
@@ -179,7 +179,7 @@ _CAPACITY = (
     Figure("capacity_slo_ms", "ms", "the capacity's p99 budget: 8 single-request medians"),
     _promised("capacity_at_slo", "fraction", "the highest share of saturation whose Poisson p99 meets the SLO"),
     Figure("capacity_probes", "", "every probe of that search: fraction, saturation, rate, p99, errors"),
-    _promised("ideal_queue_capacity", "fraction", "the same on an ideal queue (tritonstack/benchmark/ideal_queue.py)"),
+    _promised("ideal_queue_capacity", "fraction", "the same on an ideal queue (tritonstack/measure/ideal_queue.py)"),
     _promised("capacity_vs_ideal_queue", "ratio", "capacity_at_slo / ideal_queue_capacity", target=(">=", 0.90)),
 )
 
@@ -404,7 +404,7 @@ def report(figures: tuple[Figure, ...], *parts) -> dict:
         for field in dataclasses.fields(part):
             key, value = field.name, getattr(part, field.name)
             if key not in declared:
-                raise KeyError(f"{key} is not declared in tritonstack/benchmark/figures.py")
+                raise KeyError(f"{key} is not declared in tritonstack/measure/figures.py")
             if key == SUMMED:
                 written[key] = written.get(key, 0) + value
                 continue
@@ -456,7 +456,7 @@ def rendered_docs(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m tritonstack.benchmark.figures docs/performance.md: render its tables."""
+    """python -m tritonstack.measure.figures docs/performance.md: render its tables."""
     parser = argparse.ArgumentParser(
         description="Render each group's table of figures into a docs page, between its markers."
     )
