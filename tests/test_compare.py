@@ -46,6 +46,9 @@ def test_two_servers_interleaved(lite0_repository, tmp_path, capsys):
         assert "stub:preprocess_dali_efficientnet_lite0" in written["server_rss_mb_by_process"][side]
     low, high = figures["b_over_a_spread"]
     assert low <= figures["b_over_a"] <= high
+    assert figures["b_over_a_interval"] == pytest.approx([low, high])  # at 2 rounds: the range
+    assert figures["b_over_a_n"] == 2
+    assert figures["b_over_a_verdict"] in ("faster", "slower", "inconclusive")
     assert written["b"]["environment"] == {"DALI_MALLOC_POOL_THRESHOLD": "0"} and written["a"]["environment"] == {}
     assert written["a"]["repository"] == written["b"]["repository"]
     assert written["b"]["server_args"] == ["--metrics-config=summary_latencies=false"]

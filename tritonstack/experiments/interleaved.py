@@ -14,11 +14,15 @@ each round measures every --model on A then B, on the next round B then A, so th
 drift of a shared machine and the order of the sides both cancel out in the
 medians. Per model it writes the closed-loop rate of each side (images/s at
 --concurrency single-image requests in flight), `b_over_a` (the median of the
-rounds' B/A) with `b_over_a_spread` [min, max], each side's median p50 and p99
-latency with `b_over_a_ms_p99` (the median of the rounds' B/A p99), and each side's
-memory by process after the rounds (every per-model key is declared in
-tritonstack/measure/figures.py, COMPARE). Change one thing between A and B; a ratio whose
-spread straddles 1 is not a change.
+rounds' B/A) with `b_over_a_interval` (its 95 % bootstrap interval), `b_over_a_n`
+(the rounds it rests on), `b_over_a_spread` [min, max] and `b_over_a_verdict`, each
+side's median p50 and p99 latency with `b_over_a_ms_p99` (the median of the rounds'
+B/A p99, with the same four), and each side's memory by process after the rounds
+(every per-model key is declared in tritonstack/measure/figures.py, COMPARE).
+Change one thing between A and B. The verdict is B "faster" or "slower" than A only
+where the interval lies wholly on one side of 1, and "inconclusive" where it holds 1:
+a median on the right side of 1 is not yet a change. At 5 rounds or fewer the 95 %
+interval of a median is the rounds' [min, max], so every round must agree.
 
 With --rate R the load is an open loop instead: Poisson arrivals at R requests/s,
 latency counted from each request's scheduled send, the same arrival times for A
@@ -120,7 +124,13 @@ class CompareSettings:
         convert=lambda names: tuple(names or ()),
         help=f"default: {DALI_ENSEMBLE} and {INT8_ENSEMBLE}",
     )
-    rounds: int = cli.option(5, "--rounds", type=cli.positive_int, help="at least 3: a median and a spread")
+    rounds: int = cli.option(
+        5,
+        "--rounds",
+        type=cli.positive_int,
+        help="at least 5 for a verdict: the interval of 5 or fewer is their [min, max], and with no change "
+        "every one of n rounds lands on the same side of 1 once in 2^n, under 1 in 20 from 5 on",
+    )
     seconds: float = cli.option(8.0, "--seconds", type=float, help="measured per side, model and round")
     warmup_s: float = cli.option(1.0, "--warmup-s", type=float)
     concurrency: int = cli.option(24, "--concurrency", type=cli.positive_int, help="single-image requests in flight")
@@ -168,11 +178,24 @@ class ModelComparison:
     b_ms_p99: Median
     b_errors: int
     b_over_a: Median
+    b_over_a_verdict: str
     b_over_a_ms_p99: Median
+    b_over_a_ms_p99_verdict: str
+
+
+def change_verdict(ratio: Median, lower_is_faster: bool = False) -> str:
+    """B "faster" or "slower" than A where the 95 % interval of the median B/A lies
+    wholly on one side of 1, "inconclusive" where it holds 1 or there is none (under
+    2 rounds). A ratio of rates is faster above 1, one of latencies below."""
+    if ratio.interval is None:
+        return "inconclusive"
+    low, high = ratio.interval
+    above, below = ("slower", "faster") if lower_is_faster else ("faster", "slower")
+    return above if low > 1 else below if high < 1 else "inconclusive"
 
 
 def model_comparison(phases: dict[tuple[str, str], list[Phase]], model: str) -> ModelComparison:
-    """Each side's median rate and latencies, B/A median and spread."""
+    """Each side's median rate and latencies, B/A median with its interval and verdict."""
     sides = {}
     for side in SIDES:
         measured = [phase for phase in phases[(side, model)] if phase.latencies_s]
@@ -188,10 +211,14 @@ def model_comparison(phases: dict[tuple[str, str], list[Phase]], model: str) -> 
             )
         )
 
+    rate = b_over_a(lambda phase: phase.images_per_s)
+    p99 = b_over_a(lambda phase: phase.percentile_ms(99))
     return ModelComparison(
         **sides,
-        b_over_a=b_over_a(lambda phase: phase.images_per_s),
-        b_over_a_ms_p99=b_over_a(lambda phase: phase.percentile_ms(99)),
+        b_over_a=rate,
+        b_over_a_verdict=change_verdict(rate),
+        b_over_a_ms_p99=p99,
+        b_over_a_ms_p99_verdict=change_verdict(p99, lower_is_faster=True),
     )
 
 
@@ -272,18 +299,26 @@ def compare(args: CompareSettings, log=print) -> dict:
     }
 
 
+def _ratio_text(figures: dict, key: str) -> str:
+    """ "1.031 [0.982, 1.064] n=5 inconclusive": the median B/A, its 95 % interval, n, the verdict."""
+    if figures[key] is None:
+        return "none"
+    interval = figures[f"{key}_interval"]
+    within = f"[{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "(no interval)"
+    return f"{figures[key]:.3f} {within} n={figures[f'{key}_n']} {figures[f'{key}_verdict']}"
+
+
 def table(results: dict) -> str:
     lines = [
-        "| model | A images/s | B images/s | B/A median [min, max] | A p99 ms | B p99 ms | B/A p99 |",
+        "| model | A images/s | B images/s | B/A median [95 % interval] n verdict | A p99 ms | B p99 ms "
+        "| B/A p99 [95 % interval] n verdict |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for model, figures in results["models"].items():
-        low, high = figures["b_over_a_spread"] or (float("nan"), float("nan"))
-        p99_low, p99_high = figures["b_over_a_ms_p99_spread"] or (float("nan"), float("nan"))
         lines.append(
             f"| {model} | {figures['a_images_per_s']:.1f} | {figures['b_images_per_s']:.1f} | "
-            f"{figures['b_over_a']:.3f} [{low:.3f}, {high:.3f}] | {figures['a_ms_p99']:.0f} | "
-            f"{figures['b_ms_p99']:.0f} | {figures['b_over_a_ms_p99']:.3f} [{p99_low:.3f}, {p99_high:.3f}] |"
+            f"{_ratio_text(figures, 'b_over_a')} | {figures['a_ms_p99']:.0f} | "
+            f"{figures['b_ms_p99']:.0f} | {_ratio_text(figures, 'b_over_a_ms_p99')} |"
         )
     memory = results["server_rss_mb"]
     lines.append(f"\nserver RSS after the rounds: A {memory['a']:.0f} MB, B {memory['b']:.0f} MB")

@@ -325,7 +325,9 @@ COMPARE = (
         )
     ),
     _median("b_over_a", "ratio", "B / A images per second, per round"),
+    Figure("b_over_a_verdict", "", "B faster or slower where b_over_a's 95 % interval excludes 1, else inconclusive"),
     _median("b_over_a_ms_p99", "ratio", "B / A p99, per round"),
+    Figure("b_over_a_ms_p99_verdict", "", "B faster (interval below 1) or slower (above), else inconclusive"),
 )
 
 # `tritonstack overload`: per protocol and load multiple, under "phases".
