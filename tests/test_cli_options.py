@@ -9,6 +9,7 @@ After a deliberate change of an option, write the listing again:
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import json
 from collections import defaultdict
@@ -124,3 +125,26 @@ def test_the_checks_find_an_option_declared_by_hand():
     ((_, action),) = [(where, action) for where, action in options(parser, "x") if action.option_strings]
     assert not hasattr(action, "declared_by")
     assert described(action)["default"] != repr(importlib.import_module("tritonstack.cli").DEFAULT_REPOSITORY)
+
+
+# Modules that build a parser by hand, and why they may not use tritonstack.cli.
+BY_HAND = {
+    "tritonstack/serve/warmup_request.py": "the Helm chart's probe in the NGC image: the standard library only",
+    "tritonstack/gpu/gpu_pieces.py": "unpacks the dependencies on a GPU machine: the standard library only",
+    "tritonstack/loadtests/locustfile.py": "Locust's own parser: --grpc-url beside load_options' table",
+}
+
+
+def modules_declaring_arguments() -> set[str]:
+    """Every module of the package but cli.py with an `add_argument(...)` call."""
+    found = set()
+    for path in sorted((PROJECT_ROOT / "tritonstack").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        calls = (node for node in ast.walk(tree) if isinstance(node, ast.Call))
+        if any(isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument" for call in calls):
+            found.add(path.relative_to(PROJECT_ROOT).as_posix())
+    return found - {"tritonstack/cli.py"}
+
+
+def test_no_tool_of_the_package_declares_options_by_hand_without_a_reason():
+    assert modules_declaring_arguments() == set(BY_HAND)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonstack import cli
 from tritonstack.build.classifiers import CLEAR_MARGIN
 from tritonstack.contract import (
     AUDIO_PREPROCESSOR,
@@ -348,25 +349,41 @@ def _gpu_name() -> str:
 SUMMARY = ("model", "max_levels", "p999_levels", "mean_levels", "top1_equal", "top1_equal_where_clear", "images_per_s")
 
 
+@dataclass(frozen=True)
+class InputsOptions:
+    out: Path = cli.out_option(cli.REQUIRED, help="the folder the inputs go to")
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    gpu_repository: Path = cli.option(None, "--gpu-repository", type=Path, required=True, help="the GPU variant")
+    cpu_repository: Path = cli.option(None, "--cpu-repository", type=Path, required=True, help="the CPU variant")
+    inputs: Path = cli.option(None, "--inputs", type=Path, required=True, help="the `inputs` command's folder")
+    out: Path = cli.out_option(cli.REQUIRED, help="the report")
+    seconds: float = cli.option(3.0, "--seconds", type=cli.positive_float, help="timing per pipeline and variant")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tritonstack.gpu.gpu_check", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    inputs = commands.add_parser("inputs", help="write the photos, clip, collage and tone the check reads")
-    inputs.add_argument("--out", type=Path, required=True)
-    running = commands.add_parser("run", help="run the GPU and CPU variants' pipelines and write the JSON")
-    running.add_argument("--gpu-repository", type=Path, required=True)
-    running.add_argument("--cpu-repository", type=Path, required=True)
-    running.add_argument("--inputs", type=Path, required=True)
-    running.add_argument("--out", type=Path, required=True)
-    running.add_argument("--seconds", type=float, default=3.0, help="timing per pipeline and variant (default: 3)")
+    cli.add_options(
+        commands.add_parser("inputs", help="write the photos, clip, collage and tone the check reads"), InputsOptions
+    )
+    cli.add_options(
+        commands.add_parser(
+            "run", help="run the GPU and CPU variants' pipelines and write the JSON", formatter_class=cli.HelpFormatter
+        ),
+        CheckOptions,
+    )
     args = parser.parse_args(argv)
     if args.command == "inputs":
-        for path in write_inputs(args.out):
+        for path in write_inputs(cli.from_args(InputsOptions, args).out):
             print(path)
         return
-    report = run_checks(args.gpu_repository, args.cpu_repository, args.inputs, args.seconds)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    options = cli.from_args(CheckOptions, args)
+    report = run_checks(options.gpu_repository, options.cpu_repository, options.inputs, options.seconds)
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(report, indent=2) + "\n")
     for row in report["pipelines"]:
         print(json.dumps({key: row[key] for key in SUMMARY}))
 

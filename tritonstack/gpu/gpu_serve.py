@@ -21,10 +21,12 @@ import argparse
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from tritonstack import cli
 from tritonstack.build.classifiers import CLEAR_MARGIN
 from tritonstack.gpu import gpu_check
 from tritonstack.measure.load_loops import load_client, measured_phase
@@ -115,18 +117,25 @@ def run(gpu_repo: Path, cpu_repo: Path, inputs: Path, seconds: float, concurrenc
     }
 
 
+@dataclass(frozen=True)
+class GpuServeOptions:
+    gpu_repository: Path = cli.option(None, "--gpu-repository", type=Path, required=True, help="the GPU variant")
+    cpu_repository: Path = cli.option(None, "--cpu-repository", type=Path, required=True, help="the CPU variant")
+    inputs: Path = cli.option(None, "--inputs", type=Path, required=True, help="gpu_check inputs' folder (its photos)")
+    out: Path = cli.out_option(cli.REQUIRED, help="the report")
+    seconds: float = cli.option(10.0, "--seconds", type=cli.positive_float, help="each closed loop")
+    concurrency: int = cli.option(CONCURRENCY, "--concurrency", type=cli.positive_int, help="requests in flight")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tritonstack.gpu.gpu_serve", description=__doc__)
-    parser.add_argument("--gpu-repository", type=Path, required=True)
-    parser.add_argument("--cpu-repository", type=Path, required=True)
-    parser.add_argument("--inputs", type=Path, required=True, help="gpu_check inputs' folder (its photos)")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seconds", type=float, default=10.0, help="each closed loop (default: 10)")
-    parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
-    args = parser.parse_args(argv)
-    report = run(args.gpu_repository, args.cpu_repository, args.inputs, args.seconds, args.concurrency)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    parser = argparse.ArgumentParser(
+        prog="python -m tritonstack.gpu.gpu_serve", description=__doc__, formatter_class=cli.HelpFormatter
+    )
+    cli.add_options(parser, GpuServeOptions)
+    options = cli.from_args(GpuServeOptions, parser.parse_args(argv))
+    report = run(options.gpu_repository, options.cpu_repository, options.inputs, options.seconds, options.concurrency)
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(report, indent=2) + "\n")
     for variant in ("cpu_variant", "gpu_variant"):
         summary = {key: report[variant][key] for key in SUMMARY if key in report[variant]}
         print(variant, json.dumps(summary))

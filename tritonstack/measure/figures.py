@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import scipy.stats
 
+from tritonstack import cli
+
 SIDES = ("a", "b")  # `tritonstack compare`'s two servers
 
 
@@ -457,13 +459,18 @@ def rendered_docs(text: str) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class RenderOptions:
+    page: Path = cli.option(None, "page", type=Path, help="the page, e.g. docs/performance.md")
+
+
 def main(argv: list[str] | None = None) -> int:
     """python -m tritonstack.measure.figures docs/performance.md: render its tables."""
     parser = argparse.ArgumentParser(
         description="Render each group's table of figures into a docs page, between its markers."
     )
-    parser.add_argument("page", type=Path, help="the page, e.g. docs/performance.md")
-    page = parser.parse_args(argv).page
+    cli.add_options(parser, RenderOptions)
+    page = cli.from_args(RenderOptions, parser.parse_args(argv)).page
     page.write_text(rendered_docs(page.read_text()))
     return 0
 
