@@ -58,6 +58,12 @@ def test_a_uint8_classifier_is_timed_with_uint8_input(tmp_path):
     assert sorted(curve) == list(batch_cost.SIZES) and all(ms > 0 for ms in curve.values())
 
 
+def test_the_builds_batch_stays_beside_the_measured_one_for_a_backlog():
+    assert batch_cost.preferred_sizes(2, [8]) == [2, 8]
+    assert batch_cost.preferred_sizes(8, [8]) == [8]
+    assert batch_cost.preferred_sizes(4, [2, 8]) == [4, 8]
+
+
 def test_a_step_without_a_preferred_batch_is_left_alone(tmp_path):
     config = {"name": "m", "max_batch_size": 8, "dynamic_batching": {}}
     assert with_measured_batch(config, tmp_path, 1) is config
@@ -65,7 +71,7 @@ def test_a_step_without_a_preferred_batch_is_left_alone(tmp_path):
 
 def test_the_server_serves_the_batch_the_machines_curve_chooses(lite0_repository, tmp_path, monkeypatch):
     """The cache holds a curve for this very file whose cheapest batch is 2: the launcher
-    (layout cores) loads the classifier preferring 2, where the build wrote 8."""
+    (layout cores) loads the classifier preferring 2 beside the 8 the build wrote (for a backlog)."""
     monkeypatch.setenv(batch_cost.CACHE_ENV, str(tmp_path))
     onnx = lite0_repository / CLASSIFIER / "1" / "model.onnx"
     measured = cached_curve(onnx, threads=1, cache=batch_cost.cache_path())
@@ -76,4 +82,4 @@ def test_the_server_serves_the_batch_the_machines_curve_chooses(lite0_repository
     with TritonServer(config, Supervision(warmup_s=0)) as server:
         with httpclient.InferenceServerClient(server.http_url) as client:
             served = client.get_model_config(CLASSIFIER)
-    assert served["dynamic_batching"]["preferred_batch_size"] == [2]
+    assert served["dynamic_batching"]["preferred_batch_size"] == [2, 8]

@@ -1,14 +1,15 @@
 """The classifier's batch from its cost curve on this machine, not a constant.
 
-Under a backlog, Triton's dynamic batcher forms the classifier's preferred batch
-(`preferred_batch_size`: the build writes 8). What a batch costs per image depends on
+Triton's dynamic batcher forms the largest of the classifier's preferred batches
+(`preferred_batch_size`: the build writes 8) that its queue holds. What a batch costs per image depends on
 the CPU: on one EPYC generation a batch of 8 cost about what a batch of 2 did, on the
 next 17 % more (docs/performance.md#the-classifiers-batch-from-its-cost-curve-on-this-machine).
 
 So with `--layout cores` (the default) the launcher times each classifier step's ONNX
 file in this process at batches 1 to 8, with the threads the layout gives an instance,
-before any traffic, and prefers the smallest batch of at least `MIN_BATCH` within
-`TOLERANCE` of the cheapest per image. The smallest: the requests of one batch run one
+before any traffic, and adds to the build's batch (kept for a backlog:
+preferred_sizes) the smallest batch of at least `MIN_BATCH` within `TOLERANCE` of the
+cheapest per image. The smallest: the requests of one batch run one
 after the other on one core while another instance may idle, so a batch larger than the
 curve pays for only lengthens the tail. At least 2: a batch of one pays the stubs' and
 Triton's round trip for every image, which a curve timed in process does not see. A
@@ -143,15 +144,25 @@ def with_measured_batch(config: dict, repository: Path, threads: int) -> dict:
         LOGGER.info("%s: no batch cost curve (%s): preferred batch %s", config["name"], error, preferred)
         return config
     batch = min(chosen_batch({size: ms for size, ms in curve.items() if size <= max_batch}), max_batch)
+    sizes = preferred_sizes(batch, preferred)
     LOGGER.info(
-        "%s: %s ms an image at batch %s on %d thread(s): preferred batch %d",
+        "%s: %s ms an image at batch %s on %d thread(s): preferred batches %s",
         config["name"],
         " / ".join(f"{ms:.1f}" for ms in curve.values()),
         " / ".join(map(str, curve)),
         threads,
-        batch,
+        sizes,
     )
-    return config | {"dynamic_batching": batching | {"preferred_batch_size": [batch]}}
+    return config | {"dynamic_batching": batching | {"preferred_batch_size": sizes}}
+
+
+def preferred_sizes(measured: int, built: list[int]) -> list[int]:
+    """The measured batch, and the build's largest beside it. Triton forms the largest
+    preferred batch its queue holds: the measured one while a few requests wait, the
+    build's under a backlog. With the measured batch alone, a backlog too was served 2
+    at a time, the paced first step ran between the classifier's short batches, and the
+    classifier's queue refused what the first step had computed (docs/reliability.md#overload)."""
+    return sorted({measured, max(built)})
 
 
 def measured_batches(loaded: list[dict], changes: list[dict], repository: Path, threads: int) -> list[dict]:
