@@ -5,6 +5,7 @@ nothing behind when it is SIGKILLed."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -273,3 +274,21 @@ def test_cli_refuses_an_unbuilt_repository_in_one_line(model_repository, tmp_pat
     assert done.returncode == 2
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and "run `make build`" in lines[0] and "efficientnet_lite0" in lines[0], lines
+
+
+def test_a_measured_server_is_started_as_the_serve_command_starts_it():
+    """The benchmark, overload, loadtest and soak start their own server with
+    server_config.as_served: every setting what `tritonstack serve` uses by default
+    but the ports and the admin key (free and random there)."""
+    from tritonstack.commands import serve
+    from tritonstack.serve.server_config import as_served
+
+    served = serve.serve_options(serve.parser().parse_args([])).config
+    measured = as_served(served.model_repository)
+    own = {"http_port", "grpc_port", "metrics_port", "admin_key"}
+    differing = {
+        field.name
+        for field in dataclasses.fields(served)
+        if getattr(served, field.name) != getattr(measured, field.name)
+    }
+    assert differing <= own

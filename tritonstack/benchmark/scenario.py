@@ -13,6 +13,7 @@ from typing import Protocol
 
 from tritonstack.measure.load_settings import Settings
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.server_config import as_served
 from tritonstack.serve.target import GivenServer
 
 
@@ -50,7 +51,7 @@ def on_server(measure, repository: Path, server: TritonServer | GivenServer | No
     """measure(server) on the given server, or on one started for it."""
     if server is not None:
         return measure(server)
-    with TritonServer(repository) as started:
+    with TritonServer(as_served(repository)) as started:
         return measure(started)
 
 

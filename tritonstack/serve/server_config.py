@@ -308,3 +308,11 @@ class ServerConfig:
     def replace(self, **changes) -> "ServerConfig":
         """A copy with `changes`; ports and key stay as chosen unless changed."""
         return dataclasses.replace(self, **changes)
+
+
+def as_served(repository: str | os.PathLike, **settings) -> ServerConfig:
+    """What `tritonstack serve` starts on `repository` by default (each step laid out
+    for these cores, the classifier's batch from its cost curve), on free loopback
+    ports: the server a figure of "the default serve" must measure. A server started in
+    code otherwise keeps the repository's layout."""
+    return ServerConfig(repository, **({"layout": CORES_LAYOUT} | settings))

@@ -17,7 +17,7 @@ from tritonstack import cli
 from tritonstack.address import parse_address, parse_metrics_url
 from tritonstack.contract import admin_headers
 from tritonstack.serve.launcher import TritonServer
-from tritonstack.serve.server_config import ServerConfig
+from tritonstack.serve.server_config import as_served
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,11 @@ def target_server(
     pid: int | None = None,
     extra_args: tuple[str, ...] = (),
 ) -> Iterator[GivenServer | TritonServer]:
-    """The given server when `http_url` is set, else a TritonServer on `repository`
-    (free loopback ports, `extra_args` added), stopped when the block ends whatever happens."""
+    """The given server when `http_url` is set, else a TritonServer on `repository` as
+    `tritonstack serve` starts it (server_config.as_served: free loopback ports,
+    `extra_args` added), stopped when the block ends whatever happens."""
     if http_url:
         yield GivenServer(http_url, grpc_url or http_url, metrics_url, pid)
         return
-    with TritonServer(ServerConfig(repository, extra_args=extra_args)) as server:
+    with TritonServer(as_served(repository, extra_args=extra_args)) as server:
         yield server
