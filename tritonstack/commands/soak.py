@@ -13,6 +13,7 @@ from tritonstack.diagnostics import memory_growth
 from tritonstack.diagnostics.memory_growth import run_soak, summary
 from tritonstack.rules.unbuilt import unservable_reason
 from tritonstack.serve.launcher import TritonServer
+from tritonstack.serve.server_config import as_served
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         raise cli.UsageError(reason)
     if options.duration <= 0 or not 0 <= options.bad_ratio <= 1:
         raise cli.OptionError("--duration must be above 0 and --bad-ratio between 0 and 1")
-    with TritonServer(options.model_repository) as server:
+    with TritonServer(as_served(options.model_repository)) as server:
         report = run_soak(
             server,
             options.duration,
