@@ -125,7 +125,7 @@ def test_a_short_search_writes_the_winner_as_a_new_repository(lite0_repository, 
     out, report = tmp_path / "tuned", tmp_path / "report"
     command = [sys.executable, "-m", "tritonstack", "tune", "--model-repository", str(lite0_repository)]
     done = subprocess.run(
-        [*command, "--out", str(out), "--report", str(report), "--budget-s", "25", "--seconds", "1.5"]
+        [*command, "--out", str(out), "--report", str(report), "--budget-s", "16", "--seconds", "1.5"]
         + ["--warmup-s", "0.5", "--concurrency", "4"],
         capture_output=True,
         text=True,

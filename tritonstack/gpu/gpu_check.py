@@ -355,11 +355,17 @@ class InputsOptions:
 
 
 @dataclass(frozen=True)
-class CheckOptions:
+class Variants:
+    """What the GPU machine's checks (this one and gpu_serve) compare, and where they write."""
+
     gpu_repository: Path = cli.option(None, "--gpu-repository", type=Path, required=True, help="the GPU variant")
     cpu_repository: Path = cli.option(None, "--cpu-repository", type=Path, required=True, help="the CPU variant")
-    inputs: Path = cli.option(None, "--inputs", type=Path, required=True, help="the `inputs` command's folder")
+    inputs: Path = cli.option(None, "--inputs", type=Path, required=True, help="the folder `gpu_check inputs` wrote")
     out: Path = cli.out_option(cli.REQUIRED, help="the report")
+
+
+@dataclass(frozen=True)
+class CheckOptions(Variants):
     seconds: float = cli.option(3.0, "--seconds", type=cli.positive_float, help="timing per pipeline and variant")
 
 

@@ -118,11 +118,7 @@ def run(gpu_repo: Path, cpu_repo: Path, inputs: Path, seconds: float, concurrenc
 
 
 @dataclass(frozen=True)
-class GpuServeOptions:
-    gpu_repository: Path = cli.option(None, "--gpu-repository", type=Path, required=True, help="the GPU variant")
-    cpu_repository: Path = cli.option(None, "--cpu-repository", type=Path, required=True, help="the CPU variant")
-    inputs: Path = cli.option(None, "--inputs", type=Path, required=True, help="gpu_check inputs' folder (its photos)")
-    out: Path = cli.out_option(cli.REQUIRED, help="the report")
+class GpuServeOptions(gpu_check.Variants):
     seconds: float = cli.option(10.0, "--seconds", type=cli.positive_float, help="each closed loop")
     concurrency: int = cli.option(CONCURRENCY, "--concurrency", type=cli.positive_int, help="requests in flight")
 
