@@ -105,6 +105,15 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def comma_separated(convert: Callable = str) -> Callable[[str], tuple]:
+    """An argparse type: "a,b,c" -> a tuple of its items, each converted."""
+
+    def parse(text: str) -> tuple:
+        return tuple(convert(item) for item in text.split(","))
+
+    return parse
+
+
 def natural_key(path: Path | str) -> list:
     """c1, c2, c10 (not c1, c10, c2): digit runs compare as numbers."""
     return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", str(path))]

@@ -145,7 +145,7 @@ class OverheadOptions:
     requests: int = cli.option(2000, "--requests", type=cli.positive_int, help="per protocol (bounded run)")
     row_bytes: int = cli.option(1024, "--row-bytes", type=cli.positive_int, help="bytes of each request's row")
     protocols: tuple[str, ...] = cli.option(
-        ("http", "grpc"), "--protocols", type=lambda text: tuple(text.split(",")), help="comma-separated"
+        ("http", "grpc"), "--protocols", type=cli.comma_separated(), help="comma-separated"
     )
     out: Path = cli.out_option(Path("reports/dali_backend_overhead.json"), help="the report")
 

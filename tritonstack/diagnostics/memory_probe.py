@@ -325,23 +325,17 @@ def summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _comma_separated(text: str) -> tuple[str, ...]:
-    return tuple(text.split(","))
-
-
 @dataclass(frozen=True)
 class MemoryProbeOptions(cli.RepositoryOption):
     variants: tuple[str, ...] = cli.option(
         ("glibc-default", "default"),
         "--variants",
-        type=_comma_separated,
+        type=cli.comma_separated(),
         help=f"comma-separated, of: {', '.join(VARIANTS)}",
     )
     rounds: int = cli.option(5, "--rounds", type=cli.positive_int, help="rounds of requests")
     requests: int = cli.option(600, "--requests", type=cli.positive_int, help="requests per round")
-    sizes: tuple[int, ...] = cli.option(
-        SIZES, "--sizes", type=lambda text: tuple(int(size) for size in text.split(",")), help="longer sides, px"
-    )
+    sizes: tuple[int, ...] = cli.option(SIZES, "--sizes", type=cli.comma_separated(int), help="longer sides, px")
     workers: int = cli.option(4, "--workers", type=cli.positive_int, help="client threads")
     image_format: str = cli.option("JPEG", "--format", choices=("JPEG", "PNG"), help="of the sized photos")
     inputs: str = cli.option(
