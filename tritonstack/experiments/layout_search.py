@@ -162,6 +162,14 @@ class TuneSettings:
         None, "--rate", type=cli.positive_float, metavar="RPS", help="the open loop's requests/s (Poisson arrivals)"
     )
     budget_s: float = cli.option(600.0, "--budget-s", type=cli.positive_float, metavar="S", help="the search's time")
+    max_measurements: int | None = cli.option(
+        None,
+        "--max-measurements",
+        type=cli.positive_int,
+        metavar="N",
+        help="stop after N measurements whatever budget is left (a quick look on a slow machine; "
+        "--budget-s still bounds it)",
+    )
     concurrency: int = cli.option(
         8, "--concurrency", type=cli.positive_int, help="the closed loop's requests in flight"
     )
@@ -450,6 +458,9 @@ def search(
                 continue
             if time.monotonic() + settings.seconds_per_candidate > deadline:
                 progress(f"budget spent: {len(results)} measurement(s)")
+                return False
+            if settings.max_measurements is not None and len(results) >= settings.max_measurements:
+                progress(f"--max-measurements reached: {len(results)} measurement(s)")
                 return False
             load_overrides(server.http_url, headers, with_candidate(dali, classifier, layout))
             results.append(measure(server, model, images, layout, settings))
