@@ -112,14 +112,18 @@ class TritonPythonModel:
             runnable.append((index, feed))
             pixels.append(declared)
         # No decoder run holds more declared pixels than max_batch_pixels.
-        for part in plan_parts(pixels, self._limits.budget.max_batch_pixels):
+        parts = plan_parts(pixels, self._limits.budget.max_batch_pixels)
+        for number, part in enumerate(parts, start=1):
             fed = [runnable[i] for i in part]
-            for (index, _), response in zip(fed, self._execute_fed(fed)):
+            large = sum(pixels[i] for i in part) > self._limits.budget.release_above_pixels
+            release = large and self._memory.buffers_return
+            # Only the last run before the responses leave may lend DALI's buffers.
+            lend = number == len(parts) and not release
+            for (index, _), response in zip(fed, self._execute_fed(fed, lend)):
                 responses[index] = response
-            if sum(pixels[i] for i in part) > self._limits.budget.release_above_pixels:
-                large_run = True
-                if self._memory.buffers_return:
-                    self._release_buffers()
+            large_run = large_run or large
+            if release:
+                self._release_buffers()
         self._memory.after_batch(large_run)
         return responses
 
@@ -161,10 +165,10 @@ class TritonPythonModel:
         one's buffers are freed), DALI's unused pools, glibc's free heap."""
         self._runner.rebuild(while_down=_return_freed_memory)
 
-    def _execute_fed(self, runnable):
+    def _execute_fed(self, runnable, lend: bool = False):
         feeds = [feed for _, feed in runnable]
         try:
-            return [self._respond(outputs) for outputs in self._runner.run(feeds)]
+            return [self._respond(outputs) for outputs in self._runner.run(feeds, borrow=lend)]
         except PipelineError as batch_error:
             if len(feeds) == 1:
                 return [_error_response(batch_error)]

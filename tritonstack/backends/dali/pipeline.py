@@ -42,6 +42,7 @@ class PipelineRunner:
         self._num_threads = num_threads
         self._input_names = input_names
         self._split = split  # per pipeline output: split along its outer axis
+        self._borrowed = None  # the outputs of a borrowing run, referenced while lent
         self._pipeline: Pipeline | None = self._build()
 
     def _build(self) -> Pipeline:
@@ -62,13 +63,21 @@ class PipelineRunner:
     def rebuild(self, while_down: Callable[[], None] | None = None) -> None:
         """A new pipeline; the old one (and its buffers) is dropped first, and
         `while_down` runs between the two (to hand the freed buffers back)."""
+        self._borrowed = None
         self._pipeline = None
         if while_down is not None:
             while_down()
         self._pipeline = self._build()
 
-    def run(self, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
-        """Run the requests' samples as one DALI batch; return each request's outputs."""
+    def run(self, feeds: list[dict[str, np.ndarray]], borrow: bool = False) -> list[list[np.ndarray]]:
+        """Run the requests' samples as one DALI batch; return each request's outputs.
+
+        borrow=True: dense outputs are views of DALI's own buffers, not copies, valid
+        until this runner's next run or rebuild. The stub copies a response's tensors
+        into shared memory once execute returns, so the last run before it returns can
+        lend them: a copy of the batch (602 KB an image for a 224 x 224 FP32 crop)
+        saved per run (docs/performance.md#where-the-serving-overhead-goes)."""
+        self._borrowed = None
         try:
             for name in self._input_names:
                 if len(feeds) == 1:
@@ -81,7 +90,9 @@ class PipelineRunner:
             self.rebuild()
             raise PipelineError(explain(error)) from error
         sizes = [len(feed[self._input_names[0]]) for feed in feeds]
-        return _per_request(pipeline_outputs, sizes, self._split)
+        lent = [] if borrow else None
+        self._borrowed = lent  # what the views point into stays referenced until the next run
+        return _per_request(pipeline_outputs, sizes, self._split, lent)
 
     def stream(self, feed: dict[str, np.ndarray]) -> Iterator[list[np.ndarray]]:
         """Feed an input operator's request once, then run until it is consumed:
@@ -115,10 +126,10 @@ class PipelineRunner:
                 self.rebuild()
 
 
-def _per_request(pipeline_outputs, request_sizes, split):
+def _per_request(pipeline_outputs, request_sizes, split, lent: list | None = None):
     """Each request's rows of each output. A ragged merged batch leaves DALI as
-    samples of different shapes: those are stacked per request."""
-    outputs = [_on_host(output) for output in pipeline_outputs]
+    samples of different shapes: those are stacked per request. `lent`: see _on_host."""
+    outputs = [_on_host(output, lent) for output in pipeline_outputs]
     split = list(split) + [False] * (len(outputs) - len(split))
     offsets = np.cumsum([0] + request_sizes)
     return [
@@ -130,24 +141,32 @@ def _per_request(pipeline_outputs, request_sizes, split):
     ]
 
 
-def _on_host(output):
-    """A pipeline output in host memory: an array (a copy) where its samples share a
-    shape, else the TensorList. A GPU instance's outputs are copied from the card first
-    (the onnxruntime backend here reads host memory; the C++ backends pass GPU tensors
-    on)."""
+def _on_host(output, lent: list | None = None):
+    """A pipeline output in host memory: an array where its samples share a shape, else
+    the TensorList. The array is a copy, or, given a `lent` list, a view of DALI's buffer,
+    whose owners are appended to `lent` (the caller keeps them while the view is used).
+    A GPU instance's outputs are copied from the card first (the onnxruntime backend
+    here reads host memory; the C++ backends pass GPU tensors on)."""
     if isinstance(output, TensorListGPU):
         output = output.as_cpu()
-    return _copied(output.as_tensor()) if output.is_dense_tensor() else output
+    if not output.is_dense_tensor():
+        return output
+    tensor = output.as_tensor()  # may be a new tensor of its own: it is kept with the list
+    array = _viewed(tensor)
+    if lent is None:
+        return array.copy()
+    lent.append((output, tensor))
+    return array
 
 
-def _copied(tensor) -> np.ndarray:
-    """A dense CPU tensor copied out of DALI's memory by address. DALI's own as_array
+def _viewed(tensor) -> np.ndarray:
+    """A dense CPU tensor's memory as an array, by address (no copy). DALI's own as_array
     fails inside Triton's Python backend stub on Python 3.12 ("Unable to convert
     function return value to a Python type"), seen on a GPU machine."""
     dtype = np.dtype(to_numpy_type(tensor.dtype))
     shape = tuple(tensor.shape())
     memory = (ctypes.c_char * (math.prod(shape) * dtype.itemsize)).from_address(tensor.data_ptr())
-    return np.frombuffer(memory, dtype=dtype).reshape(shape).copy()
+    return np.frombuffer(memory, dtype=dtype).reshape(shape)
 
 
 def _split_rows(output, start: int, end: int) -> np.ndarray:
