@@ -15,6 +15,7 @@ from nvidia.dali import fn, pipeline_def, types
 from PIL import Image
 
 from tests.test_bad_input import CASES, chelsea, encode, jpeg
+from tritonstack.media import decodable
 from tritonstack.media.decodable import undecodable_reason
 from tritonstack.samples.photos import bad_samples, photo_bytes
 
@@ -111,3 +112,27 @@ def test_reasons_name_what_is_wrong():
     assert "truncated JPEG" in undecodable_reason(jpeg()[:-2])
     assert "PNG" in undecodable_reason(cut(photo_bytes("coffee.png"), 0.5))
     assert "JPEG, PNG" in undecodable_reason(b"text " * 10)
+
+
+def jpeg_variants() -> dict[str, bytes]:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated: the header's size is the stored one either way
+    mpo = io.BytesIO()
+    chelsea().save(mpo, format="MPO", save_all=True, append_images=[chelsea()])
+    return {
+        "plain": jpeg(),
+        "exif_rotated": jpeg(exif=exif.tobytes()),
+        "progressive": jpeg(progressive=True),
+        "gray": encode(chelsea().convert("L"), "JPEG"),
+        "cmyk": encode(chelsea().convert("CMYK"), "JPEG"),
+        "mpo": mpo.getvalue(),
+        **{name: INPUTS[name]() for name in INPUTS if "jpeg" in name},
+    }
+
+
+@pytest.mark.parametrize("name", sorted(jpeg_variants()))
+def test_a_jpeg_header_read_by_nvimgcodec_gets_pillows_verdict_and_size(name, monkeypatch):
+    data = jpeg_variants()[name]
+    fast = decodable.inspect_encoded(data)
+    monkeypatch.setattr(decodable, "nvimgcodec", None)  # what a client-only install reads
+    assert fast == decodable.inspect_encoded(data), name

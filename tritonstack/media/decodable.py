@@ -13,7 +13,10 @@ cannot parse but whose header names a format the decoder reads, is left to the
 decoder. The check costs a small fraction of a decode
 (docs/decisions.md#undecodable-inputs-are-refused-before-the-pipeline).
 
-Standard library and Pillow only: the dali backend imports it in the stub.
+A JPEG's header is read with nvImageCodec, the library DALI's image decoder parses it
+with (it comes with DALI), at about a tenth of Pillow's cost (2.7 against 22 us an image
+in process); anything else, and any JPEG nvImageCodec cannot parse, goes through Pillow.
+Without nvImageCodec (a client-only install) Pillow reads every header.
 """
 
 from __future__ import annotations
@@ -22,12 +25,18 @@ import io
 
 from PIL import Image, UnidentifiedImageError
 
+try:
+    from nvidia import nvimgcodec
+except ImportError:  # no DALI here
+    nvimgcodec = None
+
 # Pillow's names of the formats DALI's CPU decoder reads (JPEG, PNG, BMP, TIFF,
 # WebP, JPEG 2000 and PNM decode; GIF, TGA, ICO, PCX, QOI, DDS and SGI fail).
 # MPO is Pillow's name for a camera's multi-picture JPEG.
 DECODER_FORMATS = ("JPEG", "MPO", "PNG", "BMP", "TIFF", "WEBP", "JPEG2000", "PPM")
 DECODER_FORMATS_TEXT = "JPEG, PNG, BMP, TIFF, WebP, JPEG 2000, PNM"
-_JPEG_SOS, _JPEG_EOI = b"\xff\xda", b"\xff\xd9"  # start of scan, end of image
+_JPEG_SOI, _JPEG_SOS, _JPEG_EOI = b"\xff\xd8", b"\xff\xda", b"\xff\xd9"  # start of image, of scan; end
+TRUNCATED_JPEG = "it is a truncated JPEG (no scan, or no end-of-image marker after its last scan)"
 # Enough of a file's start for every Pillow plugin's magic-number check.
 _PREFIX_BYTES = 16
 
@@ -44,6 +53,9 @@ def inspect_encoded(encoded) -> tuple[str | None, tuple[int, int] | None]:
     data = bytes(encoded)
     if not data:
         return "it is empty (0 bytes)", None
+    jpeg = _jpeg_header(data)
+    if jpeg is not None:
+        return jpeg
     try:
         image = Image.open(io.BytesIO(data))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
@@ -54,11 +66,26 @@ def inspect_encoded(encoded) -> tuple[str | None, tuple[int, int] | None]:
         return _format_reason(image, data), image.size
 
 
+def _jpeg_header(data: bytes) -> tuple[str | None, tuple[int, int]] | None:
+    """A JPEG's verdict and (width, height) from nvImageCodec's header parse; None where
+    it is not a JPEG nvImageCodec parses (Pillow then reads it)."""
+    if nvimgcodec is None or not data.startswith(_JPEG_SOI):
+        return None
+    try:  # the header is parsed when it is first asked about
+        stream = nvimgcodec.CodeStream(data)
+        codec, size = stream.codec_name, (stream.width, stream.height)
+    except RuntimeError:  # "Failed to get image info"
+        return None
+    if codec != "jpeg":
+        return None
+    return (None if _jpeg_ends(data) else TRUNCATED_JPEG), size
+
+
 def _format_reason(image: Image.Image, data: bytes) -> str | None:
     if image.format not in DECODER_FORMATS:
         return f"it is a {image.format} image; the decoder reads {DECODER_FORMATS_TEXT}"
     if image.format in ("JPEG", "MPO") and not _jpeg_ends(data):
-        return "it is a truncated JPEG (no scan, or no end-of-image marker after its last scan)"
+        return TRUNCATED_JPEG
     if image.format == "PNG":
         try:
             image.verify()  # every chunk present and its CRC right; nothing is decompressed

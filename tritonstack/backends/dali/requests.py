@@ -5,6 +5,7 @@ regions model, when an image's boxes are not ones it can cut (tritonstack.media.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -250,7 +251,7 @@ def _serialized(elements) -> bytes:
 
 def check_size(name: str, shape, itemsize: int, max_bytes: int) -> None:
     """From the tensor's shape: nothing has read or copied its data yet."""
-    size = int(np.prod(shape, dtype=np.int64)) * itemsize
+    size = math.prod(int(dim) for dim in shape) * itemsize  # Python ints: no overflow; cheaper than np.prod
     if size > max_bytes:
         raise InputError(
             f"input '{name}' is {size} bytes, above this model's max_input_bytes "
