@@ -119,37 +119,52 @@ def answers_per_photo(results: list[dict]) -> dict[str, set[str]]:
     return answers
 
 
-@pytest.mark.parametrize(
-    "protocol,options",
-    [
-        ("http", ["--concurrency", "2", "--batch-size", "2"]),
-        ("grpc", ["--async", "--concurrency", "2", "--shm", "system"]),
-    ],
-)
-def test_folder_run_survives_a_server_restart(lite0_repository, many_images, tmp_path, protocol, options):
+# Both folder runs at once, across the same restart: one pair of servers for the two.
+RUNS = {
+    "http": ["--concurrency", "2", "--batch-size", "2"],
+    "grpc": ["--async", "--concurrency", "2", "--shm", "system"],
+}
+
+
+def test_folder_runs_over_http_and_grpc_survive_a_server_restart(lite0_repository, many_images, tmp_path):
     ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
     first = TritonServer(ServerConfig(lite0_repository, stop_grace_s=FIRST_SERVER_GRACE_S, **ports)).start()
     second = None
-    url = first.http_url if protocol == "http" else first.grpc_url
-    stderr_path = tmp_path / "stderr.txt"
-    process = start_folder_run(many_images, url, protocol, first.admin_key, options, stderr_path)
+    urls = {"http": first.http_url, "grpc": first.grpc_url}
+    runs = {}
     try:
-        reader = LineReader(process.stdout)
-        reader.wait_for(LINES_BEFORE_STOP, timeout_s=60)
+        for protocol, options in RUNS.items():
+            stderr_path = tmp_path / f"stderr-{protocol}.txt"
+            process = start_folder_run(many_images, urls[protocol], protocol, first.admin_key, options, stderr_path)
+            runs[protocol] = (process, LineReader(process.stdout), stderr_path)
+        for _, reader, _ in runs.values():
+            reader.wait_for(LINES_BEFORE_STOP, timeout_s=60)
         first.stop()
         second = TritonServer(
             ServerConfig(lite0_repository, stop_grace_s=TEST_STOP_GRACE_S, admin_key=first.admin_key, **ports)
         ).start()
-        process.wait(timeout=120)
-        reader.join()
+        # The first server is gone: each run still had photos to send, which only the second can answer.
+        left = {protocol: IMAGES + 1 - len(reader.lines) for protocol, (_, reader, _) in runs.items()}
+        for process, reader, _ in runs.values():
+            process.wait(timeout=120)
+            reader.join()
         served_by_second = successful_inferences(second)
     finally:
-        process.kill()
+        for process, _, _ in runs.values():
+            process.kill()
         first.stop()
         if second is not None:
             second.stop()
 
-    stderr = stderr_path.read_text()
+    for protocol, (process, reader, stderr_path) in runs.items():
+        assert left[protocol] >= 2, (protocol, left)  # two files or more: one a photo, the broken one aside
+        check_folder_run(many_images, process, reader, stderr_path.read_text())
+    # The runs really crossed the restart: the new server did part of the work.
+    assert served_by_second > 0
+
+
+def check_folder_run(many_images: Path, process, reader: LineReader, stderr: str) -> None:
+    """Every file got exactly one line, only the broken one an error, the same answer for every copy."""
     results = [json.loads(line) for line in reader.lines]
     paths = [Path(result["path"]).name for result in results]
     assert len(paths) == len(set(paths)) == IMAGES + 1, f"lost or duplicated files:\n{stderr[-3000:]}"
@@ -160,7 +175,5 @@ def test_folder_run_survives_a_server_restart(lite0_repository, many_images, tmp
     answers = answers_per_photo(results)
     assert answers["coffee"] == {"espresso"}, answers
     assert [len(labels) for labels in answers.values()] == [1, 1, 1], answers
-    # The run really crossed the restart: the new server did part of the work.
-    assert served_by_second > 0
     assert process.returncode == 1, stderr
     assert f"{IMAGES + 1} files, 1 failed" in stderr

@@ -505,11 +505,19 @@ def _base_env() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
 
 
+# The rendered server's exit timeout in the test that runs it (server.exitTimeoutSeconds).
+RENDERED_EXIT_TIMEOUT_S = 5
+
+
 def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_repository, tmp_path):
     """The Deployment's tritonserver command line, run with this machine's
     tritonserver (the release of the chart's NGC image) as the pod would run it
-    (tests/chart.py), the built repository at the claim's mount path."""
-    objects = render("local", *free_server_ports())
+    (tests/chart.py), the built repository at the claim's mount path. The exit timeout
+    is set short (the value's default, 30 s, is checked against the grace period by
+    test_server_binds_every_interface_and_drains_before_the_kill): the stubs stopped
+    below leave the DALI step unable to unload, so Triton ends at its exit timeout,
+    which this run shows the rendered flag bounds, in 5 s rather than 30."""
+    objects = render("local", *free_server_ports(), f"server.exitTimeoutSeconds={RENDERED_EXIT_TIMEOUT_S}")
     container = triton_container(objects)
     key = secrets.token_hex(16)
     ref = next(e for e in container["env"] if e["name"] == ADMIN_KEY_ENV)["valueFrom"]["secretKeyRef"]
@@ -548,6 +556,7 @@ def test_rendered_server_command_serves_with_probes_key_and_graceful_exit(model_
         # SIGTERM (what the kubelet sends after preStop): Triton exits within its
         # exit timeout, inside the grace period the pod grants.
         served.process.send_signal(signal.SIGTERM)
+        assert flag(served.args, "exit-timeout-secs") == str(RENDERED_EXIT_TIMEOUT_S)
         served.process.wait(timeout=int(flag(served.args, "exit-timeout-secs")) + 5)
 
 

@@ -446,7 +446,8 @@ def test_client_extra_installs_alone_and_classifies(tmp_path, server):
         pytest.fail(f"no client wheels in {wheelhouse()}: run `make install`")
     env_dir = tmp_path / "client-venv"
     # No pip of its own (ensurepip would add seconds to every run): this venv's pip
-    # installs into it and lists it, as `pip --python` does for a user.
+    # installs into it and lists it, as `pip --python` does for a user. --no-compile:
+    # Python compiles what the command imports when it imports it.
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", str(python)]
@@ -456,6 +457,7 @@ def test_client_extra_installs_alone_and_classifies(tmp_path, server):
             *pip,
             "install",
             "--quiet",
+            "--no-compile",
             "--no-index",
             "--find-links",
             str(wheelhouse()),

@@ -19,7 +19,6 @@ from tritonclient.utils import InferenceServerException
 
 from tests import reference
 from tests import repo_factory as rf
-from tests.conftest import FUNCTIONAL_BUILD
 from tests.test_build import autoserialized, build
 from tritonstack.build.check import check_repository
 from tritonstack.build.presets import preset_named
@@ -125,12 +124,12 @@ def test_every_classifier_gets_a_regions_preset_by_the_same_code(model_repositor
 
 
 @pytest.fixture(scope="module")
-def regions_server(tmp_path_factory, model_repository):
-    out = tmp_path_factory.mktemp("regions")
-    rf.seed_lite0_export(out)
-    write_repository(out, presets=(preset_named(PRESET),), options=FUNCTIONAL_BUILD)
-    with TritonServer(out) as running:
-        yield running
+def regions_server(server):
+    """The session's server: its repository holds this preset, built with the same
+    options a server of the preset alone would get (FUNCTIONAL_BUILD); no test here
+    changes or stops it."""
+    assert (server.config.model_repository / PREPROCESS).is_dir()
+    return server
 
 
 def infer(server, protocol: str, image: bytes, boxes, class_count: int = 1, priority: int = 0):

@@ -20,12 +20,15 @@ from tritonstack.serve import process_tree
 
 
 def inprocess_best_setting(repository: Path, images: list[bytes], settings: Settings) -> dict:
-    """The thread/batch setting of the grid with the best in-process rate."""
-    rates = {
-        setting: _inprocess_run(repository, images, *setting, settings).images_per_s
-        for setting in settings.inprocess_grid
-    }
-    batch, dali_threads, ort_threads = max(rates, key=rates.get)
+    """The thread/batch setting of the grid with the best in-process rate (a grid of one
+    is its own best: nothing is measured to choose it)."""
+    grid = settings.inprocess_grid
+    if len(grid) == 1:
+        (best,) = grid
+    else:
+        rates = {setting: _inprocess_run(repository, images, *setting, settings).images_per_s for setting in grid}
+        best = max(rates, key=rates.get)
+    batch, dali_threads, ort_threads = best
     return {"batch": batch, "dali_threads": dali_threads, "ort_threads": ort_threads}
 
 
