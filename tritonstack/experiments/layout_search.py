@@ -451,8 +451,11 @@ def search(
         )
     )
 
+    serving = [dali, classifier]  # the steps' configs the server has loaded now
+
     def run(layouts: list[Layout], times: int = 1) -> bool:
         """Measure each layout until it has `times` measurements; False once the budget is spent."""
+        nonlocal serving
         for layout in layouts:
             if sum(result.layout == layout for result in results) >= times:
                 continue
@@ -462,7 +465,10 @@ def search(
             if settings.max_measurements is not None and len(results) >= settings.max_measurements:
                 progress(f"--max-measurements reached: {len(results)} measurement(s)")
                 return False
-            load_overrides(server.http_url, headers, with_candidate(dali, classifier, layout))
+            candidate = with_candidate(dali, classifier, layout)
+            if candidate != serving:  # a reload restarts the steps' stubs: only for another config
+                load_overrides(server.http_url, headers, candidate)
+                serving = candidate
             results.append(measure(server, model, images, layout, settings))
             progress(_line(results[-1]))
         return True
