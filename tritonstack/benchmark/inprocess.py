@@ -22,13 +22,12 @@ from tritonstack.serve import process_tree
 def inprocess_best_setting(repository: Path, images: list[bytes], settings: Settings) -> dict:
     """The thread/batch setting of the grid with the best in-process rate (a grid of one
     is its own best: nothing is measured to choose it)."""
+
+    def rate(setting: tuple[int, int, int]) -> float:
+        return _inprocess_run(repository, images, *setting, settings).images_per_s
+
     grid = settings.inprocess_grid
-    if len(grid) == 1:
-        (best,) = grid
-    else:
-        rates = {setting: _inprocess_run(repository, images, *setting, settings).images_per_s for setting in grid}
-        best = max(rates, key=rates.get)
-    batch, dali_threads, ort_threads = best
+    batch, dali_threads, ort_threads = grid[0] if len(grid) == 1 else max(grid, key=rate)
     return {"batch": batch, "dali_threads": dali_threads, "ort_threads": ort_threads}
 
 

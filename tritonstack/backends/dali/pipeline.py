@@ -77,7 +77,6 @@ class PipelineRunner:
         into shared memory once execute returns, so the last run before it returns can
         lend them: a copy of the batch (602 KB an image for a 224 x 224 FP32 crop)
         saved per run (docs/performance.md#where-the-serving-overhead-goes)."""
-        self._borrowed = None
         try:
             for name in self._input_names:
                 if len(feeds) == 1:
