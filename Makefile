@@ -97,7 +97,7 @@ LOCUST_IMAGE_TAG ?= tritonstack-locust:latest
 
 image: $(SETUP) $(INSTALLED)
 	$(PY) deploy/image/engine.py
-	$(PY) deploy/image/build.py --repository $(MODEL_REPOSITORY) --tag $(IMAGE_TAG) --locust-tag $(LOCUST_IMAGE_TAG)
+	$(PY) deploy/image/build_images.py --repository $(MODEL_REPOSITORY) --tag $(IMAGE_TAG) --locust-tag $(LOCUST_IMAGE_TAG)
 
 image-test: image
 	TRITONSTACK_IMAGE=$(IMAGE_TAG) TRITONSTACK_LOCUST_IMAGE=$(LOCUST_IMAGE_TAG) $(PY) -m pytest -p no:cacheprovider -v tests/image_checks.py

@@ -28,7 +28,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.image.build import LOCUST
+from deploy.image.build_images import LOCUST
 from tests.chart import (
     CHART,
     HELM,

@@ -1,6 +1,6 @@
 """Build the CPU serving image (`make image`):
 
-    python deploy/image/build.py --repository model_repository --tag tritonstack-cpu:latest
+    python deploy/image/build_images.py --repository model_repository --tag tritonstack-cpu:latest
 
 1. **The base**, once: Debian bookworm (`debootstrap --variant=minbase`, python3 and
    venv) from this machine's own apt source, read from /etc/apt at build time and
