@@ -299,7 +299,8 @@ def test_no_two_modules_share_a_file_name_but_model_py():
     """A name says which module it is: a command and its engine, two settings.py, never.
     The chart's files/ are links to the package's modules (Helm reads only inside the
     chart), not modules of their own."""
-    sources = [*PACKAGE.rglob("*.py"), *(PROJECT_ROOT / "deploy").rglob("*.py"), *(PROJECT_ROOT / "tests").rglob("*.py")]
+    sources = [*PACKAGE.rglob("*.py"), *(PROJECT_ROOT / "deploy").rglob("*.py")]
+    sources += (PROJECT_ROOT / "tests").rglob("*.py")
     names = [path.name for path in sources if not path.is_symlink() and path.name not in ("__init__.py", "model.py")]
     assert sorted({name for name in names if names.count(name) > 1}) == []
 
