@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import MODEL_REPOSITORY
+from tests.processes import wait_for
 from tritonstack.build.model_config import InstanceGroup, ModelConfig, Tensor
 from tritonstack.build.model_files import write_model_folder
 from tritonstack.serve.launcher import TritonServer
@@ -203,6 +204,23 @@ def load_error(client: httpclient.InferenceServerClient, name: str) -> str:
     except InferenceServerException as error:
         return str(error)
     raise AssertionError(f"model {name} loaded, expected a load failure")
+
+
+def unload(client: httpclient.InferenceServerClient, name: str, timeout_s: float = 60) -> None:
+    """Unload a model and return once Triton has finished. Its unload API answers before
+    the instances are finalized; a suite that loaded the next model meanwhile saw
+    tritonserver 2.51 die of SIGSEGV during that load (once, on a loaded CI machine)."""
+    client.unload_model(name)
+    wait_for(
+        lambda: all(
+            entry.get("state") == "UNAVAILABLE"
+            for entry in client.get_model_repository_index()
+            if entry["name"] == name
+        ),
+        timeout_s,
+        interval_s=0.05,
+        what=f"model {name} unloaded",
+    )
 
 
 def infer_http(client, model: str, arrays: dict[str, np.ndarray], outputs: list[str], version: str = "", **options):

@@ -374,7 +374,7 @@ def test_host_pool_reserve_parameter_holds_dalis_pool_from_load(repository, http
         assert grown["pool_reserved"] < 8 and grown["pool_as_needed"] >= 16, anonymous
     finally:
         for name in anonymous:
-            http.unload_model(name)
+            rf.unload(http, name)
 
 
 def anonymous_mib(stub: psutil.Process) -> float:
@@ -529,8 +529,7 @@ def test_backend_config_reaches_the_dali_stubs(tmp_path):
         np.testing.assert_array_equal(
             rf.infer_http(client, name, {"DALI_INPUT_0": data}, ["DALI_OUTPUT_0"]).as_numpy("DALI_OUTPUT_0"), data
         )
-        client.unload_model(name)
-        wait_for(lambda: not client.is_model_ready(name), timeout_s=30)
+        rf.unload(client, name)
         log = server.log_path.read_text(errors="replace")
     assert "Failed to load plugin libs: /nonexistent/libnot_a_plugin.so" in log, log[-2000:]
 

@@ -109,7 +109,7 @@ def test_every_element_type_is_auto_completed(onnx_type, triton_type, numpy_type
             )
             np.testing.assert_array_equal(rf.infer_http(http, name, {"X": data}, ["Y"]).as_numpy("Y"), data)
     finally:
-        http.unload_model(name)
+        rf.unload(http, name)
 
 
 def test_thread_parameters_and_merged_batches(repository, http):
