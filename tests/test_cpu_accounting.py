@@ -63,8 +63,8 @@ def test_roles_keep_what_they_spent_and_the_rest_holds_what_exited():
 
 def test_the_whole_served_cost_counts_the_rest():
     served = {"tritonserver": 1.0, DALI_PREPROCESS: 3.0, CLASSIFIER: 10.0, process_tree.REST: 0.5}
-    cost = serving_cost(served, {"dali": 2.0, "fp32": 9.0})
-    assert cost.served_vs_floor == pytest.approx(14.5 / 11.0, abs=1e-3)
+    cost = serving_cost([served], {"dali": [2.0], "fp32": [9.0]})
+    assert cost.served_vs_floor.value == pytest.approx(14.5 / 11.0, abs=1e-3)
 
 
 def test_the_in_process_reference_is_not_charged_for_threads_not_its_own():

@@ -105,6 +105,7 @@ def _classifier(repository: Path, preset_name: str, tensors: np.ndarray) -> Call
 class CostFigures:
     cpu_ms_per_image: dict[str, float]  # per library: the median of the rounds
     cpu_ms_per_image_spread: dict[str, list[float]]
+    cpu_ms_per_image_rounds: dict[str, list[float]]  # per library, round by round: the floors' rounds
     int8_vs_fp32_ensemble_ceiling: Median
     dali_vs_pil_ensemble_ceiling: Median
 
@@ -129,6 +130,7 @@ def cost_figures(repository: Path, images: list[bytes], repeats: int, log=print)
         cpu_ms_per_image_spread={
             name: [round(float(values.min()), 3), round(float(values.max()), 3)] for name, values in costs.items()
         },
+        cpu_ms_per_image_rounds={name: [round(float(value), 3) for value in values] for name, values in costs.items()},
         int8_vs_fp32_ensemble_ceiling=Median.of(
             ratios(list(costs["dali"] + costs["fp32"]), list(costs["dali"] + costs["int8"]))
         ),
@@ -145,36 +147,58 @@ IDLE_MS_PER_IMAGE = 0.05
 
 @dataclass(frozen=True)
 class ServingCost:
-    served_cpu_ms_per_image: dict[str, float]  # tritonserver and each model's stubs
+    served_cpu_ms_per_image: dict[str, float]  # tritonserver and each model's stubs (medians of the rounds)
     served_overhead_ms_per_image: dict[str, float]  # each step over its library alone
-    served_vs_floor: float | None  # the whole served cost / (dali + fp32) in process
-    served_dali_vs_peer_preprocess: float | None  # the DALI step served / pil_8bit in process
+    served_vs_floor: Median  # the whole served cost / (dali + fp32) in process, round by round
+    served_dali_vs_peer_preprocess: Median  # the DALI step served / pil_8bit in process, round by round
 
 
-def serving_cost(served: dict[str, float], floors: dict[str, float]) -> ServingCost:
-    """`served`: CPU ms per image by process role ("tritonserver", model names) in the
-    rounds; `floors`: cost_figures' cpu_ms_per_image. What serving adds to each step
-    (tritonserver adds all of its own), and two ratios: the whole served cost over the
-    libraries' (dali + fp32), the DALI step served over the peer's Pillow (pil_8bit)."""
-    steps = {DALI_PREPROCESS: "dali", CLASSIFIER: "fp32"}
-    served = {name: value for name, value in served.items() if value >= IDLE_MS_PER_IMAGE}
+STEP_LIBRARIES = {DALI_PREPROCESS: "dali", CLASSIFIER: "fp32"}
+
+
+def serving_cost(served_rounds: list[dict[str, float]], floor_rounds: dict[str, list[float]]) -> ServingCost:
+    """`served_rounds`: CPU ms per image by process role ("tritonserver", model names),
+    one dict per served round; `floor_rounds`: each library's CPU ms per image alone, one
+    value per in-process round (cost_figures' cpu_ms_per_image_rounds). What serving
+    adds to each step (tritonserver adds all of its own), on the medians; and two
+    ratios, round i served over round i in process, with their interval: the whole
+    served cost over the libraries' (dali + fp32), the DALI step served over the peer's
+    Pillow (pil_8bit). A round missing either side gives no ratio."""
+    served = _medians(served_rounds)
+    floors = {library: float(np.median(values)) for library, values in floor_rounds.items() if values}
     overhead = {
-        name: served[name] - floors[library] for name, library in steps.items() if name in served and library in floors
+        name: served[name] - floors[library]
+        for name, library in STEP_LIBRARIES.items()
+        if name in served and library in floors
     }
     if "tritonserver" in served:
         overhead["tritonserver"] = served["tritonserver"]
-    known = all(name in served for name in steps) and all(library in floors for library in steps.values())
-    # The whole tree's: a stub that exited within the rounds is in REST (process_tree).
-    total = sum(served.get(name, 0.0) for name in ("tritonserver", *steps, process_tree.REST))
-    floor = sum(floors.get(library, 0.0) for library in steps.values())
-    peer_preprocess = floors.get("pil_8bit")
+    floor_totals = [sum(pair) for pair in zip(*(floor_rounds.get(library, []) for library in STEP_LIBRARIES.values()))]
     return ServingCost(
         served_cpu_ms_per_image={name: round(value, 3) for name, value in served.items()},
         served_overhead_ms_per_image={name: round(value, 3) for name, value in overhead.items()},
-        served_vs_floor=round(total / floor, 3) if known and floor else None,
-        served_dali_vs_peer_preprocess=(
-            round(served[DALI_PREPROCESS] / peer_preprocess, 3)
-            if DALI_PREPROCESS in served and peer_preprocess
-            else None
+        served_vs_floor=Median.of(ratios([_whole(roles) for roles in served_rounds], floor_totals)),
+        served_dali_vs_peer_preprocess=Median.of(
+            ratios([roles.get(DALI_PREPROCESS) for roles in served_rounds], floor_rounds.get("pil_8bit", []))
         ),
     )
+
+
+def _medians(served_rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each role's median over the rounds that measured it; a model the rounds did not
+    call (its stubs still tick: memory accounting) left out."""
+    by_role: dict[str, list[float]] = {}
+    for roles in served_rounds:
+        for name, value in roles.items():
+            by_role.setdefault(name, []).append(value)
+    medians = {name: float(np.median(values)) for name, values in by_role.items()}
+    return {name: value for name, value in medians.items() if value >= IDLE_MS_PER_IMAGE}
+
+
+def _whole(roles: dict[str, float]) -> float | None:
+    """One round's whole served cost per image: tritonserver, both steps and the rest
+    (a stub that exited within the round: process_tree); None where a step was not
+    measured."""
+    if not all(roles.get(name, 0.0) >= IDLE_MS_PER_IMAGE for name in STEP_LIBRARIES):
+        return None
+    return sum(roles.get(name, 0.0) for name in ("tritonserver", *STEP_LIBRARIES, process_tree.REST))

@@ -123,7 +123,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="benchmark-") as folder:
         trace_file = Path(folder) / "trace.json"
         logs = loadgen_dir or Path(folder) / "loadgen"
-        served, by_model, client_times = _run_on_server(
+        served, served_rounds, client_times = _run_on_server(
             settings, repository, images, setting, log, server, trace_file, logs
         )
         # The server has stopped: its trace file is complete.
@@ -131,7 +131,7 @@ def run(
     log("INT8 vs FP32 classifier on the parity corpus (in process)...")
     agreement = int8_agreement(repository)
     costs = cost_figures(repository, images, settings.repeats, log)
-    served_cost = serving_cost(by_model, costs.cpu_ms_per_image)
+    served_cost = serving_cost(served_rounds, costs.cpu_ms_per_image_rounds)
     return report(BENCHMARK, machine, *served, trace, agreement, costs, served_cost)
 
 
@@ -152,9 +152,9 @@ def _run_on_server(
     server,
     trace_file: Path,
     loadgen_dir: Path,
-) -> tuple[list, dict[str, float], list[tuple[int, int]]]:
+) -> tuple[list, list[dict[str, float]], list[tuple[int, int]]]:
     """Every measurement through a server: the figure groups, each process role's CPU
-    per image in the HTTP rounds (serving_cost's input), and the client's times of the
+    per image in each HTTP round (serving_cost's input), and the client's times of the
     traced requests (none on a given server)."""
     own = server is None
     with (
@@ -187,8 +187,8 @@ def _run_on_server(
         rates = {"ours": rounded.http_images_per_s.value, "peer": compared.peer_images_per_s.value}
         measured_by_loadgen = loadgen_comparison(server, peer, images, in_flight, rates, settings, loadgen_dir, log)
         served = [rounded, state, single, looped, capacity, compared, measured_by_loadgen]
-        by_model = median_by_model(rounds.get("http", []))
-        return served, by_model, traced_single_requests(server, settings.traced_requests) if own else []
+        served_rounds = [phase.cpu_ms_per_image_by_model for phase in rounds.get("http", [])]
+        return served, served_rounds, traced_single_requests(server, settings.traced_requests) if own else []
 
 
 def loadgen_comparison(
@@ -326,15 +326,6 @@ def round_figures(rounds: dict[str, list[Phase]], settings: Settings, saturation
         ),
         errors=saturation_errors + sum(phase.errors for phases in rounds.values() for phase in phases),
     )
-
-
-def median_by_model(phases: list[Phase]) -> dict[str, float]:
-    """Each process role's CPU ms per image, the median over the phases that measured it."""
-    by_model: dict[str, list[float]] = {}
-    for phase in phases:
-        for name, value in phase.cpu_ms_per_image_by_model.items():
-            by_model.setdefault(name, []).append(value)
-    return {name: float(np.median(values)) for name, values in by_model.items()}
 
 
 @dataclass(frozen=True)
