@@ -64,7 +64,8 @@ def test_benchmark_writes_every_key(server, model_repository, tmp_path):
     # LoadGen ran Offline and the Server search against both sides, and its logs are kept.
     for side in ("ours", "peer"):
         assert written["loadgen"][side]["offline_images_per_s"] > 1 and written["loadgen"][side]["server_runs"]
-        assert "Result is" in (loadgen_logs / side / "offline" / "mlperf_log_summary.txt").read_text()
+        assert "Result is" in (loadgen_logs / side / "offline_1" / "mlperf_log_summary.txt").read_text()
+        assert len(written["loadgen"][side]["offline_rounds"]) == load_settings.SMOKE.loadgen.offline_rounds
 
 
 def test_a_ratio_is_taken_per_round_and_skips_empty_ones():

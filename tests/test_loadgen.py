@@ -14,6 +14,7 @@ from tritonstack.measure.loadgen import (
     Scenario,
     ScenarioResult,
     TritonHttpTarget,
+    comparison,
     detail_records,
     highest_valid_rate,
     read_result,
@@ -96,6 +97,28 @@ def test_a_rate_answered_with_errors_is_not_a_valid_rate():
 def test_the_search_stops_when_the_lowest_rate_fails():
     best, runs = highest_valid_rate(lambda rate: synthetic(rate, limit=5.0), low=10, high=200)
     assert best is None and len(runs) == 1
+
+
+def side(offline_rounds: list[float | None], server_valid_rate: float | None) -> dict:
+    return {"offline_rounds": offline_rounds, "server_valid_rate": server_valid_rate}
+
+
+def test_ours_over_the_peers_offline_round_by_round_and_server_rate():
+    figures = {"ours": side([120.0, 100.0, 110.0], 90.0), "peer": side([100.0, 100.0, 100.0], 60.0)}
+    compared = comparison(figures)
+    # Round by round, ours over the peer's: 1.2, 1.0, 1.1.
+    assert compared.loadgen_vs_peer_offline.value == pytest.approx(1.1)
+    assert compared.loadgen_vs_peer_offline.spread == pytest.approx([1.0, 1.2])
+    assert compared.loadgen_vs_peer_offline.n == 3
+    assert compared.loadgen_vs_peer_server == pytest.approx(1.5)
+
+
+def test_a_round_not_valid_gives_no_offline_ratio_and_no_rate_no_server_ratio():
+    compared = comparison({"ours": side([120.0, None, 110.0], None), "peer": side([100.0, 100.0, None], 60.0)})
+    assert compared.loadgen_vs_peer_offline.value == pytest.approx(1.2)  # only round 1 has both sides
+    assert compared.loadgen_vs_peer_offline.n == 1
+    assert compared.loadgen_vs_peer_server is None
+    assert comparison(None).loadgen_vs_peer_offline.value is None
 
 
 def test_loadgen_judges_our_server_and_keeps_its_logs(server, tmp_path):

@@ -18,14 +18,16 @@ P99_BOUND_MS = 150.0
 @dataclass(frozen=True)
 class LoadGenPlan:
     """What `loadgen_figures` runs for each side: Offline at the side's own best
-    concurrency, then the Server search between `low` and `high` times that Offline
-    throughput for the highest rate LoadGen judges VALID: its `percentile` latency under
-    `bound_ms`."""
+    concurrency, `offline_rounds` times interleaved with the other side's (a ratio per
+    round, as the closed loops'), then the Server search between `low` and `high` times
+    the median Offline throughput for the highest rate LoadGen judges VALID: its
+    `percentile` latency under `bound_ms`."""
 
     bound_ms: float
     offline_seconds: float
     server_seconds: float
     steps: int
+    offline_rounds: int = 5
     low: float = 0.4
     high: float = 1.0
     percentile: float = 0.99
@@ -91,7 +93,15 @@ SMOKE = Settings(
     capacity_s=1.0,
     open_loop_min_requests=0,
     # The 90th percentile: LoadGen's early stopping is met by ~50 queries, not ~460.
-    loadgen=LoadGenPlan(P99_BOUND_MS, offline_seconds=0.5, server_seconds=0.5, steps=1, percentile=0.9, min_queries=48),
+    loadgen=LoadGenPlan(
+        P99_BOUND_MS,
+        offline_seconds=0.5,
+        server_seconds=0.5,
+        steps=1,
+        percentile=0.9,
+        min_queries=48,
+        offline_rounds=2,
+    ),
 )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import re
 import threading
@@ -32,10 +33,13 @@ from pathlib import Path
 
 import aiohttp
 import mlperf_loadgen as lg
+import numpy as np
 import tritonclient.http as httpclient
 
 from tritonstack.contract import pad_batch
+from tritonstack.measure.figures import Median
 from tritonstack.measure.load_settings import SERVER_MIN_QUERIES, LoadGenPlan
+from tritonstack.measure.rounds import interleaved, ratios
 
 # The records of mlperf_log_detail.txt that a result is read from.
 DETAIL_PREFIX = ":::MLLOG "
@@ -281,19 +285,22 @@ def loadgen_figures(
     sides: dict[str, tuple[Target, int, float]], images: Sequence[bytes], plan: LoadGenPlan, log_dir: Path, log=print
 ) -> dict[str, dict]:
     """For each side (name -> its adaptor, its best concurrency and the rate the
-    benchmark's closed loop measured there): LoadGen's Offline
-    throughput and the highest Poisson rate it judges VALID, each run's logs under
-    log_dir/<side>. Both sides see the same images and settings."""
+    benchmark's closed loop measured there): LoadGen's Offline throughput in
+    `plan.offline_rounds` rounds interleaved across the sides, and the highest Poisson
+    rate it judges VALID, each run's logs under log_dir/<side>. Both sides see the same
+    images and settings."""
+    offline = offline_rounds(sides, images, plan, log_dir, log)
     figures = {}
-    for name, (target, concurrency, rate) in sides.items():
-        offline = run_offline(target, images, plan.offline_seconds, log_dir / name / "offline", concurrency, rate)
+    for name, (target, _, _) in sides.items():
+        rates = [result.samples_per_s if result.met else None for result in offline[name]]
+        seed = float(np.median([result.samples_per_s for result in offline[name]]))
         run = server_run(target, images, plan, log_dir / name)
-        best, runs = highest_valid_rate(
-            run, plan.low * offline.samples_per_s, plan.high * offline.samples_per_s, plan.steps
-        )
-        log(f"LoadGen, {name}: Offline {offline.samples_per_s:.1f} images/s, Server {_rate(best)} requests/s VALID")
+        best, runs = highest_valid_rate(run, plan.low * seed, plan.high * seed, plan.steps)
+        log(f"LoadGen, {name}: Offline {seed:.1f} images/s (median), Server {_rate(best)} requests/s VALID")
+        met = [rate for rate in rates if rate is not None]
         figures[name] = {
-            "offline_images_per_s": round(offline.samples_per_s, 2) if offline.met else None,
+            "offline_images_per_s": round(float(np.median(met)), 2) if met else None,
+            "offline_rounds": [round(rate, 2) if rate is not None else None for rate in rates],
             "server_valid_rate": round(best.scheduled_per_s, 2) if best else None,
             "server_p99_ms": round(best.p99_ms, 1) if best else None,  # LoadGen reports the p99 always
             "server_runs": [[round(r.scheduled_per_s or 0, 2), r.met, round(r.p99_ms, 1)] for r in runs],
@@ -301,6 +308,24 @@ def loadgen_figures(
             "bound_ms": plan.bound_ms,
         }
     return figures
+
+
+def offline_rounds(
+    sides: dict[str, tuple[Target, int, float]], images: Sequence[bytes], plan: LoadGenPlan, log_dir: Path, log=print
+) -> dict[str, list[ScenarioResult]]:
+    """Each side's Offline run once a round, the sides in turn (measure.rounds), so
+    that drift on a shared machine moves both alike; round k's logs in
+    log_dir/<side>/offline_<k>."""
+
+    def measure(name: str) -> Callable[[], ScenarioResult]:
+        target, concurrency, rate = sides[name]
+        done = itertools.count(1)
+        return lambda: run_offline(
+            target, images, plan.offline_seconds, log_dir / name / f"offline_{next(done)}", concurrency, rate
+        )
+
+    log("LoadGen Offline, interleaved:")
+    return interleaved({name: measure(name) for name in sides}, plan.offline_rounds, log)
 
 
 def run_offline(target: Target, images: Sequence[bytes], seconds: float, log_dir: Path, concurrency: int, rate: float):
@@ -324,18 +349,17 @@ class LoadGenFigures:
     """The benchmark's LoadGen keys: each side's results and ours over the peer's."""
 
     loadgen: dict | None
-    loadgen_vs_peer_offline: float | None
+    loadgen_vs_peer_offline: Median
     loadgen_vs_peer_server: float | None
 
 
 def comparison(figures: dict[str, dict] | None, ours: str = "ours", theirs: str = "peer") -> LoadGenFigures:
-    """Ours over the peer's Offline throughput and highest valid Server rate; None where
-    a side has no valid result."""
+    """Ours over the peer's Offline throughput, round by round (a Median with its
+    interval; a round where a side's run was not VALID gives no ratio), and ours over
+    the peer's highest valid Server rate (one search each a run); None where a side has
+    no valid result."""
     if not figures:
-        return LoadGenFigures(None, None, None)
-
-    def ratio(key: str) -> float | None:
-        mine, peer = figures[ours][key], figures[theirs][key]
-        return round(mine / peer, 3) if mine and peer else None
-
-    return LoadGenFigures(figures, ratio("offline_images_per_s"), ratio("server_valid_rate"))
+        return LoadGenFigures(None, Median.of([]), None)
+    offline = ratios(figures[ours]["offline_rounds"], figures[theirs]["offline_rounds"])
+    mine, peer = figures[ours]["server_valid_rate"], figures[theirs]["server_valid_rate"]
+    return LoadGenFigures(figures, Median.of(offline), round(mine / peer, 3) if mine and peer else None)

@@ -4,15 +4,16 @@ shared machine moves both sides of a ratio alike; and the per-round ratios."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
-from tritonstack.measure.load_loops import Phase
+T = TypeVar("T")  # what a measure returns: a load loop's Phase, a LoadGen result
 
 
-def interleaved(measures: dict[str, Callable[[], Phase]], repeats: int, log=print) -> dict[str, list[Phase]]:
+def interleaved(measures: dict[str, Callable[[], T]], repeats: int, log=print) -> dict[str, list[T]]:
     """Each measure once per round, in the same order, `repeats` rounds: A, B, A, B...
     so that a machine that slows down or speeds up during the run moves both sides
     of a ratio alike."""
-    rounds: dict[str, list[Phase]] = {name: [] for name in measures}
+    rounds: dict[str, list[T]] = {name: [] for name in measures}
     for round_index in range(repeats):
         log(f"  round {round_index + 1}/{repeats}: {', '.join(measures)}")
         for name, measure in measures.items():
