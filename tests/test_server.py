@@ -17,7 +17,7 @@ from tritonstack.serve.launcher import ServerStartError, TritonServer
 from tritonstack.serve.layout import read_cores
 from tritonstack.serve.process_tree import group_processes, processes_by_role
 from tritonstack.serve.server_config import ServerConfig
-from tritonstack.serve.shm_cleanup import REGION_GLOB, held_regions, stub_regions
+from tritonstack.serve.shm_cleanup import REGION_GLOB, held_regions
 from tritonstack.serve.supervision import Supervision
 
 STUB = "triton_python_backend_stub"
@@ -80,59 +80,85 @@ def test_failed_start_shows_the_server_log(tmp_path):
     assert "empty_model" in str(failure.value)
 
 
-def left_behind(before: set[Path]) -> set[Path]:
-    """Stub regions new since `before` that no live process holds: another server (a
-    parallel test worker's) may be starting meanwhile, and its regions are its own."""
-    new = stub_regions() - before
-    return new - held_regions(psutil.pids()) if new else new
-
-
 def held_stub_regions(pgid) -> set[Path]:
     return {
         region for region in held_regions(process.pid for process in group_processes(pgid)) if region.match(REGION_GLOB)
     }
 
 
+class RegionsHeld:
+    """Every stub region the server's process group holds, polled from a thread every
+    20 ms while it runs, across relaunches (`server.process` changes): the regions the
+    launcher must remove at stop. A region a stub maps for its life, from before the
+    stub starts, is seen many times over. Regions new in /dev/shm are not judged
+    wholesale: another test worker's server may have just been killed, its regions not
+    yet removed by its own launcher."""
+
+    def __init__(self, server: TritonServer):
+        self.server = server
+        self.regions: set[Path] = set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._done.wait(0.02):
+            if self.server.process is not None:
+                self.regions |= held_stub_regions(self.server.process.pid)
+
+    def __enter__(self) -> "RegionsHeld":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def left(self) -> list[Path]:
+        return sorted(region for region in self.regions if region.exists())
+
+
 def test_stop_after_a_crash_removes_the_stubs_shared_memory(lite0_repository):
-    before = stub_regions()
     server = TritonServer(lite0_repository).start()
-    try:
-        regions = held_stub_regions(server.process.pid)
-        assert regions, "the Python backend maps one /dev/shm region per stub"
-        crashed = group_processes(server.process.pid)
-        os.killpg(server.process.pid, signal.SIGKILL)  # a crash: nobody unlinks them
-        server.process.wait()
-        # Until the last stub is gone it maps its region, and a mapped region is kept.
-        _, alive = psutil.wait_procs(crashed, timeout=30)
-        assert alive == [], alive
-    finally:
-        server.stop()
+    with RegionsHeld(server) as held:
+        try:
+            regions = held_stub_regions(server.process.pid)
+            assert regions, "the Python backend maps one /dev/shm region per stub"
+            crashed = group_processes(server.process.pid)
+            os.killpg(server.process.pid, signal.SIGKILL)  # a crash: nobody unlinks them
+            server.process.wait()
+            # Until the last stub is gone it maps its region, and a mapped region is kept.
+            _, alive = psutil.wait_procs(crashed, timeout=30)
+            assert alive == [], alive
+        finally:
+            server.stop()
     # Young as they are (a region of another server's may be young too), the
     # launcher saw its own server hold these: they are removed.
     assert [region for region in regions if os.path.exists(region)] == []
     # Nor those of the server the launcher started again after the crash.
-    assert left_behind(before) == set()
+    assert held.left() == []
     assert_nothing_left(server.process.pid, ports_of(server))
 
 
 def test_stop_while_a_restart_loads_leaves_no_shared_memory(lite0_repository):
     """Stopped while the server started again after a crash is still starting its
     stubs: the regions it had just created are removed too."""
-    before = stub_regions()
     server = TritonServer(lite0_repository).start()
-    try:
-        crashed = server.process
-        os.killpg(crashed.pid, signal.SIGKILL)
-        crashed.wait()
-        wait_for(
-            lambda: server.process is not crashed and STUB in names_in_group(server.process.pid),
-            timeout_s=60,
-            interval_s=0.02,
-            what="the restarted server's first stub",
-        )
-    finally:
-        server.stop()
-    assert left_behind(before) == set()
+    with RegionsHeld(server) as held:
+        try:
+            crashed = server.process
+            os.killpg(crashed.pid, signal.SIGKILL)
+            crashed.wait()
+            wait_for(
+                lambda: server.process is not crashed and STUB in names_in_group(server.process.pid),
+                timeout_s=60,
+                interval_s=0.02,
+                what="the restarted server's first stub",
+            )
+            # The restarted server's first stub holds its region.
+            wait_for(lambda: held_stub_regions(server.process.pid), timeout_s=30, interval_s=0.02, what="its region")
+        finally:
+            server.stop()
+    assert held.left() == []
     assert_nothing_left(server.process.pid, ports_of(server))
 
 
