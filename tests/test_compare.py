@@ -50,7 +50,8 @@ def test_two_servers_interleaved(lite0_repository, tmp_path, capsys):
     assert figures["b_over_a_n"] == 2
     assert figures["b_over_a_verdict"] in ("faster", "slower", "inconclusive")
     assert written["b"]["environment"] == {"DALI_MALLOC_POOL_THRESHOLD": "0"} and written["a"]["environment"] == {}
-    assert written["a"]["repository"] == written["b"]["repository"]
+    assert written["a"]["repository"] == written["b"]["repository"] == str(lite0_repository)  # as given
+    assert written["a"]["layout"] == written["b"]["layout"] == "repository"
     assert written["b"]["server_args"] == ["--metrics-config=summary_latencies=false"]
     assert written["a"]["server_args"] == []
     assert "| " + ENSEMBLE in capsys.readouterr().out

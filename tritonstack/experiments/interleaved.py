@@ -144,7 +144,8 @@ class CompareSettings:
         return self.models or (DALI_ENSEMBLE, INT8_ENSEMBLE)
 
     def repositories(self) -> dict[str, Path]:
-        return {"a": self.a.repository.resolve(), "b": (self.b.repository or self.a.repository).resolve()}
+        """Each side's repository as given (B's defaults to A's): what the report names."""
+        return {"a": self.a.repository, "b": self.b.repository or self.a.repository}
 
 
 def interleaved_sides(measure, models: list[str], rounds: int, log=print) -> dict[tuple[str, str], list[Phase]]:
@@ -264,7 +265,7 @@ def compare(args: CompareSettings, log=print) -> dict:
     environments = {side: dict(sides[side].env) for side in SIDES}
     recycles = {side: recycle_policy(sides[side].recycle_above_mib) for side in SIDES}
     supervisions = {side: Supervision(recycle=recycles[side], front_nice=sides[side].front_nice) for side in SIDES}
-    configs = {side: _server_config(sides[side], repositories[side]) for side in SIDES}
+    configs = {side: _server_config(sides[side], repositories[side].resolve()) for side in SIDES}
     with contextlib.ExitStack() as stack:
         servers = {
             side: stack.enter_context(TritonServer(configs[side], supervisions[side], environment=environments[side]))
@@ -278,6 +279,7 @@ def compare(args: CompareSettings, log=print) -> dict:
         **{
             side: {
                 "repository": str(repositories[side]),
+                "layout": sides[side].layout,
                 "environment": environments[side],
                 "recycle_above_mib": recycles[side].above_mib if recycles[side] else None,
                 "front_nice": supervisions[side].front_nice,
