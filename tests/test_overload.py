@@ -376,11 +376,13 @@ def test_the_overload_measurement_accounts_for_every_request(overload_target, cl
     computed, and the server is back to idle latency soon after. Stock clients, which
     send no `timeout`, are refused too: by the latency objective."""
     settings = goodput.OverloadSettings(
-        seconds=4.0, multiples=(3.0,), protocols=("grpc",), capacity_s=3.0, clients=clients
+        seconds=4.0, multiples=(3.0,), protocols=("grpc",), capacity_s=3.0, clients=clients, rounds=1
     )
     report = goodput.run_overload(overload_target, FIRST_STEP_ENSEMBLE, weighted_images(40), settings, log=quiet)
     phase = report["phases"][0]
-    assert report["capacity_rps"] > 0
+    assert report["capacity_rps"] > 0 and phase["round"] == 1
+    (load,) = report["loads"]  # one round: its figures, n=1 and no interval
+    assert load["goodput_share"] == phase["goodput_share"] and load["goodput_share_n"] == 1
     assert phase["failed"] == 0, phase["failures"]
     ended = ("in_time", "refused", "refused_by_client", "late")
     assert phase["sent"] == sum(phase[key] for key in ended) > 0, phase

@@ -14,6 +14,7 @@ from tritonstack.client.retry import DEADLINE_EXPIRED, QUEUE_FULL
 from tritonstack.client.throttle import ClientThrottledError
 from tritonstack.experiments import goodput, overload_soak
 from tritonstack.experiments.goodput import Load, Outcomes, phase_result, recovery_seconds, wasted_share
+from tritonstack.measure import figures
 
 DEADLINE_S = 1.0
 QUEUE_FULL_ERROR = InferenceServerException(QUEUE_FULL, status="StatusCode.UNAVAILABLE")
@@ -107,6 +108,29 @@ def test_recovery_gives_up_at_its_limit():
     recovery, answered = asyncio.run(recovery_seconds(probe, idle_s=0.06, since=0.0, clock=lambda: now[0]))
     assert recovery == goodput.RECOVERY_LIMIT_S
     assert answered == goodput.RECOVERY_LIMIT_S / 10.0
+
+
+def test_over_rounds_each_load_is_the_median_of_its_own_rounds():
+    """Three rounds of two loads: each load's figures are the median over its own rounds
+    (not the other load's), with n and an interval of those rounds; a round without a
+    refusal gives no refused p99; failures are summed."""
+    phases = []
+    for round_index, (goodput_at_3x, refused_p99) in enumerate([(0.9, 400.0), (0.7, None), (0.8, 480.0)], 1):
+        phases.append({**known_phase(), "round": round_index, "multiple": 1.5, "goodput_share": 1.0, "failed": 0})
+        phases.append(
+            {**known_phase(), "round": round_index, "goodput_share": goodput_at_3x, "refused_ms_p99": refused_p99}
+        )
+    at_1_5x, at_3x = goodput.over_rounds(phases)
+    assert (at_1_5x["multiple"], at_3x["multiple"]) == (1.5, 3.0)
+    assert at_1_5x["goodput_share"] == 1.0 and at_1_5x["failed"] == 0
+    assert at_3x["goodput_share"] == pytest.approx(0.8) and at_3x["goodput_share_n"] == 3
+    assert at_3x["goodput_share_spread"] == pytest.approx([0.7, 0.9])
+    low, high = at_3x["goodput_share_interval"]
+    assert 0.7 <= low <= 0.8 <= high <= 0.9
+    assert at_3x["refused_ms_p99"] == pytest.approx(440.0) and at_3x["refused_ms_p99_n"] == 2
+    assert at_3x["failed"] == 3  # the known trace's one failure, each round
+    declared = {figure.key for figure in figures.OVERLOAD_LOADS}
+    assert declared <= set(at_3x) and set(at_3x) <= set(figures.written_keys(figures.OVERLOAD_LOADS))
 
 
 def test_the_soaks_answered_p99_counts_answers_within_the_grace():

@@ -32,6 +32,12 @@ It writes, per protocol and multiple:
   the server's refusals;
 - recovery_s: wall seconds from the last send until a lone request has been answered
   within twice the idle latency again.
+
+With --rounds N the capacity and every open loop are measured N times, in rounds (the
+capacity, then each loop; again), and "loads" gives each protocol and multiple's figures
+as the median over the rounds with a 95 % bootstrap interval and n: one run of an
+overload gives one value per load, and runs on one machine differ by more than the
+targets' margins.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ CLIENTS = ("ours", "stock")
 WITHIN_CAPACITY = 0.9  # the multiple of --within-capacity: a busy hour, not an overload
 CAPACITY_CONCURRENCY = 16
 RECOVERY_LIMIT_S = 60.0
+ROUNDS = 5  # as `tritonstack compare`'s: the fewest whose [min, max] holds the median 94 % of the time
 RECOVERY_FACTOR = 2.0  # "back to idle": a lone request within twice the idle latency
 
 
@@ -302,6 +309,7 @@ def measure_capacity(target: Target, model: str, images: list[bytes], seconds: f
 class PhaseResult:
     """One open loop's figures, declared in tritonstack.measure.figures.OVERLOAD."""
 
+    round: int
     protocol: str
     clients: str
     multiple: float
@@ -338,6 +346,7 @@ def overload_phase(
     capacity: float,
     seed: int,
     settings: OverloadSettings,
+    round_index: int = 1,
 ) -> dict:
     """One open loop at `multiple` x `capacity` over `protocol`, then its recovery."""
     rate, seconds = multiple * capacity, settings.seconds
@@ -359,7 +368,7 @@ def overload_phase(
     after = settled_counts(target.http_url, steps, target.headers)
     result = phase_result(
         outcomes,
-        Load(protocol, settings.clients, multiple, capacity, seconds),
+        Load(protocol, settings.clients, multiple, capacity, seconds, round_index),
         computed={step: after[step] - before[step] for step in steps},
         probes=probes,
         idle_s=idle_s,
@@ -379,6 +388,7 @@ class Load:
     multiple: float
     capacity: float
     seconds: float
+    round: int = 1  # of --rounds
 
 
 def phase_result(
@@ -394,6 +404,7 @@ def phase_result(
     images over the phase, `probes`: the recovery's answered requests (computed too)."""
     in_time, sent = outcomes.in_time, max(outcomes.sent, 1)
     return PhaseResult(
+        round=load.round,
         protocol=load.protocol,
         clients=load.clients,
         multiple=load.multiple,
@@ -455,6 +466,13 @@ class OverloadSettings:
     capacity_s: float = cli.option(
         10.0, "--capacity-seconds", type=cli.positive_float, help="the closed loop that measures the capacity"
     )
+    rounds: int = cli.option(
+        ROUNDS,
+        "--rounds",
+        type=cli.positive_int,
+        help="the capacity and every open loop measured this many times, in rounds; each load's figures are the "
+        "median over them with a 95 %% interval (1: one value a load, no interval)",
+    )
     clients: str = cli.option(
         "ours",
         "--clients",
@@ -468,19 +486,70 @@ class OverloadSettings:
 
 
 def run_overload(target: Target, model: str, images: list[bytes], settings: OverloadSettings, log=print) -> dict:
-    capacity = measure_capacity(target, model, images, settings.capacity_s)
-    log(f"capacity: {capacity:.1f} requests/s (closed loop, {CAPACITY_CONCURRENCY} in flight, gRPC)")
-    phases = []
-    for protocol in settings.protocols:
-        for multiple in settings.multiples:
-            log(
-                f"{protocol}, {settings.clients} clients, at {multiple:g}x ({multiple * capacity:.0f} requests/s) "
-                f"for {settings.seconds:g} s ..."
-            )
-            phase = overload_phase(target, model, images, protocol, multiple, capacity, len(phases), settings)
-            log("  " + phase_line(phase))
-            phases.append(phase)
-    return {"model": model, "capacity_rps": capacity, "settings": settings.as_dict(), "phases": phases}
+    capacities, phases = [], []
+    for round_index in range(1, settings.rounds + 1):
+        if settings.rounds > 1:
+            log(f"round {round_index}/{settings.rounds}")
+        capacity = measure_capacity(target, model, images, settings.capacity_s)
+        capacities.append(capacity)
+        log(f"capacity: {capacity:.1f} requests/s (closed loop, {CAPACITY_CONCURRENCY} in flight, gRPC)")
+        for protocol in settings.protocols:
+            for multiple in settings.multiples:
+                log(
+                    f"{protocol}, {settings.clients} clients, at {multiple:g}x ({multiple * capacity:.0f} "
+                    f"requests/s) for {settings.seconds:g} s ..."
+                )
+                seed = len(phases)  # a new arrival sequence for every loop, rounds included
+                phase = overload_phase(target, model, images, protocol, multiple, capacity, seed, settings, round_index)
+                log("  " + phase_line(phase))
+                phases.append(phase)
+    loads = over_rounds(phases)
+    for load in loads:
+        log(load_line(load))
+    return {
+        "model": model,
+        "capacity_rps": float(np.median(capacities)),
+        "capacity_rps_rounds": capacities,
+        "settings": settings.as_dict(),
+        "phases": phases,
+        "loads": loads,
+    }
+
+
+def over_rounds(phases: list[dict]) -> list[dict]:
+    """Per protocol and multiple, in the order first run: each figure declared in
+    tritonstack.measure.figures.OVERLOAD_LOADS as its median over the rounds, with its
+    interval and n (a round that measured none, e.g. no refusal to take a p99 of,
+    gives no value), and the failed requests of every round summed."""
+    loads = []
+    for protocol, multiple in dict.fromkeys((phase["protocol"], phase["multiple"]) for phase in phases):
+        rounds = [phase for phase in phases if (phase["protocol"], phase["multiple"]) == (protocol, multiple)]
+        load = {"protocol": protocol, "multiple": multiple, "failed": sum(phase["failed"] for phase in rounds)}
+        for figure in figures.OVERLOAD_LOADS:
+            if figure.spread:
+                values = [phase[figure.key] for phase in rounds if phase[figure.key] is not None]
+                load |= figures.Median.of(values).written(figure.key)
+        loads.append(load)
+    return loads
+
+
+def interval_text(load: dict, key: str, digits: int = 2) -> str:
+    """`0.89 [0.85, 0.93]`, or the value alone without an interval, or "-"."""
+    value, interval = load[key], load[f"{key}_interval"]
+    if value is None:
+        return "-"
+    text = f"{value:.{digits}f}"
+    return f"{text} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else text
+
+
+def load_line(load: dict) -> str:
+    return (
+        f"{load['protocol']} at {load['multiple']:g}x, n={load['goodput_share_n']}: "
+        f"goodput {interval_text(load, 'goodput_share')}, wasted {interval_text(load, 'wasted_share')}, "
+        f"refused p99 {interval_text(load, 'refused_ms_p99', 0)} ms, "
+        f"answered p99 {interval_text(load, 'answered_ms_p99', 0)} ms, "
+        f"recovery {interval_text(load, 'recovery_s', 1)} s, failed {load['failed']}"
+    )
 
 
 def ms_text(value: float | None) -> str:

@@ -338,8 +338,9 @@ COMPARE = (
     Figure("b_over_a_ms_p99_verdict", "", "B faster (interval below 1) or slower (above), else inconclusive"),
 )
 
-# `tritonstack overload`: per protocol and load multiple, under "phases".
+# `tritonstack overload`: per round, protocol and load multiple, under "phases".
 OVERLOAD = (
+    Figure("round", "", "which of the --rounds the loop belongs to (from 1)"),
     Figure("protocol", "", "grpc or http"),
     Figure("clients", "", "ours (the deadline also sent as Triton's timeout) or stock (Triton's clients, no timeout)"),
     Figure("multiple", "x capacity", "the offered load"),
@@ -367,6 +368,23 @@ OVERLOAD = (
     Figure("server_rss_growth_mb", "MiB", "tritonserver's process tree right after the load, less before it"),
 )
 
+# `tritonstack overload`: per protocol and load multiple over the --rounds, under "loads".
+OVERLOAD_LOADS = (
+    Figure("protocol", "", "grpc or http"),
+    Figure("multiple", "x capacity", "the offered load"),
+    Figure("failed", "requests", "every round's failed requests"),
+    _median("goodput_share", "fraction", "answered in time / (that round's capacity x seconds)"),
+    _median("goodput_rps", "requests/s", "answered in time per second"),
+    _median("refused_share", "fraction", "the server's refusals / sent"),
+    _median("refused_by_client_share", "fraction", "our client's own refusals / sent"),
+    _median("late_share", "fraction", "late / sent"),
+    _median("wasted_share", "fraction", "the worst step's computed images that reached nobody in time"),
+    _median("answered_ms_p99", "ms", "p99 of every answer, late ones included"),
+    _median("refused_ms_p99", "ms", "p99 of the server's refusals (rounds with a refusal)"),
+    _median("recovery_s", "s", "wall time from the last send until a lone request is back within twice idle"),
+    _median("server_rss_growth_mb", "MiB", "tritonserver's process tree right after the load, less before it"),
+)
+
 # `tritonstack overload --soak`: per period of the swinging load, under "periods".
 OVERLOAD_SOAK = (
     Figure("multiple", "x capacity", "the period's load"),
@@ -388,6 +406,7 @@ GROUPS = {
     "audio": AUDIO,
     "compare": COMPARE,
     "overload": OVERLOAD,
+    "overload_loads": OVERLOAD_LOADS,
     "overload_soak": OVERLOAD_SOAK,
 }
 
