@@ -13,6 +13,7 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
+from tests.answers import wait_until_it_answers
 from tests.conftest import TEST_STOP_GRACE_S
 from tests.processes import wait_for
 from tritonstack.client.classifier import ClassifierClient
@@ -58,17 +59,6 @@ def good_load(server: TritonServer) -> MixedLoad:
 def answering(load: MixedLoad, answered: int = 2) -> None:
     """Both workers are sending and answers arrive (polled, not slept on)."""
     wait_for(lambda: load.tally.counts["valid_ok"] >= answered, timeout_s=60, what=f"{answered} answers")
-
-
-def wait_until_it_answers(server: TritonServer, deadline: float) -> float:
-    with ClassifierClient(server.http_url, retry=NO_RETRY) as client:
-        while time.monotonic() < deadline:
-            try:
-                assert client.classify([photo_bytes("coffee.png")], top_k=1)[0][0].label == "espresso"
-                return time.monotonic()
-            except Exception:
-                time.sleep(0.2)
-    raise AssertionError(f"no answer within {RECOVERY_S} s")
 
 
 def test_a_reload_to_fewer_instances_is_no_stub_death(triton):

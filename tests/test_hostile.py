@@ -31,10 +31,9 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
+from tests.answers import classify_coffee, wait_until_it_answers
 from tests.conftest import TEST_STOP_GRACE_S
 from tests.test_bad_input import decompression_bomb  # a 16x16 JPEG declaring 60000x60000
-from tritonstack.client.classifier import ClassifierClient
-from tritonstack.client.retry import NO_RETRY
 from tritonstack.contract import BATCH_PRIORITY, pad_batch
 from tritonstack.repository_files import read_config
 from tritonstack.samples.photos import photo_bytes
@@ -90,23 +89,6 @@ def triton(hostile_repository):
     config = ServerConfig(hostile_repository, stop_grace_s=TEST_STOP_GRACE_S)
     with TritonServer(config, Supervision(recycle=None, memory_limits=LIMITS)) as running:
         yield running
-
-
-def classify_coffee(server: TritonServer) -> str:
-    with ClassifierClient(server.http_url, retry=NO_RETRY) as client:
-        return client.classify([photo_bytes("coffee.png")], top_k=1)[0][0].label
-
-
-def wait_until_it_answers(server: TritonServer, deadline: float) -> float:
-    """Polls until a photo is classified right; the time it was."""
-    while time.monotonic() < deadline:
-        try:
-            if classify_coffee(server) == "espresso":
-                return time.monotonic()
-        except Exception:  # refused connection, 503 while loading: not back yet
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"no answer within {RECOVERY_S} s:\n{server.log_tail()}")
 
 
 def poll(condition, timeout_s: float, every_s: float = 0.1) -> bool:

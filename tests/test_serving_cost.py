@@ -4,7 +4,7 @@ process, and a round missing a side giving no ratio. Pure: no server."""
 
 import pytest
 
-from tritonstack.benchmark.cost import serving_cost
+from tritonstack.benchmark.cost import figures_of_costs, serving_cost
 from tritonstack.measure.load_loops import Phase
 from tritonstack.measure.measured_models import CLASSIFIER, DALI_PREPROCESS
 
@@ -15,6 +15,7 @@ FLOORS = {
     "pil_8bit": [4.0, 4.0, 5.0],
     "fp32": [9.0, 9.0, 10.0],
     "int8": [5.0, 5.0, 5.0],
+    "fp32_two_threads": [9.9, 11.7, 10.0],
 }
 
 
@@ -75,3 +76,15 @@ def test_cpu_per_image_counts_the_warmup_window_at_the_measured_rate():
         [phase.cpu_ms_per_image_by_model, other.cpu_ms_per_image_by_model, Phase().cpu_ms_per_image_by_model], {}
     )
     assert cost.served_cpu_ms_per_image == pytest.approx({"tritonserver": 1.0, CLASSIFIER: 15.0})
+
+
+def test_the_in_process_ratios_are_taken_round_by_round_each_the_right_way_up():
+    figures = figures_of_costs(FLOORS)
+    assert figures.cpu_ms_per_image["fp32"] == 9.0 and figures.cpu_ms_per_image_spread["fp32"] == [9.0, 10.0]
+    # (dali + fp32) / (dali + int8): 11/7, 11/7, 12/7
+    assert figures.int8_vs_fp32_ensemble_ceiling.value == pytest.approx(11 / 7)
+    # (pil + fp32) / (dali + fp32): 11.75/11, 11.75/11, 12.75/12
+    assert figures.dali_vs_pil_ensemble_ceiling.value == pytest.approx(11.75 / 11)
+    # two threads over one: 1.1, 1.3, 1.0 -> 1.1 (the ratio of the medians, 10.0 / 9.0, would read 1.11)
+    assert figures.classifier_two_threads_vs_one_cpu.value == pytest.approx(1.1)
+    assert figures.classifier_two_threads_vs_one_cpu.n == 3

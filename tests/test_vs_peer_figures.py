@@ -41,6 +41,22 @@ def test_each_ratio_is_taken_within_a_round_before_the_median():
     assert peer_figures(rounds, open_loop=None).vs_peer_throughput.value == pytest.approx(2.0)  # 2, 1, 2
 
 
+def test_the_saturation_p99_is_ours_over_the_peers_within_each_round():
+    """Our p99 over the peer's, round by round (40/50, 120/100, 60/80 ms): median 0.8;
+    a round where a side answered nothing gives no ratio."""
+
+    def answered(ms_p99: float) -> Phase:
+        return Phase(latencies_s=[0.01] * 98 + [ms_p99 / 1000] * 2, seconds=10.0)
+
+    rounds = {
+        "http": [answered(40), answered(120), answered(60), Phase(latencies_s=[], seconds=10.0)],
+        "peer": [answered(50), answered(100), answered(80), answered(70)],
+    }
+    saturation_p99 = peer_figures(rounds, open_loop=None).vs_peer_saturation_p99
+    assert saturation_p99.value == pytest.approx(0.8, rel=0.01) and saturation_p99.n == 3
+    assert saturation_p99.spread == pytest.approx([0.75, 1.2], rel=0.01)
+
+
 def test_the_peers_own_concurrency_is_reported_and_its_saturation_failures_counted():
     rounds = {"http": [phase(120, 8.0)], "peer": [phase(100, 10.0)]}
     figures = peer_figures(rounds, open_loop=None, saturation=(16, 3))

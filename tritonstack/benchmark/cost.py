@@ -18,8 +18,10 @@ floor (DALI + the FP32 classifier), and the DALI step served over the peer's Pil
 preprocessing in process.
 
 Each library runs on one thread over batches of 8 of the benchmark's images, its
-CPU time read with time.process_time (every thread of this process), the four
-measures interleaved round by round.
+CPU time read with time.process_time (every thread of this process), the measures
+interleaved round by round. The FP32 classifier once more on two threads
+(`fp32_two_threads`): what one instance of two threads would cost beside two instances
+of one, the layout's choice (`classifier_two_threads_vs_one_cpu`).
 """
 
 from __future__ import annotations
@@ -90,10 +92,12 @@ def _pillow_8bit() -> Callable[[list[bytes]], np.ndarray] | None:
     return lambda batch: np.stack([preprocess_8bit(data, p.resize_shorter, p.crop, p.mean, p.std) for data in batch])
 
 
-def _classifier(repository: Path, preset_name: str, tensors: np.ndarray) -> Callable[[list[bytes]], object]:
+def _classifier(
+    repository: Path, preset_name: str, tensors: np.ndarray, threads: int = 1
+) -> Callable[[list[bytes]], object]:
     classifier = preset_named(preset_name).classifier
     options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the served models
     session = ort.InferenceSession(
         str(repository / classifier.name / VERSION / ONNX_MODEL_FILENAME), options, providers=["CPUExecutionProvider"]
@@ -108,6 +112,7 @@ class CostFigures:
     cpu_ms_per_image_rounds: dict[str, list[float]]  # per library, round by round: the floors' rounds
     int8_vs_fp32_ensemble_ceiling: Median
     dali_vs_pil_ensemble_ceiling: Median
+    classifier_two_threads_vs_one_cpu: Median
 
 
 def cost_figures(repository: Path, images: list[bytes], repeats: int, log=print) -> CostFigures:
@@ -119,11 +124,18 @@ def cost_figures(repository: Path, images: list[bytes], repeats: int, log=print)
         "pil": CpuCost(_pillow, images),
         "fp32": CpuCost(_classifier(repository, DALI_PRESET, tensors), images),
         "int8": CpuCost(_classifier(repository, INT8_PRESET, tensors), images),
+        "fp32_two_threads": CpuCost(_classifier(repository, DALI_PRESET, tensors, threads=2), images),
     }
     if _pillow_8bit():
         measures["pil_8bit"] = CpuCost(_pillow_8bit(), images)
     log("CPU per image of each library alone, one thread (in process)...")
     rounds = interleaved(measures, repeats, log)
+    return figures_of_costs(rounds)
+
+
+def figures_of_costs(rounds: dict[str, list[float]]) -> CostFigures:
+    """From each measure's CPU ms per image, round by round: the medians, and each ratio
+    taken within a round (both sides measured seconds apart) before its median."""
     costs = {name: np.asarray(values) for name, values in rounds.items()}
     return CostFigures(
         cpu_ms_per_image={name: round(float(np.median(values)), 3) for name, values in costs.items()},
@@ -137,6 +149,7 @@ def cost_figures(repository: Path, images: list[bytes], repeats: int, log=print)
         dali_vs_pil_ensemble_ceiling=Median.of(
             ratios(list(costs["pil"] + costs["fp32"]), list(costs["dali"] + costs["fp32"]))
         ),
+        classifier_two_threads_vs_one_cpu=Median.of(ratios(list(costs["fp32_two_threads"]), list(costs["fp32"]))),
     )
 
 

@@ -15,8 +15,9 @@ process tree (tritonserver and its stubs; uvicorn and its workers). Its figures
 - vs_peer_latency: p50 and p99 of both at saturation (the closed-loop rounds), and
   in an open loop at OPEN_LOOP_LOAD of the slower side's saturation, `repeats`
   interleaved rounds, both sides the same Poisson arrivals in a round, each round
-  others; vs_peer_open_loop_p99,
-  our p99 over the peer's in that open loop (per round: median and spread).
+  others; vs_peer_saturation_p99, our p99 over the peer's in the closed-loop rounds
+  (each side at its best concurrency), and vs_peer_open_loop_p99, the same in that
+  open loop (per round: median, interval, n).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class PeerFigures:
     int8_vs_peer_throughput: Median
     int8_vs_peer_cpu: Median
     vs_peer_latency: dict | None
+    vs_peer_saturation_p99: Median
     vs_peer_open_loop_p99: Median
     peer_best_concurrency: int | None
     errors: int
@@ -112,6 +114,7 @@ def peer_figures(
     return PeerFigures(
         **medians,
         vs_peer_latency=latency,
+        vs_peer_saturation_p99=Median.of(ratios(*(p99_ms_rounds(rounds.get(name, [])) for name in PAIRS[""]))),
         vs_peer_open_loop_p99=open_loop.p99_ratio if open_loop else Median.of([]),
         peer_best_concurrency=saturation[0] if saturation else None,
         errors=(open_loop.errors if open_loop else 0) + (saturation[1] if saturation else 0),
@@ -126,6 +129,11 @@ def saturation_latency(rounds: dict[str, list[Phase]]) -> dict:
         side: {"ms_p50": median_ms(name, 50), "ms_p99": median_ms(name, 99)}
         for side, name in (("ours", "http"), ("peer", "peer"))
     }
+
+
+def p99_ms_rounds(phases: list[Phase]) -> list[float | None]:
+    """Each round's p99, None for a round that answered nothing."""
+    return [phase.percentile_ms(99) if phase.latencies_s else None for phase in phases]
 
 
 def slower_rate(rounds: dict[str, list[Phase]]) -> float:
@@ -166,6 +174,6 @@ def peer_open_loop(server, peer, images: list[bytes], settings: Settings, slower
             f"ms_p{q}": float(np.median([phase.percentile_ms(q) for phase in measured])) if measured else None
             for q in (50, 99)
         }
-    p99 = {side: [phase.percentile_ms(99) if phase.latencies_s else None for phase in rounds[side]] for side in sides}
+    p99 = {side: p99_ms_rounds(rounds[side]) for side in sides}
     errors = sum(phase.errors for phases in rounds.values() for phase in phases)
     return PeerOpenLoop(latency, Median.of(ratios(p99["ours"], p99["peer"])), errors)

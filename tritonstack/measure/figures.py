@@ -200,10 +200,19 @@ _INT8_AGREEMENT = (
 )
 
 _COST = (
-    _promised("cpu_ms_per_image", "CPU ms", "each library alone, one thread: dali, pil, pil_8bit, fp32, int8"),
+    _promised(
+        "cpu_ms_per_image",
+        "CPU ms",
+        "each library alone, one thread: dali, pil, pil_8bit, fp32, int8; and fp32_two_threads",
+    ),
     _promised("cpu_ms_per_image_spread", "CPU ms", "[min, max] of each over the rounds"),
     _promised_median("int8_vs_fp32_ensemble_ceiling", "ratio", "(dali + fp32) / (dali + int8)"),
     _promised_median("dali_vs_pil_ensemble_ceiling", "ratio", "(pil + fp32) / (dali + fp32)"),
+    _promised_median(
+        "classifier_two_threads_vs_one_cpu",
+        "ratio",
+        "fp32_two_threads / fp32: CPU per image of one ONNX Runtime session on two threads over one on one",
+    ),
     Figure("cpu_ms_per_image_rounds", "CPU ms", "each library alone, round by round (the floors of the served ratios)"),
     Figure(
         "served_cpu_ms_per_image", "CPU ms", "tritonserver and each model's stubs per image, the HTTP rounds (medians)"
@@ -239,6 +248,9 @@ _PEER = (
     ),
     _promised_median("int8_vs_peer_cpu", "ratio", "INT8: our CPU per image / the peer's", target=("<=", 1.0)),
     _promised("vs_peer_latency", "ms", "both sides' p50 and p99 at saturation and in the open loop"),
+    _promised_median(
+        "vs_peer_saturation_p99", "ratio", "our p99 / the peer's in the closed-loop rounds, each at its best in flight"
+    ),
     _promised_median(
         "vs_peer_open_loop_p99", "ratio", "our p99 / the peer's, same Poisson arrivals at 70 %", target=("<=", 1.0)
     ),
