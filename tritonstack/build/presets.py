@@ -284,7 +284,7 @@ class BuildOptions:
         answered p99 (2-core AMD EPYC); the capacity held. Fewer than 4 fall behind: one
         DALI run per image or two, at the first step's lower CPU priority, let its queue
         grow to seconds at 70 % load
-        (docs/performance.md#a-classifier-batch-of-one-the-tail-for-8--of-the-throughput)."""
+        (docs/performance.md#a-classifier-batch-of-one-no-tail-shown-for-18--of-the-throughput)."""
         if not self.classifier_batch:
             return ()
         return self._preferred_below_max(FIRST_STEP_BATCH)
