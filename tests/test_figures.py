@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import PROJECT_ROOT
 from tritonstack.benchmark import audio_cost, cost, region_speedup, serving_ratios, vs_peer
 from tritonstack.experiments import interleaved
-from tritonstack.measure import figures, loadgen, results
+from tritonstack.measure import figures, figures_page, loadgen, results
 
 # The figure groups that serving_ratios.run() merges into the benchmark's report.
 BENCHMARK_PHASES = (
@@ -36,7 +36,9 @@ def test_docs_tables_are_the_registry():
     text = page.read_text()
     for group in figures.GROUPS:
         assert f"<!-- figures:{group} -->" in text, group
-    assert figures.rendered_docs(text) == text, "run `python -m tritonstack.measure.figures docs/performance.md`"
+    assert figures_page.rendered_docs(text) == text, (
+        "run `python -m tritonstack.measure.figures_page docs/performance.md`"
+    )
 
 
 @pytest.mark.parametrize("group", sorted(figures.GROUPS))

@@ -12,8 +12,9 @@ from tritonclient.utils import InferenceServerException
 
 from tritonstack.client.retry import DEADLINE_EXPIRED, QUEUE_FULL
 from tritonstack.client.throttle import ClientThrottledError
-from tritonstack.experiments import goodput, overload_soak
-from tritonstack.experiments.goodput import Load, Outcomes, phase_result, recovery_seconds, wasted_share
+from tritonstack.experiments import goodput, overload_loads, overload_soak
+from tritonstack.experiments.deadline_loop import Outcomes
+from tritonstack.experiments.goodput import Load, phase_result, recovery_seconds, wasted_share
 from tritonstack.measure import figures
 
 DEADLINE_S = 1.0
@@ -120,7 +121,7 @@ def test_over_rounds_each_load_is_the_median_of_its_own_rounds():
         phases.append(
             {**known_phase(), "round": round_index, "goodput_share": goodput_at_3x, "refused_ms_p99": refused_p99}
         )
-    at_1_5x, at_3x = goodput.over_rounds(phases)
+    at_1_5x, at_3x = overload_loads.over_rounds(phases)
     assert (at_1_5x["multiple"], at_3x["multiple"]) == (1.5, 3.0)
     assert at_1_5x["goodput_share"] == 1.0 and at_1_5x["failed"] == 0
     assert at_3x["goodput_share"] == pytest.approx(0.8) and at_3x["goodput_share_n"] == 3

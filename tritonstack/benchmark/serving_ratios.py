@@ -56,7 +56,8 @@ from tritonstack.benchmark.vs_peer import (
     slower_rate,
 )
 from tritonstack.build.parity import compare_classifiers, crop_images
-from tritonstack.measure.figures import BENCHMARK, Median, docstring_listing, report
+from tritonstack.measure.figures import BENCHMARK, Median, report
+from tritonstack.measure.figures_page import docstring_listing
 from tritonstack.measure.ideal_queue import ideal_capacity
 from tritonstack.measure.load_loops import (
     Phase,

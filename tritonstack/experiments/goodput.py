@@ -43,22 +43,19 @@ targets' margins.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
-import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
-import tritonclient.http.aio as httpaio
 
 from tritonstack import cli
 from tritonstack.client.aio import AsyncClassifierClient
-from tritonstack.client.retry import NO_RETRY, is_expired, is_refusal, is_timeout
-from tritonstack.client.throttle import ClientThrottledError
-from tritonstack.contract import ENSEMBLE_INPUT, pad_batch
+from tritonstack.client.retry import NO_RETRY
+from tritonstack.experiments import overload_loads
+from tritonstack.experiments.deadline_loop import Outcomes, deadline_open_loop
 from tritonstack.measure import figures
 from tritonstack.measure.load_loops import closed_loop
 from tritonstack.serve import process_tree
@@ -76,142 +73,8 @@ ROUNDS = 5  # as `tritonstack compare`'s: the fewest whose [min, max] holds the 
 RECOVERY_FACTOR = 2.0  # "back to idle": a lone request within twice the idle latency
 
 
-@dataclass
-class Outcomes:
-    """How the requests of one open loop ended; latencies from the scheduled send."""
-
-    deadline_s: float
-    answered_s: list[float] = field(default_factory=list)  # every answer, in time or late
-    refused_by_server_s: list[float] = field(default_factory=list)  # before the deadline
-    refused_by_client: int = 0  # our client's throttle: never sent, refused at once
-    gave_up: int = 0  # no answer, nor refusal, before the deadline: the client stopped waiting
-    failed: int = 0
-    failures: dict[str, int] = field(default_factory=dict)  # a few kinds, for the report
-
-    @property
-    def in_time(self) -> int:
-        return sum(latency <= self.deadline_s for latency in self.answered_s)
-
-    @property
-    def late(self) -> int:
-        """No answer before the deadline: an answer after it, or none at all."""
-        return len(self.answered_s) - self.in_time + self.gave_up
-
-    @property
-    def sent(self) -> int:
-        """Every request the loop made, our client's self-refusals included."""
-        refused = len(self.refused_by_server_s) + self.refused_by_client
-        return len(self.answered_s) + refused + self.gave_up + self.failed
-
-    def record(self, latency_s: float, error: BaseException | None) -> None:
-        if error is None:
-            self.answered_s.append(latency_s)
-        elif isinstance(error, ClientThrottledError):
-            self.refused_by_client += 1
-        elif (is_refusal(error) or is_expired(error)) and latency_s <= self.deadline_s:
-            self.refused_by_server_s.append(latency_s)
-        elif is_refusal(error) or is_expired(error) or is_timeout(error):
-            self.gave_up += 1  # a refusal after the deadline reaches nobody who still waits
-        else:
-            self.failed += 1
-            kind = f"{type(error).__name__}: {str(error)[:80]}"
-            self.failures[kind] = self.failures.get(kind, 0) + 1
-
-
 def p99_ms(latencies_s: list[float]) -> float | None:
     return float(np.percentile(latencies_s, 99)) * 1000 if latencies_s else None
-
-
-def poisson_offsets(rate: float, seconds: float, rng: np.random.Generator) -> np.ndarray:
-    """Send times (seconds from the start) of Poisson arrivals at `rate` for `seconds`."""
-    gaps = rng.exponential(1 / rate, max(int(rate * seconds), 1))
-    return np.cumsum(gaps) - gaps[0]
-
-
-async def on_schedule(offsets: np.ndarray, request) -> float:
-    """Starts `request(index, scheduled)` at each offset from now (loop.time()), an
-    open loop: a late answer delays no later send. Waits for them all; returns the
-    loop's time of the last send."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    tasks = []
-    for index, offset in enumerate(offsets):
-        scheduled = start + float(offset)
-        await asyncio.sleep(max(0.0, scheduled - loop.time()))
-        tasks.append(asyncio.create_task(request(index, scheduled)))
-    last_send = loop.time()
-    await asyncio.gather(*tasks)
-    return last_send
-
-
-async def deadline_open_loop(
-    url: str,
-    protocol: str,
-    model: str,
-    images: list[bytes],
-    rate: float,
-    seconds: float,
-    deadline_s: float,
-    seed: int,
-    clients: str = "ours",
-) -> tuple[Outcomes, float]:
-    """Poisson arrivals at `rate` for `seconds`, each request with `deadline_s`; the
-    outcomes and the loop's time of the last send (loop.time())."""
-    outcomes = Outcomes(deadline_s)
-    offsets = poisson_offsets(rate, seconds, np.random.default_rng(seed))
-    opener = stock_client if clients == "stock" else our_client
-    async with opener(url, protocol, model, deadline_s, in_flight_bound(rate, deadline_s)) as classify:
-        loop = asyncio.get_running_loop()
-
-        async def one(index: int, scheduled: float) -> None:
-            error = None
-            try:
-                await asyncio.wait_for(classify(images[index % len(images)]), deadline_s + 0.5)
-            except Exception as raised:  # every outcome is counted, none raised
-                error = raised
-            outcomes.record(loop.time() - scheduled, error)
-
-        last_send = await on_schedule(offsets, one)
-    return outcomes, last_send
-
-
-@contextlib.asynccontextmanager
-async def our_client(url: str, protocol: str, model: str, deadline_s: float, connections: int):
-    """The project's client: the deadline goes to the server as the request's timeout too."""
-    async with AsyncClassifierClient(
-        url, protocol, model, retry=NO_RETRY, timeout_s=deadline_s, max_connections=connections
-    ) as client:
-        yield lambda image: client.probabilities([image])
-
-
-@contextlib.asynccontextmanager
-async def stock_client(url: str, protocol: str, model: str, deadline_s: float, connections: int):
-    """Triton's own asyncio clients as a user calls them: the deadline is the client's
-    alone (gRPC `client_timeout`, the HTTP session's total timeout), never sent as
-    Triton's `timeout` parameter."""
-    if protocol == "grpc":
-        client = grpcaio.InferenceServerClient(url)
-        call = functools.partial(client.infer, client_timeout=deadline_s)
-        make_input = grpcaio.InferInput
-    else:
-        client = httpaio.InferenceServerClient(url, conn_limit=connections, conn_timeout=deadline_s)
-        call, make_input = client.infer, httpaio.InferInput
-
-    async def classify(image: bytes):
-        batch = pad_batch([image])
-        tensor = make_input(ENSEMBLE_INPUT, list(batch.shape), "UINT8")
-        tensor.set_data_from_numpy(batch)
-        return await call(model, [tensor])
-
-    try:
-        yield classify
-    finally:
-        await client.close()
-
-
-def in_flight_bound(rate: float, wait_s: float) -> int:
-    """Connections an open loop may need: every request in flight its own (HTTP)."""
-    return int(rate * wait_s * 2) + 16
 
 
 def ensemble_steps(http_url: str, model: str, headers: dict[str, str]) -> list[str]:
@@ -503,9 +366,9 @@ def run_overload(target: Target, model: str, images: list[bytes], settings: Over
                 phase = overload_phase(target, model, images, protocol, multiple, capacity, seed, settings, round_index)
                 log("  " + phase_line(phase))
                 phases.append(phase)
-    loads = over_rounds(phases)
+    loads = overload_loads.over_rounds(phases)
     for load in loads:
-        log(load_line(load))
+        log(overload_loads.load_line(load))
     return {
         "model": model,
         "capacity_rps": float(np.median(capacities)),
@@ -514,42 +377,6 @@ def run_overload(target: Target, model: str, images: list[bytes], settings: Over
         "phases": phases,
         "loads": loads,
     }
-
-
-def over_rounds(phases: list[dict]) -> list[dict]:
-    """Per protocol and multiple, in the order first run: each figure declared in
-    tritonstack.measure.figures.OVERLOAD_LOADS as its median over the rounds, with its
-    interval and n (a round that measured none, e.g. no refusal to take a p99 of,
-    gives no value), and the failed requests of every round summed."""
-    loads = []
-    for protocol, multiple in dict.fromkeys((phase["protocol"], phase["multiple"]) for phase in phases):
-        rounds = [phase for phase in phases if (phase["protocol"], phase["multiple"]) == (protocol, multiple)]
-        load = {"protocol": protocol, "multiple": multiple, "failed": sum(phase["failed"] for phase in rounds)}
-        for figure in figures.OVERLOAD_LOADS:
-            if figure.spread:
-                values = [phase[figure.key] for phase in rounds if phase[figure.key] is not None]
-                load |= figures.Median.of(values).written(figure.key)
-        loads.append(load)
-    return loads
-
-
-def interval_text(load: dict, key: str, digits: int = 2) -> str:
-    """`0.89 [0.85, 0.93]`, or the value alone without an interval, or "-"."""
-    value, interval = load[key], load[f"{key}_interval"]
-    if value is None:
-        return "-"
-    text = f"{value:.{digits}f}"
-    return f"{text} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else text
-
-
-def load_line(load: dict) -> str:
-    return (
-        f"{load['protocol']} at {load['multiple']:g}x, n={load['goodput_share_n']}: "
-        f"goodput {interval_text(load, 'goodput_share')}, wasted {interval_text(load, 'wasted_share')}, "
-        f"refused p99 {interval_text(load, 'refused_ms_p99', 0)} ms, "
-        f"answered p99 {interval_text(load, 'answered_ms_p99', 0)} ms, "
-        f"recovery {interval_text(load, 'recovery_s', 1)} s, failed {load['failed']}"
-    )
 
 
 def ms_text(value: float | None) -> str:

@@ -35,15 +35,8 @@ import numpy as np
 from tritonstack import cli
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY, is_expired, is_refusal, is_timeout
-from tritonstack.experiments.goodput import (
-    Target,
-    in_flight_bound,
-    measure_capacity,
-    ms_text,
-    on_schedule,
-    p99_ms,
-    poisson_offsets,
-)
+from tritonstack.experiments.deadline_loop import in_flight_bound, on_schedule, poisson_offsets
+from tritonstack.experiments.goodput import Target, measure_capacity, ms_text, p99_ms
 from tritonstack.serve.process_tree import MAX_GROWTH_PCT, ResourceSampler
 
 # The memory is judged on the RSS at the end of each low-load period, over the last
