@@ -375,21 +375,24 @@ OVERLOAD = (
     Figure("server_rss_growth_mb", "MiB", "tritonserver's process tree right after the load, less before it"),
 )
 
-# `tritonstack overload`: per protocol and load multiple over the --rounds, under "loads".
+# `tritonstack overload`: per protocol and load multiple over the --rounds, under "loads":
+# these of OVERLOAD's per-loop figures, each as the median of its rounds.
+_OVER_ROUNDS = (
+    "refused_share",
+    "refused_by_client_share",
+    "late_share",
+    "goodput_rps",
+    "goodput_share",
+    "wasted_share",
+    "answered_ms_p99",
+    "refused_ms_p99",
+    "recovery_s",
+    "server_rss_growth_mb",
+)
 OVERLOAD_LOADS = (
-    Figure("protocol", "", "grpc or http"),
-    Figure("multiple", "x capacity", "the offered load"),
-    Figure("failed", "requests", "every round's failed requests"),
-    _median("goodput_share", "fraction", "answered in time / (that round's capacity x seconds)"),
-    _median("goodput_rps", "requests/s", "answered in time per second"),
-    _median("refused_share", "fraction", "the server's refusals / sent"),
-    _median("refused_by_client_share", "fraction", "our client's own refusals / sent"),
-    _median("late_share", "fraction", "late / sent"),
-    _median("wasted_share", "fraction", "the worst step's computed images that reached nobody in time"),
-    _median("answered_ms_p99", "ms", "p99 of every answer, late ones included"),
-    _median("refused_ms_p99", "ms", "p99 of the server's refusals (rounds with a refusal)"),
-    _median("recovery_s", "s", "wall time from the last send until a lone request is back within twice idle"),
-    _median("server_rss_growth_mb", "MiB", "tritonserver's process tree right after the load, less before it"),
+    *(figure for figure in OVERLOAD if figure.key in ("protocol", "multiple")),
+    Figure("failed", "requests", "every round's failed requests, summed"),
+    *(dataclasses.replace(figure, spread=True) for figure in OVERLOAD if figure.key in _OVER_ROUNDS),
 )
 
 # `tritonstack overload --soak`: per period of the swinging load, under "periods".
