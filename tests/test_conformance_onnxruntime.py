@@ -11,7 +11,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests import repo_factory as rf
 from tritonstack.build.model_config import DynamicBatching, ModelConfig, Tensor
+from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.process_tree import processes_by_role
+from tritonstack.serve.server_config import ServerConfig
 
 
 @pytest.fixture(scope="module")
@@ -86,30 +88,39 @@ ALL_TYPES = [
 ]
 
 
+def type_model_name(triton_type: str) -> str:
+    return f"all_{triton_type.lower()}"
+
+
+@pytest.fixture(scope="module")
+def every_type_served(tmp_path_factory):
+    """A server of one Identity model per element type, loaded together at its start
+    (Triton loads them side by side; one by one, each load and unload took 2.5 s)."""
+    repository = tmp_path_factory.mktemp("onnxruntime_types")
+    for onnx_type, triton_type, _ in ALL_TYPES:
+        config = ort_config(type_model_name(triton_type), max_batch_size=0)
+        rf.write_model(repository, config, {"model.onnx": rf.identity_graph(onnx_type)})
+    with (
+        TritonServer(ServerConfig(repository, restricted_apis=())) as server,
+        httpclient.InferenceServerClient(server.http_url) as client,
+    ):
+        yield client
+
+
 @pytest.mark.parametrize("onnx_type, triton_type, numpy_type", ALL_TYPES, ids=[t[1] for t in ALL_TYPES])
-def test_every_element_type_is_auto_completed(onnx_type, triton_type, numpy_type, repository, http):
-    name = rf.write_model(
-        repository,
-        ort_config(f"all_{triton_type.lower()}", max_batch_size=0),
-        {"model.onnx": rf.identity_graph(onnx_type)},
-    )
-    http.load_model(name)
-    try:
-        config = http.get_model_config(name)
-        tensors = [
-            (t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in (*config["input"], *config["output"])
-        ]
-        assert tensors == [("X", triton_type, [4]), ("Y", triton_type, [4])]
-        assert config["max_batch_size"] == 4
-        if numpy_type is not None:
-            data = (
-                np.array([[b"a", b"bc", b"", b"d"]], np.object_)
-                if numpy_type is np.object_
-                else (np.arange(4).reshape(1, 4) % 2).astype(numpy_type)
-            )
-            np.testing.assert_array_equal(rf.infer_http(http, name, {"X": data}, ["Y"]).as_numpy("Y"), data)
-    finally:
-        rf.unload(http, name)
+def test_every_element_type_is_auto_completed(onnx_type, triton_type, numpy_type, every_type_served):
+    http, name = every_type_served, type_model_name(triton_type)
+    config = http.get_model_config(name)
+    tensors = [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in (*config["input"], *config["output"])]
+    assert tensors == [("X", triton_type, [4]), ("Y", triton_type, [4])]
+    assert config["max_batch_size"] == 4
+    if numpy_type is not None:
+        data = (
+            np.array([[b"a", b"bc", b"", b"d"]], np.object_)
+            if numpy_type is np.object_
+            else (np.arange(4).reshape(1, 4) % 2).astype(numpy_type)
+        )
+        np.testing.assert_array_equal(rf.infer_http(http, name, {"X": data}, ["Y"]).as_numpy("Y"), data)
 
 
 def test_thread_parameters_and_merged_batches(repository, http):

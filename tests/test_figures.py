@@ -131,3 +131,13 @@ def test_the_overload_phase_writes_exactly_its_declared_figures():
 
     fields = {field.name for field in dataclasses.fields(PhaseResult)}
     assert fields == {figure.key for figure in figures.OVERLOAD}
+
+
+def test_a_median_is_read_back_and_printed_one_way_everywhere():
+    written = figures.Median.of([1.0, 1.2, 1.1]).written("ratio")
+    median = figures.Median.read(written, "ratio")
+    assert median == figures.Median.of([1.0, 1.2, 1.1])
+    low, high = median.interval
+    assert median.text() == f"1.100 [{low:.3f}, {high:.3f}] n=3"
+    assert figures.Median.read({"ratio": 2.5}, "ratio").text(".1f") == "2.5"  # a single measure
+    assert figures.Median.of([]).text() == "-"

@@ -41,6 +41,7 @@ from tritonstack.client.retry import (
     is_timeout,
 )
 from tritonstack.client.throttle import ClientThrottledError
+from tritonstack.commands import overload as overload_command
 from tritonstack.contract import PREPROCESS_INPUT, pad_batch
 from tritonstack.experiments import goodput, overload_soak
 from tritonstack.loadtests.metrics import REFUSED_REASON
@@ -407,6 +408,17 @@ def test_the_overload_soak_checks_every_answer_and_leaves_none_unresolved(admiss
     assert report["in_time"] > 0
     assert report["memory"]["passed"] is None  # 8 s is too short to judge the memory
     assert report["passed"] is None  # and a memory not judged is not a pass
+
+
+def test_the_soak_refuses_the_open_loops_options_it_would_ignore(tmp_path, capsys):
+    """--soak swings its own loads: --rounds or --multiples with it is a mistake said at
+    once, before a server starts or a file is written."""
+    out = tmp_path / "soak.json"
+    for given in (["--rounds", "3"], ["--multiples", "2"], ["--within-capacity"]):
+        with pytest.raises(SystemExit) as refused:  # as argparse refuses a bad option
+            overload_command.main(["--soak", *given, "--out", str(out)])
+        assert refused.value.code == 2 and f"{given[0]}: not with --soak" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_the_overload_soak_tells_a_wrong_answer_and_an_unresolved_request_apart():

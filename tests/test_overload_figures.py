@@ -132,6 +132,8 @@ def test_over_rounds_each_load_is_the_median_of_its_own_rounds():
     assert at_3x["failed"] == 3  # the known trace's one failure, each round
     declared = {figure.key for figure in figures.OVERLOAD_LOADS}
     assert declared <= set(at_3x) and set(at_3x) <= set(figures.written_keys(figures.OVERLOAD_LOADS))
+    line = overload_loads.load_line(at_3x)
+    assert line.startswith("grpc at 3x: goodput 0.80 [") and f"{high:.2f}] n=3" in line and "failed 3" in line
 
 
 def test_the_soaks_answered_p99_counts_answers_within_the_grace():

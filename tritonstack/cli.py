@@ -395,6 +395,15 @@ def flags(cls: type) -> list[str]:
     return found
 
 
+def changed_flags(options, names: tuple[str, ...]) -> list[str]:
+    """The flags of `options`' fields `names` whose values are not their defaults: the
+    options a mode does not use, to refuse rather than ignore (overload's --soak)."""
+    fields = {field.name: field for field in dataclasses.fields(options)}
+    return [
+        fields[name].metadata[_OPTION].flag for name in names if getattr(options, name) != _field_default(fields[name])
+    ]
+
+
 def mirror(owner: type, name: str, default=UNSET, **argparse_):
     """A field set as the dataclass `owner`'s field `name` is (its flag, type, choices,
     convert), with another default or help: one option taken by another command as well

@@ -48,9 +48,15 @@ def parser() -> argparse.ArgumentParser:
     return made
 
 
+# The open loops' options: --soak swings its own loads (--soak-seconds, --period-seconds).
+SOAK_IGNORES = ("seconds", "multiples", "protocols", "rounds")
+
+
 def run(args: argparse.Namespace) -> int:
     options = cli.from_args(OverloadOptions, args)
     settings = options.settings
+    if options.soak:
+        refuse_what_the_soak_ignores(options)
     if options.within_capacity:
         settings = dataclasses.replace(settings, multiples=(goodput.WITHIN_CAPACITY,))
     http_url, grpc_url, _ = given_endpoints(options.url, options.grpc_url, None)
@@ -68,6 +74,15 @@ def run(args: argparse.Namespace) -> int:
     if options.soak:
         return 0 if results["passed"] else 1
     return 0 if all(phase["failed"] == 0 for phase in results["phases"]) else 1
+
+
+def refuse_what_the_soak_ignores(options: OverloadOptions) -> None:
+    ignored = cli.changed_flags(options.settings, SOAK_IGNORES) + cli.changed_flags(options, ("within_capacity",))
+    if ignored:
+        raise cli.OptionError(
+            f"{', '.join(ignored)}: not with --soak, which runs its own loads "
+            "(--soak-seconds, --period-seconds; --deadline-ms and --capacity-seconds apply)"
+        )
 
 
 def soak(

@@ -304,10 +304,8 @@ def compare(args: CompareSettings, log=print) -> dict:
 def _ratio_text(figures: dict, key: str) -> str:
     """ "1.031 [0.982, 1.064] n=5 inconclusive": the median B/A, its 95 % interval, n, the verdict."""
     if figures[key] is None:
-        return "none"
-    interval = figures[f"{key}_interval"]
-    within = f"[{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "(no interval)"
-    return f"{figures[key]:.3f} {within} n={figures[f'{key}_n']} {figures[f'{key}_verdict']}"
+        return "-"
+    return f"{Median.read(figures, key).text()} {figures[f'{key}_verdict']}"
 
 
 def table(results: dict) -> str:

@@ -24,20 +24,13 @@ def over_rounds(phases: list[dict]) -> list[dict]:
     return loads
 
 
-def interval_text(load: dict, key: str, digits: int = 2) -> str:
-    """`0.89 [0.85, 0.93]`, or the value alone without an interval, or "-"."""
-    value, interval = load[key], load[f"{key}_interval"]
-    if value is None:
-        return "-"
-    text = f"{value:.{digits}f}"
-    return f"{text} [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else text
-
-
 def load_line(load: dict) -> str:
+    def median(key: str, form: str = ".2f") -> str:
+        return figures.Median.read(load, key).text(form)
+
     return (
-        f"{load['protocol']} at {load['multiple']:g}x, n={load['goodput_share_n']}: "
-        f"goodput {interval_text(load, 'goodput_share')}, wasted {interval_text(load, 'wasted_share')}, "
-        f"refused p99 {interval_text(load, 'refused_ms_p99', 0)} ms, "
-        f"answered p99 {interval_text(load, 'answered_ms_p99', 0)} ms, "
-        f"recovery {interval_text(load, 'recovery_s', 1)} s, failed {load['failed']}"
+        f"{load['protocol']} at {load['multiple']:g}x: goodput {median('goodput_share')}, "
+        f"wasted {median('wasted_share')}, refused p99 {median('refused_ms_p99', '.0f')} ms, "
+        f"answered p99 {median('answered_ms_p99', '.0f')} ms, recovery {median('recovery_s', '.1f')} s, "
+        f"failed {load['failed']}"
     )

@@ -51,6 +51,19 @@ class Median:
         """Its keys in a report."""
         return {key: self.value, f"{key}_spread": self.spread, f"{key}_interval": self.interval, f"{key}_n": self.n}
 
+    @classmethod
+    def read(cls, report: dict, key: str) -> Median:
+        """The Median `written` put in a report under `key` (a single measure: no interval, n 0)."""
+        return cls(report[key], report.get(f"{key}_spread"), report.get(f"{key}_interval"), report.get(f"{key}_n") or 0)
+
+    def text(self, form: str = ".3f") -> str:
+        """How every report and log prints a median: `1.031 [0.982, 1.064] n=5`; the
+        value alone for a single measure; "-" when nothing was measured."""
+        if self.value is None:
+            return "-"
+        within = f" [{self.interval[0]:{form}}, {self.interval[1]:{form}}]" if self.interval else ""
+        return f"{self.value:{form}}{within}" + (f" n={self.n}" if self.n else "")
+
 
 def median_interval(values: list[float]) -> list[float] | None:
     """The 95 % percentile-bootstrap interval of the median of `values`; None under

@@ -8,7 +8,7 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
-from tritonstack.measure.figures import BENCHMARK, written_keys
+from tritonstack.measure.figures import BENCHMARK, Median, written_keys
 from tritonstack.serve.launcher import TritonServer
 
 
@@ -84,11 +84,9 @@ def target_verdict(value: float, interval: list | None, sense: str, target: floa
 
 
 def target_text(results: dict, key: str) -> str:
-    """ "vs_peer_throughput = 1.031, 95 % interval [0.98, 1.06], n = 5 (target >= 1.0" """
+    """ "vs_peer_throughput = 1.031 [0.98, 1.06] n=5 (target >= 1.0" """
     sense, target = TARGETS[key]
-    interval, n = results.get(f"{key}_interval"), results.get(f"{key}_n")
-    measured = f", 95 % interval [{interval[0]:.4g}, {interval[1]:.4g}], n = {n}" if interval else ""
-    return f"{key} = {results[key]:.4g}{measured} (target {sense} {target}"
+    return f"{key} = {Median.read(results, key).text('.4g')} (target {sense} {target}"
 
 
 def targets_with_verdict(results: dict, verdict: str) -> list[str]:
