@@ -9,7 +9,7 @@ import math
 import pytest
 
 from tritonstack.benchmark import serving_ratios, single
-from tritonstack.measure import load_loops, load_settings, rounds
+from tritonstack.measure import ideal_queue, load_settings, rounds
 from tritonstack.measure import results as result_keys
 
 
@@ -85,12 +85,12 @@ def test_capacity_search_is_a_bounded_bisection():
 
         return meets
 
-    found = load_loops.highest_passing(below(0.8), 1.1, steps=4)
+    found = ideal_queue.highest_passing(below(0.8), 1.1, steps=4)
     assert probed == pytest.approx([1.1, 0.55, 0.825, 0.6875, 0.75625])  # the bound, then 4 halvings
     assert found == pytest.approx(0.75625) and 0.8 - found <= 1.1 / 2**4
     probed.clear()
-    assert load_loops.highest_passing(below(2.0), 1.1, steps=4) == 1.1 and probed == [1.1]
-    assert load_loops.highest_passing(below(-1.0), 1.1, steps=3) == 0.0
+    assert ideal_queue.highest_passing(below(2.0), 1.1, steps=4) == 1.1 and probed == [1.1]
+    assert ideal_queue.highest_passing(below(-1.0), 1.1, steps=3) == 0.0
 
 
 def test_a_missed_ratio_names_the_ceiling_this_cpu_sets():

@@ -5,14 +5,18 @@ wrong window or a dropped term fails here. Pure: no server."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 
-from tritonstack.benchmark.serving_ratios import ROUND_CPU_RATIOS, ROUND_RATIOS, capacity_against_ideal, round_figures
+from tritonstack.benchmark.capacity import capacity_against_ideal
+from tritonstack.benchmark.serving_ratios import ROUND_CPU_RATIOS, ROUND_RATIOS, round_figures
 from tritonstack.benchmark.vs_peer import seeded_rounds
 from tritonstack.measure.figures import Median
 from tritonstack.measure.ideal_queue import ideal_capacity
-from tritonstack.measure.load_loops import Ended, Phase, window_phase
-from tritonstack.measure.load_settings import CAPACITY_MAX_FRACTION, Settings
+from tritonstack.measure.load_loops import CapacitySearch, Ended, Phase, window_phase
+from tritonstack.measure.load_settings import CAPACITY_MAX_FRACTION, QUICK, Settings
 from tritonstack.measure.results import TARGETS, target_verdict, targets_with_verdict
 from tritonstack.measure.rounds import interleaved
 
@@ -48,20 +52,32 @@ def test_images_per_cpu_second_divides_the_windows_images_by_the_servers_cpu():
     assert Phase(latencies_s=[0.05] * 10, seconds=1.0, server_cpu_s=0.0, warmup_s=0.0).images_per_cpu_s is None
 
 
-def test_capacity_vs_ideal_queue_is_the_measured_fraction_over_the_ideal_one():
-    probes = [
-        {"saturation": saturation, "errors": errors} for saturation, errors in ((140.0, 0), (150.0, 1), (400.0, 2))
-    ]
-    figures = capacity_against_ideal(slo_ms=60.0, fraction=0.5, probes=probes, floor_ms=15.0, probe_s=6.0)
-    # The ideal queue at the probes' median saturation (150/s; the 400/s outlier left out).
-    ideal = ideal_capacity(150.0, 15.0, 60.0, 6.0, CAPACITY_MAX_FRACTION)
-    assert 0.5 < ideal < 1.0
-    assert figures.ideal_queue_capacity == ideal
-    assert figures.capacity_vs_ideal_queue == pytest.approx(0.5 / ideal)  # below 1: the ideal queue did better
-    assert figures.errors == 3
+def known_search(saturation_per_s: float, fraction: float, saturation_errors: int = 0) -> CapacitySearch:
+    saturation = Phase(latencies_s=[0.01] * int(saturation_per_s * 10), seconds=10.0, errors=saturation_errors)
+    return CapacitySearch(saturation, fraction, [{"fraction": 1.1, "errors": 1}, {"fraction": fraction, "errors": 0}])
+
+
+def test_capacity_vs_ideal_queue_is_each_searchs_fraction_over_its_own_ideal_queue():
+    settings = dataclasses.replace(QUICK, capacity_s=6.0, capacity_probes=4)
+    searches = [known_search(140.0, 0.5), known_search(150.0, 0.55, saturation_errors=2), known_search(400.0, 0.9)]
+    figures = capacity_against_ideal(slo_ms=60.0, searches=searches, floor_ms=15.0, settings=settings)
+    # Each ideal queue at its own search's saturation, searched on the server's grid.
+    ideals = [ideal_capacity(rate, 15.0, 60.0, 6.0, CAPACITY_MAX_FRACTION, steps=4) for rate in (140.0, 150.0, 400.0)]
+    assert all(0 < ideal <= CAPACITY_MAX_FRACTION for ideal in ideals)
+    assert all(
+        ideal / (CAPACITY_MAX_FRACTION / 2**4) == pytest.approx(round(ideal / (CAPACITY_MAX_FRACTION / 2**4)))
+        for ideal in ideals
+    )
+    assert figures.ideal_queue_capacity.value == pytest.approx(np.median(ideals))
+    ratios = [0.5 / ideals[0], 0.55 / ideals[1], 0.9 / ideals[2]]  # below 1: the ideal queue did better
+    assert figures.capacity_vs_ideal_queue.value == pytest.approx(np.median(ratios))
+    assert figures.capacity_vs_ideal_queue.n == 3 and figures.capacity_vs_ideal_queue.interval is not None
+    assert figures.capacity_at_slo.value == 0.55
+    assert [probe["search"] for probe in figures.capacity_probes] == [1, 1, 2, 2, 3, 3]
+    assert figures.errors == 2 + 3  # the saturations' and every probe's
     # An SLO the floor alone misses: no ideal capacity, no ratio rather than a division by 0.
-    missed = capacity_against_ideal(slo_ms=10.0, fraction=0.0, probes=probes, floor_ms=15.0, probe_s=6.0)
-    assert missed.ideal_queue_capacity == 0.0 and missed.capacity_vs_ideal_queue is None
+    missed = capacity_against_ideal(slo_ms=10.0, searches=searches, floor_ms=15.0, settings=settings)
+    assert missed.ideal_queue_capacity.value == 0.0 and missed.capacity_vs_ideal_queue.value is None
 
 
 def test_a_median_carries_a_bootstrap_interval_narrower_than_its_spread_with_more_rounds():

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.conftest import PROJECT_ROOT
-from tritonstack.benchmark import audio_cost, cost, region_speedup, serving_ratios, vs_peer
+from tritonstack.benchmark import audio_cost, capacity, cost, region_speedup, serving_ratios, vs_peer
 from tritonstack.experiments import interleaved
 from tritonstack.measure import figures, figures_page, loadgen, results
 
@@ -19,7 +19,7 @@ BENCHMARK_PHASES = (
     serving_ratios.ServerFigures,
     serving_ratios.SingleRequestFigures,
     serving_ratios.OpenLoopFigures,
-    serving_ratios.CapacityFigures,
+    capacity.CapacityFigures,
     serving_ratios.Trace,
     serving_ratios.Int8Agreement,
     cost.CostFigures,

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonstack.benchmark import peer
+from tritonstack.benchmark.capacity import capacity_figures
 from tritonstack.benchmark.cost import cost_figures, serving_cost
 from tritonstack.benchmark.inprocess import inprocess_best_setting, inprocess_phase
 from tritonstack.benchmark.scenario import Asked
@@ -58,10 +59,8 @@ from tritonstack.benchmark.vs_peer import (
 from tritonstack.build.parity import compare_classifiers, crop_images
 from tritonstack.measure.figures import BENCHMARK, Median, report
 from tritonstack.measure.figures_page import docstring_listing
-from tritonstack.measure.ideal_queue import ideal_capacity
 from tritonstack.measure.load_loops import (
     Phase,
-    capacity_at_slo,
     current_saturation,
     measured_phase,
     open_loop,
@@ -69,7 +68,7 @@ from tritonstack.measure.load_loops import (
     typical_image,
     weighted_images,
 )
-from tritonstack.measure.load_settings import CAPACITY_MAX_FRACTION, OPEN_LOOP_LOAD, QUICK, SLO_P50_MULTIPLE, Settings
+from tritonstack.measure.load_settings import OPEN_LOOP_LOAD, QUICK, Settings
 from tritonstack.measure.loadgen import LoadGenFigures, PeerHttpTarget, TritonHttpTarget, comparison, loadgen_figures
 from tritonstack.measure.measured_models import (
     CLASSIFIER,
@@ -180,7 +179,9 @@ def _run_on_server(
         log("single requests (concurrency 1): latency and where it goes...")
         single = single_request_figures(server, settings)
         looped = open_loop_figures(server, images, concurrency, settings, log)
-        capacity = capacity_figures(server, images, concurrency, rounded, single, settings, log)
+        # No capacity without a saturation or a single request's latency to set the SLO by.
+        single_p50 = single.latency_ms_p50_concurrency_1.value if rounded.server_images_per_s.value else None
+        capacity = capacity_figures(server, images, concurrency, single_p50, settings, log)
         against: PeerOpenLoop | None = None
         if peer:
             against = peer_open_loop(server, peer, images, settings, slower_rate(rounds), log)
@@ -390,48 +391,6 @@ def open_loop_figures(server, images: list[bytes], concurrency: int, settings: S
         p99_over_p50=Median.of([phase.percentile_ms(99) / phase.percentile_ms(50) for phase in measured]),
         errors=errors + sum(phase.errors for phase in phases),
     )
-
-
-@dataclass(frozen=True)
-class CapacityFigures:
-    capacity_slo_ms: float | None
-    capacity_at_slo: float | None
-    capacity_probes: list[dict]
-    ideal_queue_capacity: float | None
-    capacity_vs_ideal_queue: float | None
-    errors: int
-
-
-def capacity_figures(
-    server,
-    images: list[bytes],
-    concurrency: int,
-    rounded: RoundFigures,
-    single: SingleRequestFigures,
-    settings: Settings,
-    log,
-) -> CapacityFigures:
-    """capacity_at_slo, against an ideal queue with the same SLO, arrivals and probe
-    length, the measured service rate and single-request latency
-    (tritonstack.measure.ideal_queue)."""
-    single_p50 = single.latency_ms_p50_concurrency_1.value
-    if not rounded.server_images_per_s.value or not single_p50:
-        return CapacityFigures(None, None, [], None, None, 0)
-    slo_ms = SLO_P50_MULTIPLE * single_p50
-    log(f"capacity: the highest Poisson rate whose p99 stays under {slo_ms:.1f} ms...")
-    fraction, probes = capacity_at_slo(server, images, concurrency, slo_ms, settings)
-    return capacity_against_ideal(slo_ms, fraction, probes, single_p50, settings.capacity_s)
-
-
-def capacity_against_ideal(
-    slo_ms: float, fraction: float, probes: list[dict], floor_ms: float, probe_s: float
-) -> CapacityFigures:
-    """The measured capacity over the ideal queue's at the probes' median saturation,
-    the single-request latency `floor_ms`, the same SLO and probe length."""
-    saturation = float(np.median([probe["saturation"] for probe in probes]))
-    ideal = ideal_capacity(saturation, floor_ms, slo_ms, probe_s, CAPACITY_MAX_FRACTION)
-    errors = sum(probe["errors"] for probe in probes)
-    return CapacityFigures(slo_ms, fraction, probes, ideal, fraction / ideal if ideal else None, errors)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ same figure."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 SEEDS = 20  # simulated probes per fraction: a stable p99 from short windows
@@ -36,14 +38,26 @@ def meets_slo(fraction: float, service_s: float, floor_ms: float, slo_ms: float,
     return float(np.median([p99_ms(fraction, service_s, floor_ms, seconds, seed) for seed in range(SEEDS)])) < slo_ms
 
 
-def ideal_capacity(saturation_per_s: float, floor_ms: float, slo_ms: float, seconds: float, bound: float) -> float:
+def ideal_capacity(
+    saturation_per_s: float, floor_ms: float, slo_ms: float, seconds: float, bound: float, steps: int = STEPS
+) -> float:
     """The highest fraction of saturation (up to `bound`) whose simulated p99 stays
-    under `slo_ms`; 0 when even an idle queue's floor misses it."""
+    under `slo_ms`, found by `highest_passing` in `steps` (the benchmark gives the
+    server's own, so both are read on the same grid); 0 when even an idle queue's
+    floor misses it."""
     service_s = 1 / saturation_per_s
-    if meets_slo(bound, service_s, floor_ms, slo_ms, seconds):
+    return highest_passing(lambda fraction: meets_slo(fraction, service_s, floor_ms, slo_ms, seconds), bound, steps)
+
+
+def highest_passing(meets: Callable[[float], bool], bound: float, steps: int) -> float:
+    """`bound` if it passes, else a bisection of [0, bound] in `steps` probes: the
+    highest passing value found (0 when none passed), within bound / 2**steps of
+    the threshold when passing is monotonic. The search of the measured capacity and
+    of the ideal queue's alike."""
+    if meets(bound):
         return bound
     low, high = 0.0, bound
-    for _ in range(STEPS):
+    for _ in range(steps):
         middle = (low + high) / 2
-        low, high = (middle, high) if meets_slo(middle, service_s, floor_ms, slo_ms, seconds) else (low, middle)
+        low, high = (middle, high) if meets(middle) else (low, middle)
     return low

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tritonstack.client.aio import AsyncClassifierClient
 from tritonstack.client.retry import NO_RETRY
+from tritonstack.measure.ideal_queue import highest_passing
 from tritonstack.measure.load_settings import CAPACITY_MAX_FRACTION, REQUEST_TIMEOUT_S, Settings
 from tritonstack.measure.measured_models import DALI_ENSEMBLE
 from tritonstack.measure.peer_client import PEER_PROTOCOL, PeerClient
@@ -243,18 +243,28 @@ def current_saturation(server, images: list[bytes], concurrency: int, settings: 
     )
 
 
+@dataclass(frozen=True)
+class CapacitySearch:
+    """One search of capacity_at_slo: the saturation it was a fraction of, the highest
+    fraction that met the SLO and every probe."""
+
+    saturation: Phase
+    fraction: float
+    probes: list[dict]
+
+
 def capacity_at_slo(
-    server, images: list[bytes], concurrency: int, slo_ms: float, settings: Settings
-) -> tuple[float, list[dict]]:
-    """The highest fraction of closed-loop saturation (at `concurrency`, measured
-    right before each probe) whose open loop (Poisson arrivals) keeps p99 under
-    `slo_ms` with no failure: the upper bound CAPACITY_MAX_FRACTION first, then a
-    bisection of [0, bound] in `settings.capacity_probes` steps. Returns it and
-    every probe."""
+    server, images: list[bytes], concurrency: int, slo_ms: float, settings: Settings, first_seed: int = 0
+) -> CapacitySearch:
+    """The closed-loop saturation at `concurrency` measured once, then the highest
+    fraction of it whose open loop (Poisson arrivals, each probe its own seed from
+    `first_seed`) keeps p99 under `slo_ms` with no failure: the upper bound
+    CAPACITY_MAX_FRACTION first, then a bisection of [0, bound] in
+    `settings.capacity_probes` steps."""
+    saturation = current_saturation(server, images, concurrency, settings)
     probes: list[dict] = []
 
     def meets(fraction: float) -> bool:
-        saturation = current_saturation(server, images, concurrency, settings)
         rate = fraction * saturation.images_per_s or 1.0
         phase = asyncio.run(
             open_loop(
@@ -264,7 +274,7 @@ def capacity_at_slo(
                 rate,
                 settings.capacity_s,
                 settings.warmup_s,
-                poisson_seed=len(probes),
+                poisson_seed=first_seed + len(probes),
             )
         )
         p99 = phase.percentile_ms(99)
@@ -275,26 +285,14 @@ def capacity_at_slo(
                 "saturation": saturation.images_per_s,
                 "rate": rate,
                 "p99_ms": p99,
-                "errors": phase.errors + saturation.errors,
+                "errors": phase.errors,
                 "met": met,
             }
         )
         return met
 
-    return highest_passing(meets, CAPACITY_MAX_FRACTION, settings.capacity_probes), probes
-
-
-def highest_passing(meets: Callable[[float], bool], bound: float, steps: int) -> float:
-    """`bound` if it passes, else a bisection of [0, bound] in `steps` probes: the
-    highest passing value found (0 when none passed), within bound / 2**steps of
-    the threshold when passing is monotonic."""
-    if meets(bound):
-        return bound
-    low, high = 0.0, bound
-    for _ in range(steps):
-        middle = (low + high) / 2
-        low, high = (middle, high) if meets(middle) else (low, middle)
-    return low
+    fraction = highest_passing(meets, CAPACITY_MAX_FRACTION, settings.capacity_probes)
+    return CapacitySearch(saturation, fraction, probes)
 
 
 def typical_image() -> bytes:
