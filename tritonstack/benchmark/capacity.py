@@ -11,6 +11,9 @@ from tritonstack.measure.ideal_queue import ideal_capacity
 from tritonstack.measure.load_loops import CapacitySearch, capacity_at_slo
 from tritonstack.measure.load_settings import CAPACITY_MAX_FRACTION, SLO_P50_MULTIPLE, Settings
 
+# Distinct Poisson seeds for every probe of every search (a search makes at most steps + 1).
+PROBE_SEEDS_A_SEARCH = 100
+
 
 @dataclass(frozen=True)
 class CapacityFigures:
@@ -42,10 +45,6 @@ def capacity_figures(
         for index in range(settings.repeats)
     ]
     return capacity_against_ideal(slo_ms, searches, single_p50_ms, settings)
-
-
-# Distinct Poisson seeds for every probe of every search (a search makes at most steps + 1).
-PROBE_SEEDS_A_SEARCH = 100
 
 
 def capacity_against_ideal(
