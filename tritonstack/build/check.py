@@ -28,7 +28,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 from tritonstack.build.check_ensemble import check_ensemble
 from tritonstack.build.model_config import config_dict
-from tritonstack.contract import DALI_TO_TRITON, TRITON_TO_NUMPY, onnx_type
+from tritonstack.contract import DALI_TO_TRITON, TRITON_TO_NUMPY
 from tritonstack.media import video_header
 from tritonstack.media.audio_header import AUDIO_MAGIC, AudioHeaderError, read_audio_header
 from tritonstack.media.decode_budget import BudgetError, DecodeBudget
@@ -387,16 +387,11 @@ def _first_cause(error: RuntimeError) -> str:
 
 
 def _check_onnx(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
-    import onnx
-
     filename = config.default_model_filename or ONNX_MODEL_FILENAME
     path = next((v / filename for v in version_dirs(model_dir) if (v / filename).exists()), None)
     if path is None:
         return []
-    graph = onnx.load(str(path), load_external_data=False).graph
-    initializers = {t.name for t in graph.initializer}
-    inputs = [_graph_tensor(t) for t in graph.input if t.name not in initializers]
-    outputs = [_graph_tensor(t) for t in graph.output]
+    inputs, outputs = onnx_rules.graph_io(path)
     as_dict, problems = onnx_rules.onnx_autocomplete(
         _named_dict(model_dir, config), inputs, outputs
     )  # as the backend will
@@ -406,9 +401,3 @@ def _check_onnx(model_dir: Path, config: pb.ModelConfig) -> list[Problem]:
 def _named_dict(model_dir: Path, config: pb.ModelConfig) -> dict:
     """The config as a backend receives it: Triton names a model after its folder."""
     return {"name": model_dir.name, **config_dict(config)}
-
-
-def _graph_tensor(value_info) -> onnx_rules.GraphTensor:
-    tensor_type = value_info.type.tensor_type
-    shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
-    return onnx_rules.GraphTensor(value_info.name, onnx_type(tensor_type.elem_type), shape)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
+from tritonstack.contract import onnx_type
 from tritonstack.rules.common import MISSING_TYPES, Problem, dims_of, is_batched
 
 # --- ONNX: config vs graph -------------------------------------------------------------
@@ -18,6 +20,23 @@ class GraphTensor:
     name: str
     data_type: str
     shape: tuple[int, ...]
+
+
+def graph_io(path: Path) -> tuple[list[GraphTensor], list[GraphTensor]]:
+    """An ONNX file's graph inputs (initializers left out) and outputs, read without
+    its weights' external data."""
+    import onnx  # not in the stubs' imports: they read the graph from their session
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {tensor.name for tensor in graph.initializer}
+    inputs = [_graph_tensor(value) for value in graph.input if value.name not in initializers]
+    return inputs, [_graph_tensor(value) for value in graph.output]
+
+
+def _graph_tensor(value_info) -> GraphTensor:
+    tensor_type = value_info.type.tensor_type
+    shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
+    return GraphTensor(value_info.name, onnx_type(tensor_type.elem_type), shape)
 
 
 # Boolean `parameters` of the C++ onnxruntime backend (src/onnxruntime.cc) and the

@@ -41,6 +41,7 @@ import tritonclient.http
 from tritonclient.utils import InferenceServerException
 
 from tritonstack.backends.settings import VARIABLES, BackendSettings, backend_config, stub_defaults
+from tritonstack.rules.completion import models_to_complete
 from tritonstack.rules.unbuilt import shell_unsafe_reason, unservable_reason
 from tritonstack.serve import process, server_log
 from tritonstack.serve.batch_cost import measured_batches
@@ -148,7 +149,18 @@ class TritonServer:
         caches = self.install.cache_directory
         # Where the install keeps its cache library (the wheel's is not at Triton's default path).
         cache_directory = [f"--cache-directory={caches}"] if self.config.response_cache_bytes and caches else []
-        return [str(self.install.binary), *cache_directory, *self.config.args(backend_directory, self.install.supports)]
+        args = self.config.args(backend_directory, self.install.supports, self._auto_complete())
+        return [str(self.install.binary), *cache_directory, *args]
+
+    def _auto_complete(self) -> bool:
+        """Whether the backends complete the configs at load: not where none would change."""
+        if not self.config.may_skip_auto_complete():
+            return True
+        incomplete = models_to_complete(self.config.local_repository)
+        if incomplete:
+            name, reason = next(iter(incomplete.items()))
+            LOGGER.info("auto-complete on: %d model(s) need it (%s: %s)", len(incomplete), name, reason)
+        return bool(incomplete)
 
     # --- start and stop ---
 

@@ -38,6 +38,9 @@ from tritonstack.serve.security import RESTRICTED_APIS
 # The object stores Triton reads a model repository from (its own support).
 REMOTE_REPOSITORY_SCHEMES = ("s3://", "gs://", "as://")
 EXPLICIT_MODEL_CONTROL = "--model-control-mode=explicit"
+NO_AUTO_COMPLETE = "--disable-auto-complete-config"
+# The flags by which a caller decides auto-complete itself (--strict-model-config: its old name).
+AUTO_COMPLETE_FLAGS = (NO_AUTO_COMPLETE, "--strict-model-config")
 # Triton's latency summaries (quantile: allowed error), per model over a sliding window:
 # server-side p50 and p99 beside the cumulative duration counters, which give only means.
 # The chart passes the same flags (tests/test_helm_chart.py); the dashboard and alerts
@@ -154,6 +157,18 @@ class ServerConfig:
         "load without writing the repository (default: the repository's own, `tritonstack build "
         "--latency-objective-ms`; 0: no ceiling; docs/reliability.md#latency-objective)",
     )
+    # Triton has each backend complete a config at load: the Python backend starts a
+    # stub for it, then sleeps a second (tritonstack.rules.completion). The launcher
+    # turns that off where it loads the models itself and no config of the repository
+    # would change; True keeps it on, for models added after the start with configs
+    # that leave fields to their backend.
+    always_auto_complete: bool = cli.option(
+        False,
+        "--always-auto-complete",
+        help="let the backends complete every config at load, even when every config of the repository states "
+        "what they would fill (by default that is skipped: about 1.7 s less per model load; "
+        "docs/operations.md#auto-complete)",
+    )
     # Triton's rate limiter over the cores (tritonstack.pacing): a first step's batch
     # starts only on a core the classifiers leave free. Off, or the caller's own
     # --rate-limit flags after --: Triton ignores the slots the configs list.
@@ -259,11 +274,21 @@ class ServerConfig:
 
     # --- rendering ---
 
-    def args(self, backend_directory: Path, supports: Callable[[str], bool]) -> list[str]:
+    def may_skip_auto_complete(self) -> bool:
+        """The launcher loads every model it serves and reads the repository: it may
+        turn auto-complete off where no config needs it (the caller's own flag wins)."""
+        stated = any(arg.startswith(AUTO_COMPLETE_FLAGS) for arg in self.extra_args)
+        chosen = self.always_auto_complete or stated
+        return self.owns_model_control and self.local_repository is not None and not chosen
+
+    def args(self, backend_directory: Path, supports: Callable[[str], bool], auto_complete: bool = True) -> list[str]:
         """tritonserver's command line after the binary; `supports(flag)` says whether
-        this tritonserver knows a flag that only newer releases have."""
+        this tritonserver knows a flag that only newer releases have; `auto_complete`
+        False: the backends leave the configs as they are."""
         loaded = [f"--load-model={name}" for name in self.models] or ["--load-model=*"]
         model_control = [EXPLICIT_MODEL_CONTROL, *loaded] if self.owns_model_control else []
+        if not auto_complete:
+            model_control.append(NO_AUTO_COMPLETE)
         return [
             f"--model-repository={self.model_repository}",
             f"--backend-directory={backend_directory}",
