@@ -64,8 +64,10 @@ def mixed_repository(root: Path) -> Path:
     (root / "no_config.dali" / "1" / "model.dali").write_bytes(rf.serialized(rf.identity_pipeline))
     rf.write_model(root, onnx_config("onnx_complete", listed=True), {"model.onnx": rf.add_graph()})
     rf.write_model(root, onnx_config("onnx_partial", listed=False), {"model.onnx": rf.add_graph()})
+    rf.write_model(root, onnx_config("onnx_garbage", listed=True), {"model.onnx": b"\x0a\xff not a graph"})
     rf.write_model(root, python_config("python_plain"), {"model.py": PYTHON_IDENTITY})
     rf.write_model(root, python_config("python_completing"), {"model.py": PYTHON_COMPLETING})
+    rf.write_model(root, python_config("python_broken"), {"model.py": "def broken(:\n"})
     chain = ModelConfig(
         name="chain",
         platform="ensemble",
@@ -90,12 +92,16 @@ def test_each_config_a_backend_would_complete_is_found(tmp_path):
         "dali_script",
         "dali_no_batcher",
         "no_config.dali",
+        "onnx_garbage",
         "onnx_partial",
+        "python_broken",
         "python_completing",
         "torch_model",
     }, found
     assert "auto_complete_config" in found["python_completing"]
     assert "dali.py" not in found["dali_partial"] and "model.dali" in found["dali_script"], found
+    assert "cannot be read" in found["onnx_garbage"] and "SyntaxError" in found["python_broken"], found
+    assert models_to_complete(tmp_path / "missing") == {str(tmp_path / "missing"): "not a folder"}
 
 
 def test_the_flag_is_passed_only_where_the_launcher_may_skip_it(model_repository, tmp_path):

@@ -302,6 +302,8 @@ NOT_MIRRORED = {
     "layout (docs/kubernetes.md#limits)",
     "--no-pacing": "the pool follows the cores the launcher reads, and the pacing was measured with our backends, "
     "not the C++ ones the pod runs: server.extraArgs takes it (docs/kubernetes.md#limits)",
+    "--always-auto-complete": "the NGC image's C++ backends complete a config in process, without a stub: the "
+    "pod keeps Triton's default (docs/operations.md#auto-complete)",
     "extra": "tritonserver's own flags, passed as they are: the chart's server.extraArgs",
     **dict.fromkeys(cli.flags(Supervision), SUPERVISION),
 }

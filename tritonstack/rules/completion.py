@@ -21,6 +21,7 @@ import ast
 from pathlib import Path
 
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tritonstack.repository_files import (
@@ -44,6 +45,8 @@ AUTO_COMPLETE_HOOK = "auto_complete_config"  # the Python backend's static metho
 def models_to_complete(repository: Path) -> dict[str, str]:
     """The models of `repository` whose backend would complete their config, each
     with why; {} when auto-complete would change no config."""
+    if not Path(repository).is_dir():  # tritonserver says what is wrong with it
+        return {str(repository): "not a folder"}
     found = {}
     for model_dir in sorted(p for p in Path(repository).iterdir() if p.is_dir() and not p.name.startswith(".")):
         reason = completion_reason(model_dir)
@@ -59,34 +62,32 @@ def completion_reason(model_dir: Path) -> str | None:
     try:
         config = read_config(model_dir)
         version_dir = latest_version_dir(model_dir)
-    except (ConfigError, FileNotFoundError) as error:
+    except (ConfigError, OSError, UnicodeDecodeError) as error:  # Triton says what is wrong at load
         return str(error).splitlines()[0]
     config.name = model_dir.name  # Triton names a model after its folder
     if config.platform == "ensemble":
         return None
-    if config.backend == "dali":
-        return _dali_reason(model_dir, version_dir, config)
-    if config.backend == "onnxruntime" or config.platform == ONNX_PLATFORM:
-        return _onnx_reason(version_dir, config)
-    if config.backend == "python":
-        return _python_reason(version_dir, config)
-    return f"backend {config.backend or config.platform!r}: its auto-complete is not known here"
+    reasons = {"dali": _dali_reason, "onnxruntime": _onnx_reason, "python": _python_reason}
+    backend = "onnxruntime" if config.platform == ONNX_PLATFORM else config.backend
+    if backend not in reasons:
+        return f"backend {config.backend or config.platform!r}: its auto-complete is not known here"
+    try:
+        return reasons[backend](model_dir, version_dir, config)
+    except (OSError, ValueError, SyntaxError, DecodeError) as error:  # Triton refuses the model, saying why
+        return f"its files cannot be read here ({type(error).__name__}: {error})"
 
 
 def _dali_reason(model_dir: Path, version_dir: Path, config: pb.ModelConfig) -> str | None:
     serialized = version_dir / (config.default_model_filename or DALI_MODEL_FILENAME)
     if not serialized.is_file():
         return f"no {serialized.name}: the pipeline is known only once the backend serializes it"
-    try:
-        spec = dali_proto.parse_pipeline(serialized.read_bytes())
-    except ValueError as error:
-        return f"{serialized.name} does not parse ({error})"
+    spec = dali_proto.parse_pipeline(serialized.read_bytes())
     stated = stated_max_batch_size((model_dir / CONFIG_FILENAME).read_text())
     merged, problems = dali_rules.dali_autocomplete(_as_dict(config), spec, spec.max_batch_size or 1, stated)
     return _changed(config, merged, problems)
 
 
-def _onnx_reason(version_dir: Path, config: pb.ModelConfig) -> str | None:
+def _onnx_reason(model_dir: Path, version_dir: Path, config: pb.ModelConfig) -> str | None:
     graph = version_dir / (config.default_model_filename or ONNX_MODEL_FILENAME)
     if not graph.is_file():
         return f"no {graph.name}"
@@ -95,12 +96,9 @@ def _onnx_reason(version_dir: Path, config: pb.ModelConfig) -> str | None:
     return _changed(config, merged, problems)
 
 
-def _python_reason(version_dir: Path, config: pb.ModelConfig) -> str | None:
+def _python_reason(model_dir: Path, version_dir: Path, config: pb.ModelConfig) -> str | None:
     script = version_dir / (config.default_model_filename or PYTHON_MODEL_FILENAME)
-    try:
-        tree = ast.parse(script.read_text())
-    except (OSError, SyntaxError, ValueError) as error:
-        return f"{script.name} cannot be read ({error})"
+    tree = ast.parse(script.read_text())
     functions = (node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
     if any(function.name == AUTO_COMPLETE_HOOK for function in functions):
         return f"{script.name} defines {AUTO_COMPLETE_HOOK}"
