@@ -144,6 +144,14 @@ class Watch:
         first_down = self.not_ready_at(after)
         return next((t for t, status in self.readiness if first_down and t > first_down and status == 200), None)
 
+    def wait_ready_again(self, after: float) -> None:
+        """Until readiness went down after `after` and came back; a failure shows what it said."""
+        try:
+            wait_for(lambda: self.ready_again_at(after), timeout_s=SERVING_WITHIN_S, what="ready again")
+        except AssertionError as error:
+            said = [(round(t - after, 2), status) for t, status in self.readiness if t >= after]
+            raise AssertionError(f"{error}; readiness (s after the fault, status): {said}") from None
+
 
 def ready_status(server: TritonServer) -> int:
     return http_status(f"{server.health.url}/ready")
@@ -199,7 +207,7 @@ def test_a_step_whose_stubs_are_stopped_is_replaced_without_a_500(triton, model)
         for pid in victims:
             os.kill(pid, signal.SIGSTOP)
         wait_for(lambda: replaced(triton, model), timeout_s=SERVING_WITHIN_S, what=f"{model} replaced")
-        wait_for(lambda: watch.ready_again_at(faulted), timeout_s=SERVING_WITHIN_S, what="ready again")
+        watch.wait_ready_again(faulted)
         back = time.monotonic()
         wait_for(lambda: watch.answers.first_ok_after(back) is not None, timeout_s=SERVING_WITHIN_S, what="answers")
     outcomes = watch.answers.after(faulted)
@@ -223,7 +231,7 @@ def test_a_deadlocked_stub_is_killed_and_replaced_and_its_request_answered(trito
     holder.start()
     with Watch(triton, stalling_request(1.0)) as watch:
         wait_for(lambda: replaced(triton, STALLING), timeout_s=SERVING_WITHIN_S, what="the stalled model replaced")
-        wait_for(lambda: watch.ready_again_at(faulted), timeout_s=SERVING_WITHIN_S, what="ready again")
+        watch.wait_ready_again(faulted)
         back = time.monotonic()
         wait_for(lambda: watch.answers.first_ok_after(back) is not None, timeout_s=SERVING_WITHIN_S, what="answers")
     holder.join(timeout=60)
