@@ -41,14 +41,21 @@ PREPROCESS = "preprocess_dali_efficientnet_lite0"
 CLASSIFIER = "efficientnet_lite0"
 STALLING = "stalling_step"
 # A request whose input is negative never returns: the stub's main thread waits for
-# good, its health thread (C++) still reports it healthy to Triton.
+# good, its health thread (C++) still reports it healthy to Triton. Its load takes a
+# second, as a real model's does: a bare Python model reloads in a few tenths of a
+# second (the launcher skips auto-complete), less than the readiness polls below can
+# be sure to see.
 STALLING_MODEL = """
 import threading
+import time
 
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(1.0)
+
     def execute(self, requests):
         arrays = [pb_utils.get_input_tensor_by_name(request, "IN").as_numpy() for request in requests]
         if any((array < 0).any() for array in arrays):
