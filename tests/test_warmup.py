@@ -8,6 +8,8 @@ import logging
 import statistics
 import time
 
+import pytest
+
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.contract import (
     BATCH_PRIORITY,
@@ -25,6 +27,8 @@ from tritonstack.serve import warmup_request
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.warmup import REQUESTS_PER_ENSEMBLE, warm_ensembles
 from tritonstack.serve.warmup_request import main as warmup_request_main
+
+FRESH_STARTS = 2
 
 
 def test_every_ensemble_of_the_repository_answers_its_sample(server, model_repository):
@@ -49,19 +53,27 @@ def test_the_standalone_request_refuses_until_ready_and_names_a_refusal(server, 
 
 
 def test_first_request_after_ready_answers_like_the_next_ten(lite0_repository, caplog):
+    """A cold path is slow at every start; a stall of a busy 2-core machine (seen once:
+    122 ms against 33) hits one start: a second fresh start decides."""
     photo = photo_bytes("coffee.png")  # not the warmup's sample: a client's own photo
-    with caplog.at_level(logging.INFO, logger="tritonstack.serve"):
-        with TritonServer(lite0_repository) as server:
-            warmed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warmup:")]
-            with ClassifierClient(server.grpc_url, "grpc", DEFAULT_MODEL) as client:
-                took = []
-                for _ in range(11):
-                    started = time.perf_counter()
-                    client.classify([photo], top_k=1)
-                    took.append(time.perf_counter() - started)
-    assert len(warmed) == 1 and DEFAULT_MODEL in warmed[0], warmed
-    first, median = took[0], statistics.median(took[1:])
-    assert first < 3 * median, f"first {first * 1000:.0f} ms, median of the next ten {median * 1000:.0f} ms"
+    seen = []
+    for _ in range(FRESH_STARTS):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="tritonstack.serve"):
+            with TritonServer(lite0_repository) as server:
+                warmed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warmup:")]
+                with ClassifierClient(server.grpc_url, "grpc", DEFAULT_MODEL) as client:
+                    took = []
+                    for _ in range(11):
+                        started = time.perf_counter()
+                        client.classify([photo], top_k=1)
+                        took.append(time.perf_counter() - started)
+        assert len(warmed) == 1 and DEFAULT_MODEL in warmed[0], warmed
+        first, median = took[0], statistics.median(took[1:])
+        seen.append(f"first {first * 1000:.0f} ms, median of the next ten {median * 1000:.0f} ms")
+        if first < 3 * median:
+            return
+    pytest.fail(f"in each of {FRESH_STARTS} fresh starts: {'; '.join(seen)}")
 
 
 def test_the_standalone_request_speaks_the_contract_and_warms_a_regions_ensemble(server, tmp_path, capsys):
