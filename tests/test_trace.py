@@ -2,6 +2,8 @@
 server started with the benchmark's trace flags, one traced phase, the file it
 writes when it stops. The parts of each request add up to the client's latency."""
 
+import statistics
+
 from tritonstack.benchmark import single
 from tritonstack.measure import measured_models
 from tritonstack.measure.trace import PARTS, covered, read_traces, request_hops, trace_args
@@ -29,7 +31,9 @@ def test_a_traced_phase_splits_each_request(lite0_repository, tmp_path):
         parts = {part: hops[part][index] for part in PARTS}
         assert abs(sum(parts.values()) - (received - sent) / 1e6) < 1e-3, parts
         assert all(value >= 0 for value in parts.values()), parts
-        assert parts["steps_compute"] > parts["steps_queue"], parts  # alone on the server
+    # Alone on the server, the steps compute longer than they queue: in the median, as a
+    # busy 2-core machine can stall one request in a queue (seen once: 25 ms against 16).
+    assert statistics.median(hops["steps_compute"]) > statistics.median(hops["steps_queue"]), hops
     medians = single.trace_medians(trace_file, client_times)
     assert medians["requests"] == COUNT and set(PARTS) <= set(medians)
 
