@@ -47,6 +47,14 @@ def read_config(model_dir: Path):
     return parse_config((Path(model_dir) / CONFIG_FILENAME).read_text())
 
 
+def config_dict(config) -> dict:
+    """Triton's JSON form of a ModelConfig message, as a backend receives it (fields
+    left at their default are absent, as when a config.pbtxt does not state them)."""
+    from google.protobuf import json_format
+
+    return json_format.MessageToDict(config, preserving_proto_field_name=True)
+
+
 def version_dirs(model_dir: Path) -> list[Path]:
     """The numeric version folders, lowest first."""
     return sorted((p for p in Path(model_dir).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))

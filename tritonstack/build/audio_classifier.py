@@ -267,8 +267,7 @@ def features_parity(repository: Path, preset_name: str) -> FeaturesParity:
     """The served features model's pipeline on the sample speech in every encoding,
     against reference_log_mel on the same decoded samples."""
     model = preprocessing_name(preset_name)
-    from tritonstack.build.model_config import config_dict
-    from tritonstack.repository_files import read_config
+    from tritonstack.repository_files import config_dict, read_config
 
     parameters = config_dict(read_config(Path(repository) / model)).get("parameters", {})
     if LOG_MEL_PARAMETER not in parameters:

@@ -27,7 +27,6 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tritonstack.build.check_ensemble import check_ensemble
-from tritonstack.build.model_config import config_dict
 from tritonstack.contract import DALI_TO_TRITON, TRITON_TO_NUMPY
 from tritonstack.media import video_header
 from tritonstack.media.audio_header import AUDIO_MAGIC, AudioHeaderError, read_audio_header
@@ -40,6 +39,7 @@ from tritonstack.repository_files import (
     ONNX_MODEL_FILENAME,
     WARMUP_DIR,
     ConfigError,
+    config_dict,
     read_config,
     version_dirs,
 )

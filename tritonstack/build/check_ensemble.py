@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from tritonstack.build.model_config import config_dict
+from tritonstack.repository_files import config_dict
 from tritonstack.rules.common import Problem
 from tritonstack.rules.dali import max_boxes, split_outputs
 

@@ -5,8 +5,8 @@ A config is built from the small dataclasses below, converted to Triton's own
 `ModelConfig` protobuf message (shipped with tritonclient) and printed with
 protobuf's text format. Nothing here is a string template: a misspelt field fails
 when the message is built, not when the server loads the model. `read_config`
-parses a config.pbtxt back into that message, and `config_dict` gives the JSON form
-Triton hands a backend, which the shared load rules (tritonstack.rules) take.
+parses a config.pbtxt back into that message, and `repository_files.config_dict` gives
+the JSON form Triton hands a backend, which the shared load rules (tritonstack.rules) take.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import json_format, text_format
+from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from tritonstack.pacing import CPU_SLOTS
@@ -245,12 +245,6 @@ def write_config(model_dir: Path, config: pb.ModelConfig) -> None:
     """Write a ModelConfig (one read_config gave, then edited) back as the folder's
     config.pbtxt. Protobuf text leaves fields at zero out, as the parser read them."""
     (Path(model_dir) / CONFIG_FILENAME).write_text(text_format.MessageToString(config))
-
-
-def config_dict(config: pb.ModelConfig) -> dict:
-    """Triton's JSON form of a config, as a backend receives it (fields left at
-    their default are absent, as when a config.pbtxt does not state them)."""
-    return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
 def _data_type(name: str) -> int:

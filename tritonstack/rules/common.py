@@ -10,7 +10,7 @@ offline. Change a rule there and both change.
 
 Configs are Triton's JSON form of config.pbtxt, as a backend receives it
 (`data_type: "TYPE_FP32"`, `dims: [3, 224, 224]`); the checker converts its parsed
-protobuf to that form (`config_dict`). Each rule returns Problems; none raises.
+protobuf to that form (`repository_files.config_dict`). Each rule returns Problems; none raises.
 """
 
 from __future__ import annotations

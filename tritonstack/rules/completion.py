@@ -30,6 +30,7 @@ from tritonstack.repository_files import (
     ONNX_MODEL_FILENAME,
     PYTHON_MODEL_FILENAME,
     ConfigError,
+    config_dict,
     latest_version_dir,
     read_config,
 )
@@ -83,7 +84,7 @@ def _dali_reason(model_dir: Path, version_dir: Path, config: pb.ModelConfig) -> 
         return f"no {serialized.name}: the pipeline is known only once the backend serializes it"
     spec = dali_proto.parse_pipeline(serialized.read_bytes())
     stated = stated_max_batch_size((model_dir / CONFIG_FILENAME).read_text())
-    merged, problems = dali_rules.dali_autocomplete(_as_dict(config), spec, spec.max_batch_size or 1, stated)
+    merged, problems = dali_rules.dali_autocomplete(config_dict(config), spec, spec.max_batch_size or 1, stated)
     return _changed(config, merged, problems)
 
 
@@ -92,7 +93,7 @@ def _onnx_reason(model_dir: Path, version_dir: Path, config: pb.ModelConfig) -> 
     if not graph.is_file():
         return f"no {graph.name}"
     inputs, outputs = onnx_rules.graph_io(graph)
-    merged, problems = onnx_rules.onnx_autocomplete(_as_dict(config), inputs, outputs)
+    merged, problems = onnx_rules.onnx_autocomplete(config_dict(config), inputs, outputs)
     return _changed(config, merged, problems)
 
 
@@ -103,10 +104,6 @@ def _python_reason(model_dir: Path, version_dir: Path, config: pb.ModelConfig) -
     if any(function.name == AUTO_COMPLETE_HOOK for function in functions):
         return f"{script.name} defines {AUTO_COMPLETE_HOOK}"
     return None
-
-
-def _as_dict(config: pb.ModelConfig) -> dict:
-    return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
 def _changed(config: pb.ModelConfig, merged: dict, problems: list) -> str | None:
