@@ -14,11 +14,10 @@ import tritonclient.http as httpclient
 
 from tests.conftest import FUNCTIONAL_BUILD, MODEL_REPOSITORY, TEST_STOP_GRACE_S
 from tritonstack import cli
-from tritonstack.build.model_config import config_dict
 from tritonstack.client.classifier import ClassifierClient
 from tritonstack.commands import serve
 from tritonstack.objective import queue_ceiling_us
-from tritonstack.repository_files import CONFIG_FILENAME, read_config
+from tritonstack.repository_files import CONFIG_FILENAME, config_dict, read_config
 from tritonstack.samples.photos import photo_bytes
 from tritonstack.serve.launcher import TritonServer
 from tritonstack.serve.layout import (

@@ -6,9 +6,9 @@ The served behaviour (refusals within the objective under overload) is measured 
 from pathlib import Path
 
 from tritonstack import pacing
-from tritonstack.build.model_config import config_dict, write_config
+from tritonstack.build.model_config import write_config
 from tritonstack.build.scheduling import step_instances
-from tritonstack.repository_files import read_config
+from tritonstack.repository_files import config_dict, read_config
 from tritonstack.serve.layout import StepLayout, with_layout
 from tritonstack.serve.server_config import ServerConfig
 
